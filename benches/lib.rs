@@ -1,0 +1,1 @@
+//! Shared helpers for the criterion benches (the benches are the [[bench]] targets).

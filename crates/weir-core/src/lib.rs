@@ -1,0 +1,30 @@
+//! weir-core: every decision the weir edge relay makes, as plain data and
+//! functions.
+//!
+//! Nothing here does I/O, spawns tasks or reads a clock: callers pass `now`
+//! (a [`std::time::Duration`] since an epoch of their choosing) and act on the
+//! values returned. That keeps every algorithm deterministic, testable on a
+//! virtual clock and benchmarkable without a runtime (the shape of
+//! `quinn-proto` under `quinn`).
+//!
+//! # Layout
+//! - [`class`]: latency classes (JANUS Table I) and the ordered set of them.
+//! - [`record`]: the unit weir relays, with origin and sequence number.
+//! - [`classify`]: MQTT topic filters and gRPC stream names mapped to classes.
+//! - [`queue`]: bounded lock-free multi-level queues, one per class.
+//! - [`token_bucket`]: per-class rate limiters whose rates the allocator sets.
+//! - [`janus`]: PBTT (Algorithm 1), BWAllocator (Algorithm 2), PMRFS
+//!   (Algorithm 3) and the baseline matchers, and the node-level schemes.
+//! - [`buffer_sizing`]: the IoT edge-router buffer formula (Khan et al.,
+//!   Eq. 1-5) beside the Appenzeller and rule-of-thumb sizes.
+
+pub mod buffer_sizing;
+pub mod class;
+pub mod classify;
+pub mod janus;
+pub mod queue;
+pub mod record;
+pub mod token_bucket;
+
+pub use class::{ClassId, ClassSet, ClassSetError, LatencyClass};
+pub use record::{NodeId, Record};

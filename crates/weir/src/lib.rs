@@ -1,0 +1,2 @@
+//! weir: the I/O wiring around `weir-core`.
+pub mod config;
