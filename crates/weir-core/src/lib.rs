@@ -13,6 +13,8 @@
 //! - [`classify`]: MQTT topic filters and gRPC stream names mapped to classes.
 //! - [`queue`]: bounded lock-free multi-level queues, one per class.
 //! - [`token_bucket`]: per-class rate limiters whose rates the allocator sets.
+//! - [`drain`]: batches out of the queues, most urgent class first, within
+//!   each class's bucket.
 //! - [`janus`]: PBTT (Algorithm 1), BWAllocator (Algorithm 2), PMRFS
 //!   (Algorithm 3) and the baseline matchers, and the node-level schemes.
 //! - [`buffer_sizing`]: the IoT edge-router buffer formula (Khan et al.,
@@ -21,6 +23,7 @@
 pub mod buffer_sizing;
 pub mod class;
 pub mod classify;
+pub mod drain;
 pub mod janus;
 pub mod queue;
 pub mod record;

@@ -1,1 +1,24 @@
-//! placeholder
+//! weir-proto: weir's wire types and gRPC services, generated at build time
+//! from `proto/weir/v1/*.proto` by protox + tonic-prost-build (no system
+//! `protoc` needed), and the batch codec a cloud-side consumer uses.
+//!
+//! # Layout
+//! - [`pb`]: the generated `weir.v1` messages and services.
+//! - [`codec`]: [`codec::decode_batch`] / [`codec::encode_batch`] for AMQP
+//!   message bodies and batch files.
+//! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for gRPC reflection.
+
+pub mod codec;
+
+/// The generated `weir.v1` package. `bytes` fields are [`bytes::Bytes`], so
+/// payloads move without copies.
+pub mod pb {
+    #![allow(missing_docs, clippy::all)]
+    tonic::include_proto!("weir.v1");
+}
+
+pub use codec::{decode_batch, encode_batch, DecodeError, Encoding, CONTENT_TYPE};
+
+/// Encoded `FileDescriptorSet` of every weir proto, for server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/weir_descriptor.bin"));

@@ -1,1 +1,152 @@
-fn main() {}
+//! The `weir` command line: run the relay, check a config, print defaults.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use weir::config::{self, Config, ConfigError};
+
+/// Exit code for a configuration that cannot be used (as sysexits' EX_USAGE
+/// family; the brief asks for 2).
+const EXIT_BAD_CONFIG: u8 = 2;
+/// Exit code for a runtime failure after a good start.
+const EXIT_RUNTIME: u8 = 1;
+
+#[derive(Parser)]
+#[command(name = "weir", version, about = "Latency-aware edge relay: MQTT and gRPC in, AMQP out")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the relay. Without --config, the embedded defaults are used.
+    Run {
+        /// TOML config file.
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+    },
+    /// Validate a config file, list every problem, and exit (0 valid, 2 not).
+    CheckConfig {
+        /// TOML config file.
+        file: PathBuf,
+    },
+    /// Print the embedded default config (a commented starting point).
+    PrintDefaultConfig,
+    /// Print the records of a batch (a batch file, or an AMQP message body
+    /// on stdin with `-`).
+    Decode {
+        /// Batch file, or `-` for stdin.
+        file: PathBuf,
+        /// The body's content encoding; by default taken from the file name
+        /// (`<node>-<seq>.<encoding>.weirbatch`), else `identity`.
+        #[arg(long)]
+        encoding: Option<String>,
+        /// Refuse batches that decode to more than this many bytes.
+        #[arg(long, default_value_t = weir_proto::codec::DEFAULT_MAX_DECODED)]
+        max_size: usize,
+    },
+}
+
+fn decode(file: &std::path::Path, encoding: Option<String>, max_size: usize) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use std::io::{Read, Write};
+    let body = if file.as_os_str() == "-" {
+        let mut b = Vec::new();
+        std::io::stdin().read_to_end(&mut b).context("reading stdin")?;
+        b
+    } else {
+        std::fs::read(file).with_context(|| format!("reading {}", file.display()))?
+    };
+    let encoding = encoding.unwrap_or_else(|| {
+        // `<node>-<seq>.<encoding>.weirbatch`
+        let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let parts: Vec<&str> = name.split('.').collect();
+        match parts.as_slice() {
+            [.., enc, "weirbatch"] if parts.len() >= 3 => (*enc).to_string(),
+            _ => "identity".to_string(),
+        }
+    });
+    let batch = weir_proto::decode_batch(&body, &encoding, max_size)
+        .with_context(|| format!("decoding {}", file.display()))?;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "batch node={} seq={} created_us={} records={}",
+        batch.node,
+        batch.batch_seq,
+        batch.created_us,
+        batch.records.len()
+    )?;
+    for r in &batch.records {
+        writeln!(
+            out,
+            "origin={} seq={} class={} key={:?} ingress_us={} bytes={} payload=\"{}\"",
+            r.origin,
+            r.seq,
+            r.class,
+            r.key,
+            r.ingress_us,
+            r.payload.len(),
+            r.payload.escape_ascii()
+        )?;
+    }
+    Ok(())
+}
+
+fn load(path: Option<&PathBuf>) -> Result<Config, ConfigError> {
+    match path {
+        Some(p) => config::load(p),
+        None => config::parse(config::DEFAULT_CONFIG, "<embedded defaults>"),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::PrintDefaultConfig => {
+            print!("{}", config::DEFAULT_CONFIG);
+            ExitCode::SUCCESS
+        }
+        Command::Decode {
+            file,
+            encoding,
+            max_size,
+        } => match decode(&file, encoding, max_size) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("weir decode: {e:#}");
+                ExitCode::from(EXIT_RUNTIME)
+            }
+        },
+        Command::CheckConfig { file } => match config::load(&file) {
+            Ok(_) => {
+                println!("{}: ok", file.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(EXIT_BAD_CONFIG)
+            }
+        },
+        Command::Run { config } => {
+            let cfg = match load(config.as_ref()) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("{e}");
+                    return ExitCode::from(EXIT_BAD_CONFIG);
+                }
+            };
+            weir::telemetry::init(&cfg.log.level);
+            match weir::app::run_until_signal(cfg) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("weir: {e:#}");
+                    ExitCode::from(EXIT_RUNTIME)
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! Queue and token-bucket hot paths (issue 2 goals: push+pop of a 256-byte
+//! record at most 100 ns single-threaded).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use std::hint::black_box;
+use weir_core::queue::{ClassQueue, MultiLevelQueue, QueueCapacity};
+use weir_core::token_bucket::{BucketConfig, Take, TokenBucket};
+use weir_core::{ClassId, Record};
+
+const CAP: QueueCapacity = QueueCapacity {
+    records: 65_536,
+    bytes: 64 << 20,
+};
+
+fn record(class: u8) -> Record {
+    Record {
+        key: Bytes::from_static(b"factory/line-1/vibration"),
+        class: ClassId(class),
+        origin: 1,
+        seq: 0,
+        ingress_us: 0,
+        payload: Bytes::from(vec![0xA5u8; 256]),
+    }
+}
+
+fn push_pop(c: &mut Criterion) {
+    let mut g = c.benchmark_group("queue");
+    g.throughput(Throughput::Elements(1));
+    let q = ClassQueue::new(CAP);
+    let r = record(0);
+    g.bench_function("push_pop_256B_1thread", |b| {
+        b.iter(|| {
+            q.push(black_box(r.clone())).unwrap();
+            black_box(q.pop().unwrap());
+        })
+    });
+    let m = MultiLevelQueue::new(&[CAP, CAP, CAP]);
+    let lt = record(2);
+    g.bench_function("multilevel_push_pop_strict_priority_256B", |b| {
+        b.iter(|| {
+            m.push(black_box(lt.clone())).unwrap();
+            black_box(m.pop_strict_priority().unwrap());
+        })
+    });
+    g.finish();
+
+    // Two threads: a producer thread pushes while the bench thread pops;
+    // time per record moved across threads.
+    let mut g = c.benchmark_group("queue_2threads");
+    const N: u64 = 100_000;
+    g.throughput(Throughput::Elements(N));
+    g.bench_function(BenchmarkId::new("producer_consumer_256B", N), |b| {
+        b.iter(|| {
+            let q = Arc::new(ClassQueue::new(CAP));
+            let producer = {
+                let q = Arc::clone(&q);
+                let r = record(0);
+                std::thread::spawn(move || {
+                    for _ in 0..N {
+                        let mut rec = r.clone();
+                        while let Err(e) = q.push(rec) {
+                            rec = e.into_record();
+                            std::hint::spin_loop();
+                        }
+                    }
+                })
+            };
+            let mut got = 0;
+            while got < N {
+                if q.pop().is_some() {
+                    got += 1;
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+            producer.join().unwrap();
+        })
+    });
+    g.finish();
+}
+
+fn token_bucket(c: &mut Criterion) {
+    let mut g = c.benchmark_group("token_bucket");
+    g.throughput(Throughput::Elements(1));
+    let mut tb = TokenBucket::new(BucketConfig::bytes(1e12, 1e9), Duration::ZERO);
+    let mut now = Duration::ZERO;
+    g.bench_function("try_take_granted", |b| {
+        b.iter(|| {
+            now += Duration::from_nanos(10);
+            black_box(tb.try_take(black_box(now), 288, 1) == Take::Granted)
+        })
+    });
+    let mut tb = TokenBucket::new(BucketConfig::bytes(1.0, 1.0), Duration::ZERO);
+    g.bench_function("try_take_wait", |b| {
+        b.iter(|| black_box(tb.try_take(black_box(Duration::ZERO), 288, 1)))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, push_pop, token_bucket);
+criterion_main!(benches);

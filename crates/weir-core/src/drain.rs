@@ -1,0 +1,205 @@
+//! Draining the class queues into batches, in priority order, within each
+//! class's token bucket (JANUS Section IV: the queue manager forwards each
+//! queue at its allocated rate `V_c`).
+//!
+//! [`Drainer::next_batch`] looks at the classes most urgent first and returns
+//! a batch from the first class whose bucket conforms; when none does it says
+//! how long until one will. A record popped but not yet conformant is held
+//! per class (the *head*) and goes out first next time, so order within a
+//! class is kept and nothing is dropped.
+
+use std::time::Duration;
+
+use crate::class::ClassId;
+use crate::queue::MultiLevelQueue;
+use crate::record::Record;
+use crate::token_bucket::{ClassBuckets, Take};
+
+/// Largest batch the drainer builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchLimits {
+    /// Most records in one batch.
+    pub max_records: usize,
+    /// Most bytes ([`Record::size`]) in one batch; a single larger record
+    /// still goes out alone.
+    pub max_bytes: usize,
+}
+
+/// What [`Drainer::next_batch`] found.
+#[derive(Debug, PartialEq)]
+pub enum Drain {
+    /// Send these records (all of one class, oldest first) now.
+    Batch {
+        /// Their class.
+        class: ClassId,
+        /// The records.
+        records: Vec<Record>,
+    },
+    /// Records wait but no bucket conforms; call again after this long.
+    Wait(Duration),
+    /// Nothing waits anywhere.
+    Empty,
+}
+
+/// Per-class token buckets plus the per-class held heads.
+#[derive(Debug)]
+pub struct Drainer {
+    buckets: ClassBuckets,
+    heads: Vec<Option<Record>>,
+    limits: BatchLimits,
+}
+
+impl Drainer {
+    /// A drainer over `rates.len()` classes with these initial byte rates.
+    pub fn new(rates: &[f64], burst_bytes: f64, limits: BatchLimits, now: Duration) -> Self {
+        Drainer {
+            buckets: ClassBuckets::new(rates, burst_bytes, now),
+            heads: vec![None; rates.len()],
+            limits,
+        }
+    }
+
+    /// Installs new per-class rates (from BWAllocator), never above
+    /// `capacity` in sum.
+    pub fn set_rates(&mut self, now: Duration, rates: &[f64], capacity: f64) {
+        self.buckets.apply(now, rates, capacity);
+    }
+
+    /// Current per-class byte rates.
+    pub fn rates(&self) -> Vec<f64> {
+        self.buckets.rates()
+    }
+
+    /// Changes the batch limits (adaptive batching resizes them).
+    pub fn set_limits(&mut self, limits: BatchLimits) {
+        self.limits = limits;
+    }
+
+    /// Bytes of the record held for `class`, if any: it has left the queue
+    /// but not the node, so it counts as backlog.
+    pub fn held_bytes(&self, class: ClassId) -> usize {
+        self.heads[class.index()].as_ref().map_or(0, Record::size)
+    }
+
+    /// The next batch to send at `now`, most urgent conformant class first.
+    pub fn next_batch(&mut self, now: Duration, queues: &MultiLevelQueue) -> Drain {
+        let mut wait: Option<Duration> = None;
+        for (class, queue) in queues.iter() {
+            let c = class.index();
+            let Some(head) = self.heads[c].take().or_else(|| queue.pop()) else {
+                continue;
+            };
+            let bucket = self.buckets.get_mut(c);
+            match bucket.try_take(now, head.size(), 1) {
+                Take::Wait(d) => {
+                    self.heads[c] = Some(head);
+                    wait = Some(wait.map_or(d, |w| w.min(d)));
+                }
+                Take::Granted => {
+                    let mut bytes = head.size();
+                    let mut records = vec![head];
+                    while records.len() < self.limits.max_records {
+                        let Some(next) = queue.pop() else { break };
+                        let size = next.size();
+                        if bytes + size > self.limits.max_bytes
+                            || bucket.try_take(now, size, 1) != Take::Granted
+                        {
+                            self.heads[c] = Some(next);
+                            break;
+                        }
+                        bytes += size;
+                        records.push(next);
+                    }
+                    return Drain::Batch { class, records };
+                }
+            }
+        }
+        match wait {
+            Some(d) => Drain::Wait(d),
+            None => Drain::Empty,
+        }
+    }
+
+    /// Takes every held head back out (for shutdown: they go to the spool or
+    /// the last flush, never lost).
+    pub fn take_heads(&mut self) -> Vec<Record> {
+        self.heads.iter_mut().filter_map(Option::take).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::QueueCapacity;
+    use bytes::Bytes;
+
+    fn rec(class: u8, seq: u64) -> Record {
+        Record {
+            key: Bytes::new(),
+            class: ClassId(class),
+            origin: 1,
+            seq,
+            ingress_us: 0,
+            payload: Bytes::from(vec![0u8; 68]),
+        }
+    }
+    const SIZE: usize = 100; // 68 + RECORD_OVERHEAD
+    const CAP: QueueCapacity = QueueCapacity {
+        records: 1024,
+        bytes: 1 << 20,
+    };
+    const LIMITS: BatchLimits = BatchLimits {
+        max_records: 4,
+        max_bytes: 1 << 20,
+    };
+
+    #[test]
+    fn urgent_class_goes_first_and_batches_respect_limits() {
+        let q = MultiLevelQueue::new(&[CAP, CAP]);
+        for s in 0..3 {
+            q.push(rec(1, s)).unwrap();
+        }
+        for s in 10..16 {
+            q.push(rec(0, s)).unwrap();
+        }
+        let mut d = Drainer::new(&[1e9, 1e9], 1e9, LIMITS, Duration::ZERO);
+        let seqs = |d: Drain| match d {
+            Drain::Batch { records, .. } => records.iter().map(|r| r.seq).collect::<Vec<_>>(),
+            other => panic!("expected a batch, got {other:?}"),
+        };
+        assert_eq!(seqs(d.next_batch(Duration::ZERO, &q)), vec![10, 11, 12, 13]);
+        assert_eq!(seqs(d.next_batch(Duration::ZERO, &q)), vec![14, 15]);
+        assert_eq!(seqs(d.next_batch(Duration::ZERO, &q)), vec![0, 1, 2]);
+        assert_eq!(d.next_batch(Duration::ZERO, &q), Drain::Empty);
+    }
+
+    #[test]
+    fn a_class_out_of_tokens_yields_to_the_next_and_keeps_its_order() {
+        let q = MultiLevelQueue::new(&[CAP, CAP]);
+        for s in 0..3 {
+            q.push(rec(0, s)).unwrap();
+        }
+        q.push(rec(1, 100)).unwrap();
+        // Class 0: one record's worth of burst at 1000 B/s; class 1 plenty.
+        let mut d = Drainer::new(&[1000.0, 1e9], SIZE as f64, LIMITS, Duration::ZERO);
+        let first = d.next_batch(Duration::ZERO, &q);
+        assert!(matches!(first, Drain::Batch { class: ClassId(0), ref records } if records.len() == 1));
+        assert_eq!(d.held_bytes(ClassId(0)), SIZE);
+        let second = d.next_batch(Duration::ZERO, &q);
+        assert!(matches!(second, Drain::Batch { class: ClassId(1), .. }));
+        // Only class 0 waits now: 100 bytes at 1000 B/s.
+        assert_eq!(d.next_batch(Duration::ZERO, &q), Drain::Wait(Duration::from_millis(100)));
+        let third = d.next_batch(Duration::from_millis(100), &q);
+        assert!(matches!(third, Drain::Batch { class: ClassId(0), ref records } if records[0].seq == 1));
+    }
+
+    #[test]
+    fn heads_are_returned_on_shutdown() {
+        let q = MultiLevelQueue::new(&[CAP]);
+        q.push(rec(0, 1)).unwrap();
+        let mut d = Drainer::new(&[0.0], 0.0, LIMITS, Duration::ZERO);
+        assert_eq!(d.next_batch(Duration::ZERO, &q), Drain::Wait(Duration::MAX));
+        assert_eq!(d.take_heads().len(), 1);
+        assert!(q.is_empty_all());
+    }
+}

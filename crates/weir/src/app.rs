@@ -1,0 +1,316 @@
+//! Wiring: builds the queues, ingress, scheduler and egress from a validated
+//! [`Config`], runs them, and shuts them down in order.
+//!
+//! Shutdown: stop accepting (listeners close, waiting enqueues give up),
+//! let the scheduler drain every queue into the egress, let the egress
+//! confirm every batch, all within a deadline; what the deadline cuts off is
+//! logged with counts, never dropped silently.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use weir_core::drain::BatchLimits;
+use weir_core::janus::scheme::Scheme;
+use weir_core::queue::MultiLevelQueue;
+
+use crate::config::{Config, EgressSink, MqttMode};
+use crate::egress::file::FileSink;
+use crate::egress::link::{EmulatedLink, LinkProfile};
+use crate::egress::{self, OutBatch, Sink};
+use crate::ingress::{self, IngressHandle};
+use crate::metrics::Metrics;
+use crate::scheduler::{self, SchedulerParams};
+
+/// Batches between the scheduler and the egress: one, handed over when the
+/// egress says the link is free ([`egress::LinkReady`]), so priority is
+/// decided at the last moment.
+const EGRESS_CHANNEL: usize = 1;
+
+/// Longest pause between egress retries.
+const EGRESS_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// How long shutdown waits for the queues to drain and the egress to
+/// confirm before it gives up (and logs what was left).
+pub const DRAIN_DEADLINE: Duration = Duration::from_secs(30);
+
+/// A running weir.
+pub struct App {
+    /// Where the MQTT listener is bound (listen mode).
+    pub mqtt_addr: Option<SocketAddr>,
+    /// Where the gRPC listener is bound.
+    pub grpc_addr: Option<SocketAddr>,
+    /// Where the admin listener is bound.
+    pub admin_addr: Option<SocketAddr>,
+    /// The shared ingress handle (tests and the lab enqueue through it).
+    pub ingress: Arc<IngressHandle>,
+    stop: CancellationToken,
+    abort: CancellationToken,
+    listeners: TaskTracker,
+    scheduler: JoinHandle<()>,
+    egress: JoinHandle<()>,
+}
+
+async fn bind(addr: SocketAddr, what: &str, key: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.with_context(|| {
+        format!("cannot listen for {what} on {addr} (is another program using it? change `{key}`)")
+    })
+}
+
+fn spawn_egress<S: Sink>(
+    sink: S,
+    link: Option<LinkProfile>,
+    cfg: &Config,
+    rx: mpsc::Receiver<OutBatch>,
+    ready: egress::LinkReady,
+    metrics: Arc<Metrics>,
+    abort: CancellationToken,
+) -> JoinHandle<()> {
+    let (node, classes) = (cfg.node.id, cfg.classes.clone());
+    match link {
+        Some(profile) => tokio::spawn(egress::run(
+            EmulatedLink::new(profile, sink),
+            node,
+            classes,
+            rx,
+            ready,
+            None,
+            metrics,
+            EGRESS_RETRY_MAX,
+            abort,
+        )),
+        None => tokio::spawn(egress::run(
+            sink,
+            node,
+            classes,
+            rx,
+            ready,
+            None,
+            metrics,
+            EGRESS_RETRY_MAX,
+            abort,
+        )),
+    }
+}
+
+impl App {
+    /// Binds every listener and starts every task.
+    pub async fn start(cfg: Config) -> anyhow::Result<App> {
+        let scheme: Scheme = cfg
+            .scheduler
+            .scheme
+            .as_str()
+            .parse()
+            .context("scheduler.scheme")?;
+        let queues = Arc::new(if scheme.uses_classes() {
+            MultiLevelQueue::new(&cfg.capacities)
+        } else {
+            // Native: one FIFO as large as all class queues together.
+            let total = cfg
+                .capacities
+                .iter()
+                .fold(cfg.capacities[0], |mut acc, c| {
+                    acc.records = acc.records.max(c.records);
+                    acc.bytes = acc.bytes.max(c.bytes);
+                    acc
+                });
+            MultiLevelQueue::fifo(total)
+        });
+        let metrics = Arc::new(Metrics::new(&cfg.classes));
+        let stop = CancellationToken::new();
+        let abort = CancellationToken::new();
+        // Sequence numbers start from the clock so a restarted node never
+        // reuses a (origin, seq) the cloud has seen.
+        let seed = ingress::unix_micros();
+        let ingress = Arc::new(IngressHandle::new(
+            cfg.node.id,
+            cfg.classes.clone(),
+            cfg.classifier.clone(),
+            Arc::clone(&queues),
+            seed,
+            stop.clone(),
+            Arc::clone(&metrics),
+        ));
+
+        // Egress first, so nothing is accepted that cannot be sent.
+        let (tx, rx) = mpsc::channel(EGRESS_CHANNEL);
+        let ready: egress::LinkReady = Arc::new(tokio::sync::Semaphore::new(0));
+        let link = cfg.egress.link.as_ref().map(|l| LinkProfile {
+            bytes_per_sec: l.bandwidth_bytes_per_sec,
+            delay: l.delay,
+        });
+        let egress = match &cfg.egress.sink {
+            EgressSink::File(f) => {
+                let sink = FileSink::new(&f.dir).with_context(|| {
+                    format!(
+                        "cannot create the batch directory {} (egress.file.dir)",
+                        f.dir.display()
+                    )
+                })?;
+                spawn_egress(
+                    sink,
+                    link,
+                    &cfg,
+                    rx,
+                    Arc::clone(&ready),
+                    Arc::clone(&metrics),
+                    abort.clone(),
+                )
+            }
+            EgressSink::Amqp(a) => spawn_egress(
+                egress::amqp::AmqpSink::new(a.clone(), cfg.node.id),
+                link,
+                &cfg,
+                rx,
+                Arc::clone(&ready),
+                Arc::clone(&metrics),
+                abort.clone(),
+            ),
+        };
+
+        let params = SchedulerParams {
+            scheme,
+            window: cfg.scheduler.window,
+            processing_delay: cfg.scheduler.processing_delay,
+            capacity: cfg.scheduler.uplink_bytes_per_sec,
+            burst_bytes: cfg.scheduler.burst_bytes as f64,
+            limits: BatchLimits {
+                max_records: cfg.scheduler.max_batch_records,
+                max_bytes: cfg.scheduler.max_batch_bytes,
+            },
+        };
+        let scheduler = tokio::spawn(scheduler::run(
+            params,
+            Arc::clone(&ingress),
+            tx,
+            ready,
+            seed,
+            stop.clone(),
+            abort.clone(),
+        ));
+
+        let listeners = TaskTracker::new();
+        let mut mqtt_addr = None;
+        if let Some(m) = &cfg.ingress.mqtt {
+            match &m.mode {
+                MqttMode::Listen { addr } => {
+                    let l = bind(*addr, "MQTT", "ingress.mqtt.listen").await?;
+                    mqtt_addr = Some(l.local_addr()?);
+                    listeners.spawn(ingress::mqtt::listen::serve(
+                        l,
+                        m.clone(),
+                        Arc::clone(&ingress),
+                        stop.clone(),
+                    ));
+                }
+                MqttMode::Subscribe(sub) => {
+                    listeners.spawn(ingress::mqtt::subscribe::run(
+                        m.clone(),
+                        sub.clone(),
+                        Arc::clone(&ingress),
+                        stop.clone(),
+                    ));
+                }
+            }
+        }
+        let mut grpc_addr = None;
+        if let Some(g) = &cfg.ingress.grpc {
+            let l = bind(g.listen, "gRPC", "ingress.grpc.listen").await?;
+            grpc_addr = Some(l.local_addr()?);
+            let (g, ing, stop) = (g.clone(), Arc::clone(&ingress), stop.clone());
+            listeners.spawn(async move {
+                if let Err(e) = ingress::grpc::serve(l, g, ing, stop).await {
+                    tracing::error!(error = %e, "gRPC ingress stopped");
+                }
+            });
+        }
+        let mut admin_addr = None;
+        if let Some(addr) = cfg.admin.listen {
+            let l = bind(addr, "the admin endpoint", "admin.listen").await?;
+            admin_addr = Some(l.local_addr()?);
+            let (m, stop) = (Arc::clone(&metrics), stop.clone());
+            listeners.spawn(async move {
+                if let Err(e) = crate::admin::serve(l, m, stop).await {
+                    tracing::error!(error = %e, "admin endpoint stopped");
+                }
+            });
+        }
+        listeners.close();
+        tracing::info!(
+            node = cfg.node.id,
+            scheme = %scheme,
+            mqtt = ?mqtt_addr,
+            grpc = ?grpc_addr,
+            admin = ?admin_addr,
+            "weir started"
+        );
+        Ok(App {
+            mqtt_addr,
+            grpc_addr,
+            admin_addr,
+            ingress,
+            stop,
+            abort,
+            listeners,
+            scheduler,
+            egress,
+        })
+    }
+
+    /// A token that, when cancelled, starts the same shutdown as
+    /// [`App::shutdown`] (used for signals).
+    pub fn stop_token(&self) -> CancellationToken {
+        self.stop.clone()
+    }
+
+    /// Resolves once a stop has been requested.
+    pub async fn stopped(&self) {
+        self.stop.cancelled().await
+    }
+
+    /// Stops accepting, drains the queues through the egress, and returns
+    /// once everything is confirmed or `deadline` has passed.
+    pub async fn shutdown(self, deadline: Duration) {
+        self.stop.cancel();
+        let abort = self.abort.clone();
+        let drain = async {
+            self.listeners.wait().await;
+            let _ = self.scheduler.await;
+            let _ = self.egress.await;
+        };
+        if tokio::time::timeout(deadline, drain).await.is_err() {
+            abort.cancel();
+            tracing::error!(?deadline, "shutdown deadline passed");
+        } else {
+            tracing::info!("shut down cleanly");
+        }
+    }
+}
+
+/// Runs weir until SIGINT or SIGTERM, then shuts down cleanly.
+pub fn run_until_signal(cfg: Config) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("weir")
+        .build()
+        .context("cannot start the async runtime")?;
+    rt.block_on(async {
+        let app = App::start(cfg).await?;
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("cannot install the SIGTERM handler")?;
+        // Cancel safety: every branch only waits for an event.
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = app.stopped() => {}
+        }
+        app.shutdown(DRAIN_DEADLINE).await;
+        Ok(())
+    })
+}

@@ -1,0 +1,199 @@
+//! Egress: where batches leave weir (`amqp` to RabbitMQ, `file` to a
+//! directory), optionally through an emulated uplink (`link`).
+//!
+//! The scheduler hands [`OutBatch`]es to [`run`] over a bounded channel (so a
+//! slow or blocked destination back-pressures the scheduler, then the class
+//! queues, then ingress). [`run`] encodes each batch once and hands it to the
+//! [`Sink`] until the sink confirms it: a failed delivery is retried with
+//! backoff, never dropped. Deliveries are serial: one transaction at a time,
+//! the model of both the buffer-aided relaying and the piping papers (a fixed
+//! per-transaction cost plus size over bandwidth).
+
+pub mod amqp;
+pub mod file;
+pub mod link;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use weir_core::{ClassId, ClassSet, NodeId, Record};
+use weir_proto::{pb, Encoding};
+
+use crate::ingress::unix_micros;
+use crate::metrics::Metrics;
+
+/// A batch closed by the scheduler: records of one class, oldest first.
+#[derive(Debug, Clone)]
+pub struct OutBatch {
+    /// Per-node batch sequence number.
+    pub seq: u64,
+    /// The records' class.
+    pub class: ClassId,
+    /// The records.
+    pub records: Vec<Record>,
+}
+
+/// A batch encoded for the wire, as every sink sends it.
+#[derive(Debug, Clone)]
+pub struct EncodedBatch {
+    /// Per-node batch sequence number.
+    pub seq: u64,
+    /// The records' class.
+    pub class: ClassId,
+    /// Records in the batch.
+    pub records: usize,
+    /// The sending node.
+    pub node: NodeId,
+    /// The `weir.v1.Batch` body, encoded as `encoding` says.
+    pub body: Bytes,
+    /// Compression of `body`.
+    pub encoding: Encoding,
+}
+
+/// Encodes records into a `weir.v1.Batch` body.
+pub fn encode(node: NodeId, classes: &ClassSet, batch: &OutBatch) -> EncodedBatch {
+    let pb = pb::Batch {
+        node,
+        batch_seq: batch.seq,
+        created_us: unix_micros(),
+        records: batch
+            .records
+            .iter()
+            .map(|r| pb::Record {
+                key: String::from_utf8_lossy(&r.key).into_owned(),
+                class: classes.get(r.class).name.clone(),
+                origin: r.origin,
+                seq: r.seq,
+                ingress_us: r.ingress_us,
+                payload: r.payload.clone(),
+            })
+            .collect(),
+    };
+    EncodedBatch {
+        seq: batch.seq,
+        class: batch.class,
+        records: batch.records.len(),
+        node,
+        body: weir_proto::encode_batch(&pb),
+        encoding: Encoding::Identity,
+    }
+}
+
+/// Why a delivery failed; the batch is retried either way.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// The destination cannot be reached now (connection lost, broker
+    /// restarting, disk full); retry after a backoff.
+    #[error("egress unavailable: {0}")]
+    Unavailable(String),
+    /// The destination refused this batch (nack, unroutable return).
+    #[error("batch refused by the destination: {0}")]
+    Refused(String),
+}
+
+/// A destination for batches.
+pub trait Sink: Send + 'static {
+    /// Delivers one batch and returns once the destination has durably
+    /// accepted it (publisher confirm, file renamed into place).
+    fn deliver(&mut self, batch: &EncodedBatch) -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// A short name for logs.
+    fn name(&self) -> &'static str;
+}
+
+/// One confirmed transaction, as the link estimator will see it.
+#[derive(Debug, Clone, Copy)]
+pub struct Delivered {
+    /// Body bytes sent.
+    pub bytes: usize,
+    /// Records in the batch.
+    pub records: usize,
+    /// Wall time from the start of the delivery to its confirmation.
+    pub elapsed: Duration,
+}
+
+/// First retry delay after a failed delivery.
+const RETRY_INITIAL: Duration = Duration::from_millis(100);
+
+/// Signals from the egress to the scheduler that the link is free: the
+/// egress adds one permit each time it is about to wait for a batch, and the
+/// scheduler takes one before it builds a batch. Batches are therefore built
+/// just in time, when the link can take them, so a record of an urgent class
+/// never waits behind less urgent batches queued ahead of it in a channel.
+pub type LinkReady = std::sync::Arc<tokio::sync::Semaphore>;
+
+/// Delivers every batch from `batches` through `sink`, in order, retrying
+/// each until it is confirmed. Returns when the channel is closed and empty
+/// (the scheduler has flushed at shutdown), or when `abort` fires (the drain
+/// deadline passed), in which case the batch in hand is reported lost-in-
+/// flight in the log with its sequence number.
+pub async fn run<S: Sink>(
+    mut sink: S,
+    node: NodeId,
+    classes: ClassSet,
+    mut batches: mpsc::Receiver<OutBatch>,
+    ready: LinkReady,
+    delivered: Option<mpsc::Sender<Delivered>>,
+    metrics: Arc<Metrics>,
+    retry_max: Duration,
+    abort: CancellationToken,
+) {
+    loop {
+        ready.add_permits(1);
+        let Some(batch) = batches.recv().await else {
+            break;
+        };
+        let encoded = encode(node, &classes, &batch);
+        let mut backoff = RETRY_INITIAL;
+        let mut attempt = 0u32;
+        loop {
+            let started = Instant::now();
+            // Cancel safety: on abort the delivery future is dropped; the
+            // batch is still owned here and is only logged, since the
+            // destination never confirmed it.
+            let result = tokio::select! {
+                r = sink.deliver(&encoded) => r,
+                _ = abort.cancelled() => {
+                    tracing::error!(batch = encoded.seq, records = encoded.records, "shutdown deadline passed with a batch unconfirmed");
+                    return;
+                }
+            };
+            match result {
+                Ok(()) => {
+                    metrics.batches_confirmed.inc();
+                    metrics.egress_bytes.inc_by(encoded.body.len() as u64);
+                    metrics.forwarded(encoded.class, encoded.records as u64);
+                    if let Some(tx) = &delivered {
+                        // Best effort: the estimator may lag, never block egress.
+                        let _ = tx.try_send(Delivered {
+                            bytes: encoded.body.len(),
+                            records: encoded.records,
+                            elapsed: started.elapsed(),
+                        });
+                    }
+                    break;
+                }
+                Err(e) => {
+                    attempt += 1;
+                    if attempt == 1 {
+                        metrics.batches_republished.inc();
+                    }
+                    tracing::warn!(sink = sink.name(), batch = encoded.seq, attempt, error = %e, "delivery failed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = abort.cancelled() => {
+                            tracing::error!(batch = encoded.seq, records = encoded.records, "shutdown deadline passed with a batch unconfirmed");
+                            return;
+                        }
+                    }
+                    backoff = (backoff * 2).min(retry_max);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! The `weir.v1.Ingress` implementation: unary `Publish` and bidi
+//! `PublishStream`, each acknowledging a record only after it is queued.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{debug, debug_span, field, info_span, warn, Instrument, Span};
+use weir_proto::pb::ingress_server::Ingress;
+use weir_proto::pb::{PublishAck, PublishRequest};
+
+use super::{ACK_CHANNEL_CAPACITY, STREAM_FULL_WAIT};
+use crate::ingress::{EnqueueError, IngressHandle};
+
+/// Serves `weir.v1.Ingress` over one shared [`IngressHandle`].
+#[derive(Debug, Clone)]
+pub(crate) struct IngressService {
+    ingress: Arc<IngressHandle>,
+    shutdown: CancellationToken,
+    streams: TaskTracker,
+}
+
+impl IngressService {
+    /// A service enqueuing through `ingress`; stream tasks are spawned on
+    /// `streams` and end when `shutdown` is cancelled.
+    pub(crate) fn new(
+        ingress: Arc<IngressHandle>,
+        shutdown: CancellationToken,
+        streams: TaskTracker,
+    ) -> Self {
+        IngressService {
+            ingress,
+            shutdown,
+            streams,
+        }
+    }
+
+    /// The unary call's work, without waiting: a unary client retries on
+    /// RESOURCE_EXHAUSTED, and holding its call open would only pin memory.
+    fn publish_now(&self, req: PublishRequest) -> Result<Response<PublishAck>, Status> {
+        let record = self.ingress.grpc_record(&req.stream, req.payload);
+        let (class, seq) = (record.class, record.seq);
+        match self.ingress.try_enqueue(record) {
+            Ok(()) => Ok(Response::new(PublishAck {
+                id: req.id,
+                seq,
+                class: self.ingress.class_name(class).to_owned(),
+            })),
+            Err(err) => {
+                if matches!(err, EnqueueError::Full { .. }) {
+                    self.ingress.metrics().backpressured(class);
+                }
+                debug!(id = req.id, stream = %req.stream, error = %err, "publish refused");
+                Err(unary_refusal(err))
+            }
+        }
+    }
+}
+
+/// Records the peer in `span` when tonic knows it (it always does over TCP).
+fn with_peer<T>(span: Span, request: &Request<T>) -> Span {
+    if let Some(peer) = request.remote_addr() {
+        span.record("peer", field::display(peer));
+    }
+    span
+}
+
+/// The status a refused enqueue is answered with on a unary call.
+fn unary_refusal(err: EnqueueError) -> Status {
+    match err {
+        EnqueueError::Full { class, .. } => {
+            Status::resource_exhausted(format!("class `{class}` queue is full; retry later"))
+        }
+        oversized @ EnqueueError::Oversized { .. } => oversized_status(&oversized),
+        EnqueueError::ShuttingDown => shutting_down(),
+    }
+}
+
+/// INVALID_ARGUMENT rather than RESOURCE_EXHAUSTED: the record can never fit,
+/// so retrying it is pointless.
+fn oversized_status(err: &EnqueueError) -> Status {
+    Status::invalid_argument(format!(
+        "{err}; send smaller payloads or raise that class's queue capacity"
+    ))
+}
+
+fn shutting_down() -> Status {
+    Status::unavailable("weir is shutting down; retry later or on another node")
+}
+
+#[tonic::async_trait]
+impl Ingress for IngressService {
+    async fn publish(
+        &self,
+        request: Request<PublishRequest>,
+    ) -> Result<Response<PublishAck>, Status> {
+        // Debug level: one span per unary call is on the hot path.
+        let span = with_peer(debug_span!("grpc_publish", peer = field::Empty), &request);
+        span.in_scope(|| self.publish_now(request.into_inner()))
+    }
+
+    type PublishStreamStream = Pin<Box<dyn Stream<Item = Result<PublishAck, Status>> + Send>>;
+
+    async fn publish_stream(
+        &self,
+        request: Request<Streaming<PublishRequest>>,
+    ) -> Result<Response<Self::PublishStreamStream>, Status> {
+        let span = with_peer(info_span!("grpc_stream", peer = field::Empty), &request);
+        let inbound = request.into_inner();
+        let (ack_tx, ack_rx) = mpsc::channel(ACK_CHANNEL_CAPACITY);
+        let (end_tx, end_rx) = oneshot::channel();
+        let stream = StreamTask {
+            ingress: self.ingress.clone(),
+            shutdown: self.shutdown.clone(),
+            acks: ack_tx,
+        };
+        self.streams.spawn(
+            async move {
+                let end = stream.run(inbound).await;
+                // The receiver is gone only if the client is; nobody to tell.
+                let _ = end_tx.send(end);
+            }
+            .instrument(span),
+        );
+        // The final status travels apart from the bounded ack channel, so the
+        // task can always deliver it, even to a client that stopped reading.
+        let end = futures::stream::once(end_rx).filter_map(|end| async move {
+            match end {
+                Ok(Ok(())) => None,
+                Ok(Err(status)) => Some(Err(status)),
+                Err(_) => Some(Err(Status::internal(
+                    "weir's stream task ended unexpectedly; resend unacknowledged records",
+                ))),
+            }
+        });
+        let acks = ReceiverStream::new(ack_rx).map(Ok).chain(end);
+        Ok(Response::new(Box::pin(acks)))
+    }
+}
+
+/// One `PublishStream` call: reads a request, enqueues it, sends its ack,
+/// and only then reads the next, so acks are in request order and a full
+/// queue stops the reading (HTTP/2 flow control then stalls the client).
+struct StreamTask {
+    ingress: Arc<IngressHandle>,
+    shutdown: CancellationToken,
+    acks: mpsc::Sender<PublishAck>,
+}
+
+impl StreamTask {
+    /// Runs until the client half-closes (`Ok`), or the stream must end with
+    /// a status (`Err`). A client that went away ends it with `Ok`: there is
+    /// nobody left to read a status.
+    async fn run(self, mut inbound: Streaming<PublishRequest>) -> Result<(), Status> {
+        let mut acked: u64 = 0;
+        loop {
+            // Cancel safety: `Streaming::message` keeps a partly received
+            // message buffered inside `inbound`, so losing the race loses
+            // nothing; the other branches only wait.
+            let next = tokio::select! {
+                biased;
+                _ = self.shutdown.cancelled() => return Err(shutting_down()),
+                _ = self.acks.closed() => return self.gone(acked),
+                next = inbound.message() => next,
+            };
+            let req = match next {
+                Ok(Some(req)) => req,
+                Ok(None) => {
+                    debug!(acked, "stream closed by client");
+                    return Ok(());
+                }
+                Err(status) => {
+                    // tonic could not read or decode the next message
+                    // (garbage bytes, over the size limit, a reset stream).
+                    self.ingress.metrics().protocol_errors.inc();
+                    warn!(acked, code = ?status.code(), message = status.message(), "bad message on stream");
+                    return Err(status);
+                }
+            };
+            let record = self.ingress.grpc_record(&req.stream, req.payload);
+            let (class, seq) = (record.class, record.seq);
+            // Cancel safety: `enqueue` either has pushed the record and
+            // returns ready in the same poll, or holds it; dropping it while
+            // waiting loses a record that was never acknowledged.
+            let queued = tokio::select! {
+                biased;
+                _ = self.shutdown.cancelled() => return Err(shutting_down()),
+                _ = self.acks.closed() => return self.gone(acked),
+                queued = self.ingress.enqueue(record, Some(STREAM_FULL_WAIT)) => queued,
+            };
+            match queued {
+                Ok(()) => {}
+                Err(EnqueueError::Full { class, .. }) => {
+                    warn!(acked, class = %class, "class queue stayed full; ending stream");
+                    return Err(Status::resource_exhausted(format!(
+                        "class `{class}` queue stayed full for {}s; request id {} and later \
+                         were not queued, resend them later",
+                        STREAM_FULL_WAIT.as_secs(),
+                        req.id
+                    )));
+                }
+                Err(EnqueueError::ShuttingDown) => return Err(shutting_down()),
+                Err(err @ EnqueueError::Oversized { .. }) => {
+                    debug!(id = req.id, error = %err, "oversized record; ending stream");
+                    return Err(oversized_status(&err));
+                }
+            }
+            let ack = PublishAck {
+                id: req.id,
+                seq,
+                class: self.ingress.class_name(class).to_owned(),
+            };
+            // Cancel safety: a send cancelled by shutdown drops only this ack
+            // and the stream ends with UNAVAILABLE, so the client resends.
+            tokio::select! {
+                biased;
+                _ = self.shutdown.cancelled() => return Err(shutting_down()),
+                sent = self.acks.send(ack) => {
+                    if sent.is_err() {
+                        return self.gone(acked);
+                    }
+                }
+            }
+            acked += 1;
+        }
+    }
+
+    /// The client cancelled: nobody is left to read a status.
+    fn gone(&self, acked: u64) -> Result<(), Status> {
+        debug!(acked, "client cancelled the stream");
+        Ok(())
+    }
+}

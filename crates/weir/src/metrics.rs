@@ -1,0 +1,187 @@
+//! Prometheus metrics (`weir_<thing>_<unit>` / `_total`, `class` label where
+//! per class), served on the admin listener at `/metrics`.
+
+use std::sync::atomic::{AtomicI64, AtomicU64};
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use weir_core::{ClassId, ClassSet};
+
+/// The `class` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabel {
+    /// Class name.
+    pub class: String,
+}
+
+/// Every metric weir exports.
+pub struct Metrics {
+    registry: Registry,
+    names: Vec<ClassLabel>,
+    accepted: Family<ClassLabel, Counter>,
+    refused: Family<ClassLabel, Counter>,
+    backpressured: Family<ClassLabel, Counter>,
+    dropped: Family<ClassLabel, Counter>,
+    forwarded: Family<ClassLabel, Counter>,
+    allocated: Family<ClassLabel, Gauge<f64, AtomicU64>>,
+    queued: Family<ClassLabel, Gauge<i64, AtomicI64>>,
+    /// Batches confirmed by the egress.
+    pub batches_confirmed: Counter,
+    /// Batches re-published after a failure (reconnect, nack, return).
+    pub batches_republished: Counter,
+    /// Bytes of batch bodies confirmed by the egress.
+    pub egress_bytes: Counter,
+    /// Malformed or refused ingress connections/requests.
+    pub protocol_errors: Counter,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric for these classes.
+    pub fn new(classes: &ClassSet) -> Self {
+        let mut registry = Registry::with_prefix("weir");
+        let m = Metrics {
+            names: classes
+                .iter()
+                .map(|(_, c)| ClassLabel {
+                    class: c.name.clone(),
+                })
+                .collect(),
+            accepted: Family::default(),
+            refused: Family::default(),
+            backpressured: Family::default(),
+            dropped: Family::default(),
+            forwarded: Family::default(),
+            allocated: Family::default(),
+            queued: Family::default(),
+            batches_confirmed: Counter::default(),
+            batches_republished: Counter::default(),
+            egress_bytes: Counter::default(),
+            protocol_errors: Counter::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "records_accepted",
+            "Records enqueued at ingress",
+            m.accepted.clone(),
+        );
+        registry.register(
+            "records_refused",
+            "Records refused at ingress (oversized)",
+            m.refused.clone(),
+        );
+        registry.register(
+            "records_backpressured",
+            "Pushes that found their class queue full and waited",
+            m.backpressured.clone(),
+        );
+        registry.register(
+            "records_dropped",
+            "QoS 0 records dropped because their queue was full (qos0_when_full = drop)",
+            m.dropped.clone(),
+        );
+        registry.register(
+            "records_forwarded",
+            "Records confirmed by the egress",
+            m.forwarded.clone(),
+        );
+        registry.register(
+            "class_allocated_bytes_per_second",
+            "Outbound rate BWAllocator gives each class",
+            m.allocated.clone(),
+        );
+        registry.register(
+            "class_queued_records",
+            "Records waiting in each class queue",
+            m.queued.clone(),
+        );
+        registry.register(
+            "batches_confirmed",
+            "Batches confirmed by the egress",
+            m.batches_confirmed.clone(),
+        );
+        registry.register(
+            "batches_republished",
+            "Batches published again after a failure",
+            m.batches_republished.clone(),
+        );
+        registry.register(
+            "egress_bytes",
+            "Bytes of batch bodies confirmed by the egress",
+            m.egress_bytes.clone(),
+        );
+        registry.register(
+            "protocol_errors",
+            "Ingress connections or requests refused as malformed",
+            m.protocol_errors.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    fn label(&self, class: ClassId) -> &ClassLabel {
+        &self.names[class.index()]
+    }
+
+    /// One record enqueued.
+    pub fn accepted(&self, class: ClassId) {
+        self.accepted.get_or_create(self.label(class)).inc();
+    }
+
+    /// One record refused.
+    pub fn refused(&self, class: ClassId) {
+        self.refused.get_or_create(self.label(class)).inc();
+    }
+
+    /// One push that found the queue full.
+    pub fn backpressured(&self, class: ClassId) {
+        self.backpressured.get_or_create(self.label(class)).inc();
+    }
+
+    /// One QoS 0 record dropped by policy.
+    pub fn dropped(&self, class: ClassId) {
+        self.dropped.get_or_create(self.label(class)).inc();
+    }
+
+    /// Dropped records of a class so far.
+    pub fn dropped_total(&self, class: ClassId) -> u64 {
+        self.dropped.get_or_create(self.label(class)).get()
+    }
+
+    /// `n` records of a class confirmed by the egress.
+    pub fn forwarded(&self, class: ClassId, n: u64) {
+        self.forwarded.get_or_create(self.label(class)).inc_by(n);
+    }
+
+    /// The allocation now in force.
+    pub fn set_allocation(&self, rates: &[f64]) {
+        for (i, r) in rates.iter().enumerate() {
+            self.allocated
+                .get_or_create(&self.names[i])
+                .set(*r);
+        }
+    }
+
+    /// Queue lengths now.
+    pub fn set_queued(&self, class: ClassId, records: usize) {
+        self.queued
+            .get_or_create(self.label(class))
+            .set(records as i64);
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}

@@ -1,0 +1,718 @@
+//! The AMQP egress against the real RabbitMQ on 127.0.0.1:5672
+//! (guest/guest; `bash scripts/services.sh` starts it). Every test uses its
+//! own exchange and queue (named after the process id and the test) and
+//! deletes them at the end, so tests can run concurrently with others.
+//!
+//! Failures are staged without touching other clients of the broker: the
+//! broker closes only this test's connection (`rabbitmqctl
+//! close_connection`), or the sink talks to RabbitMQ through a small TCP
+//! proxy that the test can cut, stall, or use to inject
+//! `connection.blocked`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, ExchangeDeleteOptions, QueueBindOptions,
+    QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, Connection, ConnectionProperties};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use weir::config::{AmqpEgress, ExchangeType};
+use weir::egress::amqp::{
+    message_id, AmqpSink, HEADER_BATCH_SEQ, HEADER_CLASS, HEADER_NODE, HEADER_RECORDS,
+};
+use weir::egress::{encode, run, EncodedBatch, OutBatch, Sink, SinkError};
+use weir::metrics::Metrics;
+use weir_core::{ClassId, ClassSet, NodeId, Record};
+
+const BROKER: &str = "127.0.0.1:5672";
+const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// Bounds every wait so that a broken test fails instead of hanging.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A node id unique to this process and test, so connection names
+/// (`weir node <id>`) never collide with another test's.
+fn node_id(test: u64) -> NodeId {
+    u64::from(std::process::id()) * 100 + test
+}
+
+/// Exchange, queue and routing key names unique to this process and test.
+struct Names {
+    exchange: String,
+    queue: String,
+    routing_key: String,
+}
+
+fn names(test: &str) -> Names {
+    let base = format!("weir-test-{}-{test}", std::process::id());
+    Names {
+        exchange: format!("{base}.x"),
+        queue: format!("{base}.q"),
+        routing_key: format!("{base}.rk"),
+    }
+}
+
+fn config(url: &str, n: &Names) -> AmqpEgress {
+    AmqpEgress {
+        url: url.to_owned(),
+        exchange: n.exchange.clone(),
+        exchange_type: ExchangeType::Direct,
+        queue: n.queue.clone(),
+        routing_key: n.routing_key.clone(),
+        confirm_timeout: Duration::from_secs(5),
+        reconnect_backoff_max: Duration::from_millis(500),
+    }
+}
+
+async fn connect_test_client() -> Connection {
+    Connection::connect(URL, ConnectionProperties::default())
+        .await
+        .unwrap_or_else(|e| {
+            panic!("RabbitMQ is not reachable at {BROKER} as guest/guest ({e}); start it with `bash scripts/services.sh`")
+        })
+}
+
+/// A batch of `n` records of `class`, with payloads that are not UTF-8 and
+/// one that is empty, so that the raw bytes are checked end to end.
+fn out_batch(node: NodeId, seq: u64, class: ClassId, n: u64) -> OutBatch {
+    OutBatch {
+        seq,
+        class,
+        records: (0..n)
+            .map(|i| Record {
+                key: Bytes::from(format!("factory/line{}/sensor{i}", class.0)),
+                class,
+                origin: node,
+                seq: seq * 1000 + i,
+                ingress_us: 1_700_000_000_000_000 + seq * 1000 + i,
+                payload: if i == 0 {
+                    Bytes::new()
+                } else {
+                    Bytes::from(vec![0xff, 0x00, (seq % 256) as u8, (i % 256) as u8, 0x9f])
+                },
+            })
+            .collect(),
+    }
+}
+
+fn encoded(node: NodeId, seq: u64) -> EncodedBatch {
+    let classes = ClassSet::janus_default();
+    encode(node, &classes, &out_batch(node, seq, ClassId((seq % 3) as u8), 3))
+}
+
+/// One consumed message, with what the tests look at.
+struct Consumed {
+    seq: u64,
+    delivery: lapin::message::Delivery,
+}
+
+fn header(d: &lapin::message::Delivery, key: &str) -> Option<AMQPValue> {
+    d.properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get(key).cloned())
+}
+
+fn batch_seq_of(d: &lapin::message::Delivery) -> u64 {
+    match header(d, HEADER_BATCH_SEQ) {
+        Some(AMQPValue::LongLongInt(v)) => v as u64,
+        other => panic!("message without an integer {HEADER_BATCH_SEQ} header: {other:?}"),
+    }
+}
+
+/// Consumes from `queue` until every batch seq in `want` has arrived at
+/// least once; returns all messages seen (duplicates included).
+async fn consume_until(channel: &Channel, queue: &str, want: &[u64]) -> Vec<Consumed> {
+    let mut consumer = channel
+        .basic_consume(
+            queue.into(),
+            format!("test-consumer-{}", std::process::id()).into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume from the test queue");
+    let mut seen = Vec::new();
+    let mut missing: Vec<u64> = want.to_vec();
+    while !missing.is_empty() {
+        let next = tokio::time::timeout(PATIENCE, consumer.next())
+            .await
+            .unwrap_or_else(|_| panic!("batches {missing:?} never reached queue {queue}"));
+        let delivery = next
+            .expect("consumer ended early")
+            .expect("delivery error");
+        delivery
+            .ack(BasicAckOptions::default())
+            .await
+            .expect("ack");
+        let seq = batch_seq_of(&delivery);
+        missing.retain(|&s| s != seq);
+        seen.push(Consumed { seq, delivery });
+    }
+    channel
+        .basic_cancel(
+            format!("test-consumer-{}", std::process::id()).into(),
+            Default::default(),
+        )
+        .await
+        .expect("cancel the consumer");
+    seen
+}
+
+async fn cleanup(channel: &Channel, n: &Names) {
+    channel
+        .queue_delete(n.queue.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .expect("delete the test queue");
+    if !n.exchange.is_empty() {
+        channel
+            .exchange_delete(n.exchange.as_str().into(), ExchangeDeleteOptions::default())
+            .await
+            .expect("delete the test exchange");
+    }
+}
+
+fn counts(seen: &[Consumed]) -> BTreeMap<u64, usize> {
+    let mut m = BTreeMap::new();
+    for c in seen {
+        *m.entry(c.seq).or_insert(0) += 1;
+    }
+    m
+}
+
+async fn deliver(sink: &mut AmqpSink, batch: &EncodedBatch) -> Result<(), SinkError> {
+    tokio::time::timeout(PATIENCE, sink.deliver(batch))
+        .await
+        .expect("deliver hung")
+}
+
+#[tokio::test]
+async fn batches_arrive_in_weir_format() {
+    let n = names("format");
+    let node = node_id(1);
+    let classes = ClassSet::janus_default();
+    let mut sink = AmqpSink::new(config(URL, &n), node);
+    let batches: Vec<OutBatch> = (0..6)
+        .map(|seq| out_batch(node, seq, ClassId((seq % 3) as u8), seq + 1))
+        .collect();
+    for b in &batches {
+        deliver(&mut sink, &encode(node, &classes, b))
+            .await
+            .expect("RabbitMQ confirms the batch");
+    }
+
+    let conn = connect_test_client().await;
+    let channel = conn.create_channel().await.expect("channel");
+    let seqs: Vec<u64> = batches.iter().map(|b| b.seq).collect();
+    let seen = consume_until(&channel, &n.queue, &seqs).await;
+    assert_eq!(seen.len(), batches.len(), "one message per batch");
+    for c in &seen {
+        let d = &c.delivery;
+        let b = &batches[c.seq as usize];
+        let p = &d.properties;
+        assert_eq!(
+            p.content_type().as_ref().map(|s| s.as_str()),
+            Some(weir_proto::CONTENT_TYPE)
+        );
+        assert_eq!(
+            p.content_encoding().as_ref().map(|s| s.as_str()),
+            Some("identity")
+        );
+        assert_eq!(*p.delivery_mode(), Some(2), "persistent");
+        assert_eq!(
+            p.message_id().as_ref().map(|s| s.as_str().to_owned()),
+            Some(message_id(node, b.seq))
+        );
+        assert!(p.timestamp().is_some());
+        assert_eq!(
+            header(d, HEADER_NODE),
+            Some(AMQPValue::LongLongInt(node as i64))
+        );
+        assert_eq!(
+            header(d, HEADER_RECORDS),
+            Some(AMQPValue::LongLongInt(b.records.len() as i64))
+        );
+        assert_eq!(
+            header(d, HEADER_CLASS),
+            Some(AMQPValue::LongLongInt(i64::from(b.class.0)))
+        );
+        let encoding = p.content_encoding().as_ref().map_or("", |s| s.as_str());
+        let decoded = weir_proto::decode_batch(
+            &d.data,
+            encoding,
+            weir_proto::codec::DEFAULT_MAX_DECODED,
+        )
+        .expect("the body is a weir.v1.Batch");
+        assert_eq!(decoded.node, node);
+        assert_eq!(decoded.batch_seq, b.seq);
+        assert_eq!(decoded.records.len(), b.records.len());
+        for (got, want) in decoded.records.iter().zip(&b.records) {
+            assert_eq!(got.key.as_bytes(), &want.key[..]);
+            assert_eq!(got.class, classes.get(want.class).name);
+            assert_eq!(got.origin, want.origin);
+            assert_eq!(got.seq, want.seq);
+            assert_eq!(got.ingress_us, want.ingress_us);
+            assert_eq!(got.payload, want.payload, "payload bytes are untouched");
+        }
+    }
+    cleanup(&channel, &n).await;
+}
+
+#[tokio::test]
+async fn default_exchange_routes_by_queue_name() {
+    let mut n = names("default-exchange");
+    n.exchange = String::new();
+    n.routing_key = n.queue.clone();
+    let node = node_id(2);
+    let mut sink = AmqpSink::new(config(URL, &n), node);
+    deliver(&mut sink, &encoded(node, 0))
+        .await
+        .expect("published through the default exchange");
+    let conn = connect_test_client().await;
+    let channel = conn.create_channel().await.expect("channel");
+    let seen = consume_until(&channel, &n.queue, &[0]).await;
+    assert_eq!(seen.len(), 1);
+    cleanup(&channel, &n).await;
+}
+
+#[tokio::test]
+async fn unroutable_batch_is_refused_not_lost() {
+    let n = names("unroutable");
+    let node = node_id(3);
+    let mut sink = AmqpSink::new(config(URL, &n), node);
+    deliver(&mut sink, &encoded(node, 0))
+        .await
+        .expect("routable while bound");
+
+    // Someone removes the binding behind the sink's back.
+    let conn = connect_test_client().await;
+    let channel = conn.create_channel().await.expect("channel");
+    channel
+        .queue_unbind(
+            n.queue.as_str().into(),
+            n.exchange.as_str().into(),
+            n.routing_key.as_str().into(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("unbind");
+
+    match deliver(&mut sink, &encoded(node, 1)).await {
+        Err(SinkError::Refused(why)) => assert!(why.contains("returned"), "{why}"),
+        other => panic!("an unroutable batch must be refused, got {other:?}"),
+    }
+    // The return does not cost the connection: once bound again, the same
+    // batch goes through on the same sink.
+    channel
+        .queue_bind(
+            n.queue.as_str().into(),
+            n.exchange.as_str().into(),
+            n.routing_key.as_str().into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("bind again");
+    deliver(&mut sink, &encoded(node, 1))
+        .await
+        .expect("routable again");
+    let seen = consume_until(&channel, &n.queue, &[0, 1]).await;
+    assert_eq!(
+        counts(&seen),
+        BTreeMap::from([(0, 1), (1, 1)]),
+        "the refused publish did not reach the queue"
+    );
+    cleanup(&channel, &n).await;
+}
+
+/// Runs the egress loop over `sink`; returns the batch sender, the metrics
+/// and the loop's handle.
+fn spawn_run(
+    sink: AmqpSink,
+    node: NodeId,
+) -> (
+    mpsc::Sender<OutBatch>,
+    Arc<Metrics>,
+    tokio::task::JoinHandle<()>,
+) {
+    let classes = ClassSet::janus_default();
+    let metrics = Arc::new(Metrics::new(&classes));
+    let (tx, rx) = mpsc::channel(2);
+    let handle = tokio::spawn(run(
+        sink,
+        node,
+        classes,
+        rx,
+        None,
+        metrics.clone(),
+        Duration::from_millis(200),
+        CancellationToken::new(),
+    ));
+    (tx, metrics, handle)
+}
+
+async fn send_batches(tx: &mpsc::Sender<OutBatch>, node: NodeId, seqs: std::ops::Range<u64>) {
+    for seq in seqs {
+        tx.send(out_batch(node, seq, ClassId((seq % 3) as u8), 2))
+            .await
+            .expect("the egress loop is running");
+    }
+}
+
+/// Erlang pids of the broker's connections named `weir node <node>`.
+fn broker_connections(node: NodeId) -> Vec<String> {
+    let out = std::process::Command::new("rabbitmqctl")
+        .args([
+            "list_connections",
+            "-q",
+            "--no-table-headers",
+            "pid",
+            "client_properties",
+        ])
+        .output()
+        .unwrap_or_else(|e| panic!("running rabbitmqctl (needed to close a connection from the broker side): {e}"));
+    assert!(
+        out.status.success(),
+        "rabbitmqctl list_connections failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let name = format!("\"weir node {node}\"");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&name))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test]
+async fn broker_closing_the_connection_loses_nothing() {
+    let n = names("broker-close");
+    let node = node_id(4);
+    let (tx, metrics, handle) = spawn_run(AmqpSink::new(config(URL, &n), node), node);
+    let conn = connect_test_client().await;
+    let channel = conn.create_channel().await.expect("channel");
+
+    send_batches(&tx, node, 0..10).await;
+    consume_until(&channel, &n.queue, &(0..10).collect::<Vec<_>>()).await;
+    let before = broker_connections(node);
+    assert_eq!(before.len(), 1, "one sink connection: {before:?}");
+
+    // Only this test's connection, so concurrent tests are unaffected.
+    let out = std::process::Command::new("rabbitmqctl")
+        .args(["close_connection", &before[0], "test: broker closes weir"])
+        .output()
+        .expect("run rabbitmqctl close_connection");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl close_connection failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    send_batches(&tx, node, 10..30).await;
+    drop(tx);
+    tokio::time::timeout(PATIENCE, handle)
+        .await
+        .expect("the egress loop drained")
+        .expect("the egress loop did not panic");
+    let seen = consume_until(&channel, &n.queue, &(10..30).collect::<Vec<_>>()).await;
+    let got = counts(&seen);
+    assert!(
+        (10..30).all(|s| got.contains_key(&s)),
+        "every batch arrives at least once: {got:?}"
+    );
+    assert_eq!(metrics.batches_confirmed.get(), 30);
+
+    let after = broker_connections(node);
+    assert!(
+        after.len() == 1 && after != before,
+        "the sink reconnected on a new connection: before {before:?}, after {after:?}"
+    );
+    cleanup(&channel, &n).await;
+}
+
+// ---- A TCP proxy in front of RabbitMQ that the tests can break. ----
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Forward everything.
+    Pass,
+    /// Reset every connection and refuse new ones, like a dead uplink.
+    Down,
+    /// Keep connections open but forward nothing, like a black-holed link.
+    Stall,
+}
+
+struct Proxy {
+    addr: SocketAddr,
+    mode: watch::Sender<Mode>,
+    inject: broadcast::Sender<Vec<u8>>,
+}
+
+impl Proxy {
+    async fn start() -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let addr = listener.local_addr().expect("proxy address");
+        let (mode, _) = watch::channel(Mode::Pass);
+        let (inject, _) = broadcast::channel(16);
+        let (m, i) = (mode.clone(), inject.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                if *m.borrow() == Mode::Down {
+                    continue; // dropped: the client sees the connection reset
+                }
+                let Ok(server) = TcpStream::connect(BROKER).await else {
+                    continue;
+                };
+                tokio::spawn(proxy_connection(client, server, m.subscribe(), i.subscribe()));
+            }
+        });
+        Proxy { addr, mode, inject }
+    }
+
+    fn url(&self) -> String {
+        format!("amqp://guest:guest@{}/%2f", self.addr)
+    }
+
+    fn set(&self, mode: Mode) {
+        self.mode.send_replace(mode);
+    }
+
+    /// Sends a frame to the client of every open connection, between two
+    /// of the broker's frames.
+    fn inject(&self, frame: Vec<u8>) {
+        self.inject.send(frame).expect("a proxied connection is open");
+    }
+}
+
+/// An AMQP method frame on channel 0.
+fn method_frame(class: u16, method: u16, args: &[u8]) -> Vec<u8> {
+    let mut payload = Vec::new();
+    payload.extend_from_slice(&class.to_be_bytes());
+    payload.extend_from_slice(&method.to_be_bytes());
+    payload.extend_from_slice(args);
+    let mut frame = vec![1, 0, 0];
+    frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&payload);
+    frame.push(0xce);
+    frame
+}
+
+/// `connection.blocked` (class 10, method 60) with a reason.
+fn connection_blocked(reason: &str) -> Vec<u8> {
+    let mut args = vec![reason.len() as u8];
+    args.extend_from_slice(reason.as_bytes());
+    method_frame(10, 60, &args)
+}
+
+/// `connection.unblocked` (class 10, method 61).
+fn connection_unblocked() -> Vec<u8> {
+    method_frame(10, 61, &[])
+}
+
+/// Whether a connection must end on this mode change: always when the
+/// link goes down; when it comes back after a stall (its bytes are lost).
+fn ends(mode: Mode, stalled: &mut bool) -> bool {
+    match mode {
+        Mode::Down => true,
+        Mode::Stall => {
+            *stalled = true;
+            false
+        }
+        Mode::Pass => *stalled,
+    }
+}
+
+async fn proxy_connection(
+    client: TcpStream,
+    server: TcpStream,
+    mut mode: watch::Receiver<Mode>,
+    mut inject: broadcast::Receiver<Vec<u8>>,
+) {
+    let (mut client_rd, mut client_wr) = client.into_split();
+    let (mut server_rd, mut server_wr) = server.into_split();
+    // Whole frames from the broker, so that injected frames land between
+    // two of them; read_exact is not cancel safe, hence its own task.
+    let (frames_tx, mut frames) = mpsc::channel::<Vec<u8>>(64);
+    let reader = tokio::spawn(async move {
+        loop {
+            let mut head = [0u8; 7];
+            if server_rd.read_exact(&mut head).await.is_err() {
+                return;
+            }
+            let size = u32::from_be_bytes([head[3], head[4], head[5], head[6]]) as usize;
+            let mut frame = head.to_vec();
+            frame.resize(7 + size + 1, 0);
+            if server_rd.read_exact(&mut frame[7..]).await.is_err()
+                || frames_tx.send(frame).await.is_err()
+            {
+                return;
+            }
+        }
+    });
+    let mut stalled = *mode.borrow() == Mode::Stall;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        // Cancel safety: `read` into a buffer, `recv` on channels and
+        // `changed` are all cancel safe; writes happen in the arm bodies.
+        tokio::select! {
+            n = client_rd.read(&mut buf) => match n {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if !stalled && server_wr.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            },
+            frame = frames.recv() => match frame {
+                None => break,
+                Some(frame) => {
+                    if !stalled && client_wr.write_all(&frame).await.is_err() {
+                        break;
+                    }
+                }
+            },
+            frame = inject.recv() => {
+                if let Ok(frame) = frame {
+                    if client_wr.write_all(&frame).await.is_err() {
+                        break;
+                    }
+                }
+            }
+            changed = mode.changed() => {
+                let now = *mode.borrow_and_update();
+                if changed.is_err() || ends(now, &mut stalled) {
+                    break;
+                }
+            }
+        }
+    }
+    reader.abort();
+}
+
+#[tokio::test]
+async fn uplink_outage_loses_nothing() {
+    let n = names("outage");
+    let node = node_id(5);
+    let proxy = Proxy::start().await;
+    let (tx, metrics, handle) = spawn_run(AmqpSink::new(config(&proxy.url(), &n), node), node);
+    let conn = connect_test_client().await;
+    let channel = conn.create_channel().await.expect("channel");
+
+    send_batches(&tx, node, 0..5).await;
+    consume_until(&channel, &n.queue, &(0..5).collect::<Vec<_>>()).await;
+
+    proxy.set(Mode::Down);
+    send_batches(&tx, node, 5..15).await;
+    // Deliveries fail while the uplink is down...
+    tokio::time::timeout(PATIENCE, async {
+        while metrics.batches_republished.get() < 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("deliveries fail and are retried while the uplink is down");
+    // ...and nothing is lost once it is back.
+    proxy.set(Mode::Pass);
+    drop(tx);
+    tokio::time::timeout(PATIENCE, handle)
+        .await
+        .expect("the egress loop drained after the outage")
+        .expect("the egress loop did not panic");
+    let seen = consume_until(&channel, &n.queue, &(5..15).collect::<Vec<_>>()).await;
+    let got = counts(&seen);
+    assert!(
+        (5..15).all(|s| got.contains_key(&s)),
+        "every batch arrives at least once: {got:?}"
+    );
+    assert_eq!(metrics.batches_confirmed.get(), 15);
+    cleanup(&channel, &n).await;
+}
+
+#[tokio::test]
+async fn silent_broker_times_out_then_batch_is_republished() {
+    let n = names("stall");
+    let node = node_id(6);
+    let proxy = Proxy::start().await;
+    let mut cfg = config(&proxy.url(), &n);
+    cfg.confirm_timeout = Duration::from_millis(300);
+    let mut sink = AmqpSink::new(cfg, node);
+    deliver(&mut sink, &encoded(node, 0))
+        .await
+        .expect("delivered before the stall");
+
+    proxy.set(Mode::Stall);
+    match deliver(&mut sink, &encoded(node, 1)).await {
+        Err(SinkError::Unavailable(why)) => assert!(why.contains("within"), "{why}"),
+        other => panic!("a silent broker must time out as unavailable, got {other:?}"),
+    }
+    assert!(!sink.is_connected(), "the timed-out connection was dropped");
+
+    proxy.set(Mode::Pass);
+    deliver(&mut sink, &encoded(node, 1))
+        .await
+        .expect("the same batch goes through after a reconnect");
+    let conn = connect_test_client().await;
+    let channel = conn.create_channel().await.expect("channel");
+    let seen = consume_until(&channel, &n.queue, &[0, 1]).await;
+    assert!(counts(&seen).contains_key(&1));
+    cleanup(&channel, &n).await;
+}
+
+#[tokio::test]
+async fn blocked_connection_waits_instead_of_failing() {
+    let n = names("blocked");
+    let node = node_id(7);
+    let proxy = Proxy::start().await;
+    let mut cfg = config(&proxy.url(), &n);
+    // Short, so that the wait below outlasts it several times over.
+    cfg.confirm_timeout = Duration::from_millis(200);
+    let mut sink = AmqpSink::new(cfg, node);
+    deliver(&mut sink, &encoded(node, 0))
+        .await
+        .expect("delivered before the alarm");
+
+    // What RabbitMQ sends under a memory or disk alarm.
+    proxy.inject(connection_blocked("low on memory"));
+    tokio::time::timeout(PATIENCE, async {
+        while !sink.is_blocked() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("lapin saw connection.blocked");
+
+    let pending = tokio::spawn(async move {
+        let result = sink.deliver(&encoded(node, 1)).await;
+        (result, sink)
+    });
+    // Several confirm timeouts pass: the delivery neither fails nor
+    // completes while the broker blocks the connection.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !pending.is_finished(),
+        "deliver must wait while the connection is blocked"
+    );
+
+    proxy.inject(connection_unblocked());
+    let (result, sink) = tokio::time::timeout(PATIENCE, pending)
+        .await
+        .expect("deliver resumed after connection.unblocked")
+        .expect("the delivery task did not panic");
+    result.expect("confirmed once unblocked, on the same connection");
+    assert!(!sink.is_blocked());
+
+    let conn = connect_test_client().await;
+    let channel = conn.create_channel().await.expect("channel");
+    let seen = consume_until(&channel, &n.queue, &[0, 1]).await;
+    assert_eq!(counts(&seen), BTreeMap::from([(0, 1), (1, 1)]));
+    cleanup(&channel, &n).await;
+}

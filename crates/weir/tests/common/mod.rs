@@ -1,0 +1,142 @@
+//! Helpers shared by the end-to-end tests: configs with loopback listeners,
+//! a RabbitMQ consumer that decodes weir batches, unique names.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties};
+use weir_proto::pb;
+
+/// The test RabbitMQ (scripts/services.sh starts it).
+pub const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// Bounds every wait so that a broken test fails instead of hanging.
+pub const PATIENCE: Duration = Duration::from_secs(90);
+
+/// A name unique to this process and `test`.
+pub fn unique(test: &str) -> String {
+    format!("weir-e2e-{}-{test}", std::process::id())
+}
+
+/// A record as the cloud saw it, with when it was consumed.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    /// The record.
+    pub record: pb::Record,
+    /// When the consumer got it, microseconds since the Unix epoch.
+    pub consumed_us: u64,
+    /// The AMQP message's content encoding.
+    pub encoding: String,
+}
+
+/// Microseconds since the Unix epoch.
+pub fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+/// How long the consumer keeps listening after `done` is satisfied, so that
+/// a duplicate has the chance to show up before a test judges.
+pub const LINGER: Duration = Duration::from_secs(2);
+
+/// Consumes weir batches from `queue` until `done` says the records seen so
+/// far are enough (then lingers [`LINGER`] for stragglers), or `PATIENCE`
+/// passes; acks every message.
+pub async fn consume_until(
+    queue: &str,
+    mut done: impl FnMut(&[Seen]) -> bool,
+) -> Vec<Seen> {
+    let conn = Connection::connect(AMQP_URL, ConnectionProperties::default())
+        .await
+        .expect("RabbitMQ on 127.0.0.1:5672 (run scripts/services.sh)");
+    let ch = conn.create_channel().await.unwrap();
+    ch.queue_declare(
+        queue.into(),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    let mut consumer = ch
+        .basic_consume(
+            queue.into(),
+            "e2e-consumer".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let until = if done(&seen) {
+            tokio::time::Instant::now() + LINGER
+        } else {
+            deadline
+        };
+        let next = tokio::time::timeout_at(until, consumer.next()).await;
+        let Ok(Some(Ok(delivery))) = next else {
+            break;
+        };
+        let consumed_us = now_us();
+        let encoding = delivery
+            .properties
+            .content_encoding()
+            .as_ref()
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+        let batch = weir_proto::decode_batch(&delivery.data, &encoding, 64 << 20)
+            .expect("every message is a weir batch");
+        for record in batch.records {
+            seen.push(Seen {
+                record,
+                consumed_us,
+                encoding: encoding.clone(),
+            });
+        }
+        delivery.ack(BasicAckOptions::default()).await.unwrap();
+    }
+    let _ = conn.close(200, "done".into()).await;
+    seen
+}
+
+/// Deletes a queue (and its messages).
+pub async fn delete_queue(queue: &str) {
+    if let Ok(conn) = Connection::connect(AMQP_URL, ConnectionProperties::default()).await {
+        if let Ok(ch) = conn.create_channel().await {
+            let _ = ch
+                .queue_delete(queue.into(), QueueDeleteOptions::default())
+                .await;
+        }
+        let _ = conn.close(200, "done".into()).await;
+    }
+}
+
+/// Counts of each (origin, seq) among `seen`.
+pub fn counts(seen: &[Seen]) -> HashMap<(u64, u64), usize> {
+    let mut m = HashMap::new();
+    for s in seen {
+        *m.entry((s.record.origin, s.record.seq)).or_insert(0) += 1;
+    }
+    m
+}
+
+/// Waits until `path` answers TCP connections.
+pub async fn wait_port(addr: std::net::SocketAddr) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "{addr} never answered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

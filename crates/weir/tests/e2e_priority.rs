@@ -1,0 +1,120 @@
+//! Priority end to end: with the egress emulated as JANUS Table III's 3G
+//! link (100 ms per transaction, 780 kbit/s), a backlog of latency-tolerant
+//! records is queued, then latency-sensitive records arrive; they must
+//! overtake the backlog and stay within their bound while `lt` waits.
+//!
+//! The assertions compare what happened within one run (arrival order, ls
+//! latency against lt latency); the one absolute check is the class's own
+//! configured bound, set with a wide margin over the expected worst case
+//! (one lt batch of 8 KiB in flight, ~185 ms, plus the ls transaction,
+//! ~100 ms).
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use weir::app::App;
+use weir::ingress::IngressHandle;
+
+const LT_BACKLOG: usize = 1200;
+const LS_RECORDS: usize = 8;
+const LS_BOUND_MS: u64 = 1500;
+
+fn config(name: &str) -> weir::config::Config {
+    let text = format!(
+        r#"
+[node]
+id = 3
+[[class]]
+name = "ls"
+bound = "{LS_BOUND_MS}ms"
+[[class]]
+name = "nm"
+bound = "2s"
+[[class]]
+name = "lt"
+bound = "30s"
+[classify]
+default_class = "lt"
+[[classify.route]]
+grpc = "ls"
+class = "ls"
+[scheduler]
+window = "100ms"
+uplink = "780kbit/s"
+burst = "8KiB"
+max_batch_bytes = "8KiB"
+[ingress.mqtt]
+enabled = false
+[ingress.grpc]
+listen = "127.0.0.1:0"
+[egress]
+kind = "amqp"
+[egress.amqp]
+url = "{AMQP_URL}"
+exchange = "{name}.x"
+queue = "{name}.q"
+routing_key = "{name}"
+[egress.link]
+preset = "3g"
+"#
+    );
+    weir::config::parse(&text, "priority").unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn put(ingress: &IngressHandle, stream: &str, payload: Vec<u8>) {
+    let record = ingress.grpc_record(stream, Bytes::from(payload));
+    ingress
+        .enqueue(record, Some(PATIENCE))
+        .await
+        .expect("queue has room");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ls_overtakes_an_lt_backlog_on_3g_and_meets_its_bound() {
+    let name = unique("priority");
+    delete_queue(&format!("{name}.q")).await;
+    let app = App::start(config(&name)).await.unwrap();
+
+    for i in 0..LT_BACKLOG {
+        put(&app.ingress, "bulk", format!("lt-{i:05}-{}", "x".repeat(240)).into_bytes()).await;
+    }
+    // Let the backlog start draining, then send ls records spaced out.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for i in 0..LS_RECORDS {
+        put(&app.ingress, "ls", format!("ls-{i}").into_bytes()).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    let total = LT_BACKLOG + LS_RECORDS;
+    let seen = consume_until(&format!("{name}.q"), |s| s.len() >= total).await;
+    app.shutdown(Duration::from_secs(60)).await;
+    delete_queue(&format!("{name}.q")).await;
+    assert_eq!(seen.len(), total, "every record arrived exactly once");
+
+    let latency_ms = |s: &Seen| (s.consumed_us.saturating_sub(s.record.ingress_us)) as f64 / 1e3;
+    let ls: Vec<&Seen> = seen.iter().filter(|s| s.record.class == "ls").collect();
+    let lt: Vec<&Seen> = seen.iter().filter(|s| s.record.class == "lt").collect();
+    assert_eq!(ls.len(), LS_RECORDS);
+    let last_lt = seen.iter().rposition(|s| s.record.class == "lt").unwrap();
+    let last_ls = seen.iter().rposition(|s| s.record.class == "ls").unwrap();
+    assert!(
+        last_ls < last_lt,
+        "every ls record overtook the lt backlog (last ls at {last_ls}, last lt at {last_lt})"
+    );
+    let ls_max = ls.iter().map(|s| latency_ms(s)).fold(0.0, f64::max);
+    let mut lt_lat: Vec<f64> = lt.iter().map(|s| latency_ms(s)).collect();
+    lt_lat.sort_by(f64::total_cmp);
+    let lt_median = lt_lat[lt_lat.len() / 2];
+    eprintln!("ls max latency {ls_max:.1} ms, lt median {lt_median:.1} ms");
+    assert!(
+        ls_max < lt_median,
+        "ls ({ls_max:.1} ms worst) waited less than lt ({lt_median:.1} ms median)"
+    );
+    assert!(
+        ls_max <= LS_BOUND_MS as f64,
+        "ls worst latency {ls_max:.1} ms within its {LS_BOUND_MS} ms bound"
+    );
+}

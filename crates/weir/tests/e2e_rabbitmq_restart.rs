@@ -1,0 +1,132 @@
+//! RabbitMQ restarted in the middle of a stream: nothing acknowledged at
+//! ingress (MQTT PUBACK) is lost. The broker's application is stopped and
+//! started again with `rabbitmqctl` (this test has its own binary, so no
+//! other test runs while the broker is down).
+
+mod common;
+
+use std::collections::HashSet;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use weir::app::App;
+
+const RECORDS: usize = 3000;
+
+fn rabbitmqctl(args: &[&str]) {
+    let status = Command::new("rabbitmqctl")
+        .args(args)
+        .status()
+        .expect("rabbitmqctl (run scripts/services.sh)");
+    assert!(status.success(), "rabbitmqctl {args:?} failed");
+}
+
+/// Starts the broker's app again even if the test panics midway.
+struct RestartGuard;
+impl Drop for RestartGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("rabbitmqctl").arg("start_app").status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_acknowledged_is_lost_when_rabbitmq_restarts() {
+    let name = unique("restart");
+    delete_queue(&format!("{name}.q")).await;
+    let text = format!(
+        r#"
+[node]
+id = 11
+[scheduler]
+uplink = "1Gbit/s"
+max_batch_records = 50
+[ingress.mqtt]
+listen = "127.0.0.1:0"
+[ingress.grpc]
+enabled = false
+[egress]
+kind = "amqp"
+[egress.amqp]
+url = "{AMQP_URL}"
+exchange = "{name}.x"
+queue = "{name}.q"
+routing_key = "{name}"
+confirm_timeout = "3s"
+reconnect_backoff_max = "1s"
+"#
+    );
+    let cfg = weir::config::parse(&text, "restart").unwrap();
+    let app = App::start(cfg).await.unwrap();
+    let port = app.mqtt_addr.unwrap().port();
+
+    let mut opts = MqttOptions::new(format!("{name}-pub"), "127.0.0.1", port);
+    opts.set_keep_alive(Duration::from_secs(60));
+    opts.set_inflight(32);
+    let (client, mut eventloop) = AsyncClient::new(opts, 64);
+    // Packet id -> payload of publishes in flight, to know which were acked.
+    let acked = Arc::new(Mutex::new(0usize));
+    let poller = {
+        let acked = Arc::clone(&acked);
+        tokio::spawn(async move {
+            loop {
+                match eventloop.poll().await {
+                    Ok(Event::Incoming(Packet::PubAck(_))) => {
+                        let mut a = acked.lock().unwrap();
+                        *a += 1;
+                        if *a == RECORDS {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => panic!("MQTT client error: {e}"),
+                }
+            }
+        })
+    };
+    let _guard = RestartGuard;
+    for i in 0..RECORDS {
+        client
+            .publish(format!("{name}/t"), QoS::AtLeastOnce, false, format!("r{i}"))
+            .await
+            .unwrap();
+        if i == RECORDS / 3 {
+            rabbitmqctl(&["stop_app"]);
+        }
+        if i == RECORDS / 2 {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            rabbitmqctl(&["start_app"]);
+            rabbitmqctl(&["await_startup"]);
+        }
+        if i % 100 == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    tokio::time::timeout(PATIENCE, poller)
+        .await
+        .expect("every publish was acknowledged")
+        .unwrap();
+    assert_eq!(*acked.lock().unwrap(), RECORDS);
+
+    let seen = consume_until(&format!("{name}.q"), |s| {
+        s.iter()
+            .map(|x| x.record.payload.clone())
+            .collect::<HashSet<_>>()
+            .len()
+            >= RECORDS
+    })
+    .await;
+    app.shutdown(Duration::from_secs(30)).await;
+    delete_queue(&format!("{name}.q")).await;
+    let payloads: HashSet<Vec<u8>> = seen.iter().map(|s| s.record.payload.to_vec()).collect();
+    for i in 0..RECORDS {
+        assert!(
+            payloads.contains(format!("r{i}").as_bytes()),
+            "acknowledged record r{i} was lost"
+        );
+    }
+    let dups = seen.len() - payloads.len();
+    eprintln!("{} records, {} duplicates after the restart", seen.len(), dups);
+}

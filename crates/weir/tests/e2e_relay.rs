@@ -1,0 +1,217 @@
+//! End to end against the real brokers: records of three classes over MQTT
+//! (listen mode and subscribe mode through Mosquitto) and gRPC go through a
+//! real weir into RabbitMQ, and a consumer checks that every record arrives
+//! exactly once with identical bytes and its origin and sequence intact.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use weir::app::App;
+use weir_proto::pb::ingress_client::IngressClient;
+use weir_proto::pb::PublishRequest;
+
+const PER_SOURCE: usize = 100;
+
+fn payload(tag: &str, i: usize) -> Bytes {
+    // Every byte value appears, and the tag makes each payload unique.
+    let mut p = format!("{tag}#{i}#").into_bytes();
+    p.extend((0..=255u8).map(|b| b.wrapping_add(i as u8)));
+    Bytes::from(p)
+}
+
+fn config(test: &str, mqtt: &str) -> weir::config::Config {
+    let name = unique(test);
+    let text = format!(
+        r#"
+[node]
+id = 7
+[classify]
+default_class = "lt"
+[[classify.route]]
+mqtt = "{name}/ls/#"
+class = "ls"
+[[classify.route]]
+mqtt = "{name}/nm/+"
+class = "nm"
+[[classify.route]]
+grpc = "ls-stream"
+class = "ls"
+[[classify.route]]
+grpc = "nm-stream"
+class = "nm"
+[scheduler]
+uplink = "1Gbit/s"
+{mqtt}
+[ingress.grpc]
+listen = "127.0.0.1:0"
+[egress]
+kind = "amqp"
+[egress.amqp]
+url = "{AMQP_URL}"
+exchange = "{name}.x"
+queue = "{name}.q"
+routing_key = "{name}"
+"#
+    );
+    weir::config::parse(&text, test).unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn mqtt_publish(port: u16, client_id: &str, topics: &[(String, String)]) -> usize {
+    let mut opts = MqttOptions::new(client_id, "127.0.0.1", port);
+    opts.set_keep_alive(Duration::from_secs(30));
+    let (client, mut eventloop) = AsyncClient::new(opts, 64);
+    let total = topics.len() * PER_SOURCE;
+    let poller = tokio::spawn(async move {
+        let mut acks = 0;
+        while acks < total {
+            match eventloop.poll().await {
+                Ok(Event::Incoming(Packet::PubAck(_))) => acks += 1,
+                Ok(_) => {}
+                Err(e) => panic!("MQTT client error: {e}"),
+            }
+        }
+        acks
+    });
+    for i in 0..PER_SOURCE {
+        for (topic, tag) in topics {
+            client
+                .publish(topic.clone(), QoS::AtLeastOnce, false, payload(tag, i))
+                .await
+                .unwrap();
+        }
+    }
+    let acks = tokio::time::timeout(PATIENCE, poller).await.unwrap().unwrap();
+    let _ = client.disconnect().await;
+    acks
+}
+
+async fn grpc_publish(addr: std::net::SocketAddr) -> Vec<(String, String)> {
+    let mut client = IngressClient::connect(format!("http://{addr}")).await.unwrap();
+    let streams = [("ls-stream", "ls"), ("nm-stream", "nm"), ("other", "lt")];
+    for i in 0..PER_SOURCE {
+        for (stream, class) in streams {
+            let ack = client
+                .publish(PublishRequest {
+                    stream: stream.into(),
+                    payload: payload(&format!("grpc-{stream}"), i),
+                    id: i as u64,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(ack.id, i as u64);
+            assert_eq!(ack.class, class);
+        }
+    }
+    streams
+        .iter()
+        .map(|(s, c)| (format!("grpc-{s}"), c.to_string()))
+        .collect()
+}
+
+/// Checks that every expected (tag, i) payload arrived exactly once in its
+/// class with origin 7 and a unique sequence number.
+fn check(seen: &[Seen], expected: &[(String, String)]) {
+    let mut by_payload: HashMap<Bytes, Vec<&Seen>> = HashMap::new();
+    for s in seen {
+        by_payload.entry(s.record.payload.clone()).or_default().push(s);
+    }
+    for (tag, class) in expected {
+        for i in 0..PER_SOURCE {
+            let p = payload(tag, i);
+            let hits = by_payload.get(&p).map(Vec::as_slice).unwrap_or(&[]);
+            assert_eq!(hits.len(), 1, "{tag}#{i} arrived {} times", hits.len());
+            assert_eq!(&hits[0].record.class, class, "{tag}#{i} class");
+            assert_eq!(hits[0].record.origin, 7);
+        }
+    }
+    let seqs: HashSet<u64> = seen.iter().map(|s| s.record.seq).collect();
+    assert_eq!(seqs.len(), seen.len(), "sequence numbers are unique");
+    assert_eq!(seen.len(), expected.len() * PER_SOURCE, "no extra records");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_listen_and_grpc_three_classes_reach_rabbitmq_exactly_once() {
+    let test = "listen";
+    let name = unique(test);
+    delete_queue(&format!("{name}.q")).await;
+    let app = App::start(config(
+        test,
+        "[ingress.mqtt]\nmode = \"listen\"\nlisten = \"127.0.0.1:0\"",
+    ))
+    .await
+    .unwrap();
+    let mqtt = app.mqtt_addr.unwrap();
+    let grpc = app.grpc_addr.unwrap();
+
+    let topics = vec![
+        (format!("{name}/ls/a"), "ls".to_string()),
+        (format!("{name}/nm/b"), "nm".to_string()),
+        (format!("{name}/other"), "lt".to_string()),
+    ];
+    let tagged: Vec<(String, String)> = topics
+        .iter()
+        .map(|(t, _)| (t.clone(), format!("mqtt-{t}")))
+        .collect();
+    let acks = mqtt_publish(mqtt.port(), &format!("{name}-pub"), &tagged).await;
+    assert_eq!(acks, 3 * PER_SOURCE);
+    let mut expected: Vec<(String, String)> = tagged
+        .iter()
+        .zip(&topics)
+        .map(|((_, tag), (_, class))| (tag.clone(), class.clone()))
+        .collect();
+    expected.extend(grpc_publish(grpc).await);
+
+    let total = expected.len() * PER_SOURCE;
+    let all = consume_until(&format!("{name}.q"), |s| s.len() >= total).await;
+    app.shutdown(Duration::from_secs(30)).await;
+    check(&all, &expected);
+    for s in &all {
+        assert_eq!(s.encoding, "identity");
+    }
+    delete_queue(&format!("{name}.q")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_subscribe_mode_through_mosquitto_reaches_rabbitmq_exactly_once() {
+    let test = "subscribe";
+    let name = unique(test);
+    delete_queue(&format!("{name}.q")).await;
+    let app = App::start(config(
+        test,
+        &format!(
+            "[ingress.mqtt]\nmode = \"subscribe\"\nbroker = \"127.0.0.1:1883\"\nclient_id = \"{name}-weir\"\ntopics = [\"{name}/#\"]\nqos = 1"
+        ),
+    ))
+    .await
+    .unwrap();
+    // Let weir's subscription land before publishing.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let topics = vec![
+        (format!("{name}/ls/a"), "ls".to_string()),
+        (format!("{name}/nm/b"), "nm".to_string()),
+        (format!("{name}/other"), "lt".to_string()),
+    ];
+    let tagged: Vec<(String, String)> = topics
+        .iter()
+        .map(|(t, _)| (t.clone(), format!("sub-{t}")))
+        .collect();
+    let acks = mqtt_publish(1883, &format!("{name}-pub"), &tagged).await;
+    assert_eq!(acks, 3 * PER_SOURCE);
+    let expected: Vec<(String, String)> = tagged
+        .iter()
+        .zip(&topics)
+        .map(|((_, tag), (_, class))| (tag.clone(), class.clone()))
+        .collect();
+    let total = expected.len() * PER_SOURCE;
+    let all = consume_until(&format!("{name}.q"), |s| s.len() >= total).await;
+    app.shutdown(Duration::from_secs(30)).await;
+    check(&all, &expected);
+    delete_queue(&format!("{name}.q")).await;
+}
