@@ -24,8 +24,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out.join("weir_descriptor.bin"), fds.encode_to_vec())?;
 
-    tonic_prost_build::configure()
-        .bytes(".")
-        .compile_fds(fds)?;
+    tonic_prost_build::configure().bytes(".").compile_fds(fds)?;
     Ok(())
 }

@@ -188,14 +188,21 @@ mod tests {
         bad.min_share = 0.8;
         let mut dup = LatencyClass::new("a", Duration::from_millis(1));
         dup.min_share = 0.7;
-        let errs = ClassSet::new(vec![bad, dup, LatencyClass::new("", Duration::from_secs(1))])
-            .unwrap_err();
+        let errs = ClassSet::new(vec![
+            bad,
+            dup,
+            LatencyClass::new("", Duration::from_secs(1)),
+        ])
+        .unwrap_err();
         assert!(errs.contains(&ClassSetError::ZeroBound("a".into())));
         assert!(errs.contains(&ClassSetError::Duplicate("a".into())));
         assert!(errs.contains(&ClassSetError::EmptyName(2)));
         assert!(errs
             .iter()
             .any(|e| matches!(e, ClassSetError::SharesExceedOne(_))));
-        assert_eq!(ClassSet::new(vec![]).unwrap_err(), vec![ClassSetError::Empty]);
+        assert_eq!(
+            ClassSet::new(vec![]).unwrap_err(),
+            vec![ClassSetError::Empty]
+        );
     }
 }

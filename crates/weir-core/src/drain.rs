@@ -3,10 +3,22 @@
 //! queue at its allocated rate `V_c`).
 //!
 //! [`Drainer::next_batch`] looks at the classes most urgent first and returns
-//! a batch from the first class whose bucket conforms; when none does it says
-//! how long until one will. A record popped but not yet conformant is held
-//! per class (the *head*) and goes out first next time, so order within a
-//! class is kept and nothing is dropped.
+//! a batch from the first class that may send; when none may it says how
+//! long until one will. A record popped but not yet sent is held per class
+//! (the *head*) and goes out first next time, so order within a class is
+//! kept and nothing is dropped.
+//!
+//! **Priority borrowing.** A class whose own bucket is empty may take tokens
+//! from the buckets of *less* urgent classes (least urgent first), never the
+//! other way round. JANUS's BWAllocator gives the top class "all possibly
+//! available bandwidth" by priority (Algorithm 2), but only once per window
+//! and only as much as Eq. 22 says it needs to meet its bound *just in
+//! time*; between windows a sporadic urgent record would wait for its own
+//! trickle of tokens although the link is busy with tolerant traffic.
+//! Borrowing keeps the strict priority of the paper at record granularity:
+//! the sum of all sends still never exceeds the sum of the allocated rates
+//! (so `C_out` holds), and a lower class keeps whatever the urgent classes
+//! do not use.
 
 use std::time::Duration;
 
@@ -81,7 +93,28 @@ impl Drainer {
         self.heads[class.index()].as_ref().map_or(0, Record::size)
     }
 
-    /// The next batch to send at `now`, most urgent conformant class first.
+    /// Takes tokens for one record of class `c`: from its own bucket, else
+    /// borrowed from a less urgent class's bucket (least urgent first).
+    fn take(&mut self, c: usize, now: Duration, size: usize) -> Take {
+        let own = self.buckets.get_mut(c).try_take(now, size, 1);
+        if own == Take::Granted {
+            return own;
+        }
+        let mut wait = match own {
+            Take::Wait(d) => d,
+            Take::Granted => unreachable!("returned above"),
+        };
+        for lower in (c + 1..self.heads.len()).rev() {
+            match self.buckets.get_mut(lower).try_take(now, size, 1) {
+                Take::Granted => return Take::Granted,
+                Take::Wait(d) => wait = wait.min(d),
+            }
+        }
+        Take::Wait(wait)
+    }
+
+    /// The next batch to send at `now`, most urgent class that may send
+    /// first.
     pub fn next_batch(&mut self, now: Duration, queues: &MultiLevelQueue) -> Drain {
         let mut wait: Option<Duration> = None;
         for (class, queue) in queues.iter() {
@@ -89,8 +122,7 @@ impl Drainer {
             let Some(head) = self.heads[c].take().or_else(|| queue.pop()) else {
                 continue;
             };
-            let bucket = self.buckets.get_mut(c);
-            match bucket.try_take(now, head.size(), 1) {
+            match self.take(c, now, head.size()) {
                 Take::Wait(d) => {
                     self.heads[c] = Some(head);
                     wait = Some(wait.map_or(d, |w| w.min(d)));
@@ -102,7 +134,7 @@ impl Drainer {
                         let Some(next) = queue.pop() else { break };
                         let size = next.size();
                         if bytes + size > self.limits.max_bytes
-                            || bucket.try_take(now, size, 1) != Take::Granted
+                            || self.take(c, now, size) != Take::Granted
                         {
                             self.heads[c] = Some(next);
                             break;
@@ -174,23 +206,76 @@ mod tests {
     }
 
     #[test]
-    fn a_class_out_of_tokens_yields_to_the_next_and_keeps_its_order() {
+    fn a_class_out_of_tokens_waits_and_keeps_its_order() {
         let q = MultiLevelQueue::new(&[CAP, CAP]);
         for s in 0..3 {
-            q.push(rec(0, s)).unwrap();
+            q.push(rec(1, s)).unwrap();
         }
-        q.push(rec(1, 100)).unwrap();
-        // Class 0: one record's worth of burst at 1000 B/s; class 1 plenty.
-        let mut d = Drainer::new(&[1000.0, 1e9], SIZE as f64, LIMITS, Duration::ZERO);
+        q.push(rec(0, 100)).unwrap();
+        // Class 1: one record's worth of burst at 1000 B/s; class 0 plenty
+        // (but class 1 may not borrow from the more urgent class 0).
+        let mut d = Drainer::new(&[1e9, 1000.0], SIZE as f64, LIMITS, Duration::ZERO);
         let first = d.next_batch(Duration::ZERO, &q);
-        assert!(matches!(first, Drain::Batch { class: ClassId(0), ref records } if records.len() == 1));
-        assert_eq!(d.held_bytes(ClassId(0)), SIZE);
+        assert!(matches!(
+            first,
+            Drain::Batch {
+                class: ClassId(0),
+                ..
+            }
+        ));
         let second = d.next_batch(Duration::ZERO, &q);
-        assert!(matches!(second, Drain::Batch { class: ClassId(1), .. }));
-        // Only class 0 waits now: 100 bytes at 1000 B/s.
-        assert_eq!(d.next_batch(Duration::ZERO, &q), Drain::Wait(Duration::from_millis(100)));
+        assert!(
+            matches!(second, Drain::Batch { class: ClassId(1), ref records } if records.len() == 1)
+        );
+        assert_eq!(d.held_bytes(ClassId(1)), SIZE);
+        // Class 1 waits: 100 bytes at 1000 B/s.
+        assert_eq!(
+            d.next_batch(Duration::ZERO, &q),
+            Drain::Wait(Duration::from_millis(100))
+        );
         let third = d.next_batch(Duration::from_millis(100), &q);
-        assert!(matches!(third, Drain::Batch { class: ClassId(0), ref records } if records[0].seq == 1));
+        assert!(
+            matches!(third, Drain::Batch { class: ClassId(1), ref records } if records[0].seq == 1)
+        );
+    }
+
+    #[test]
+    fn an_urgent_class_borrows_from_less_urgent_buckets_never_the_reverse() {
+        let q = MultiLevelQueue::new(&[CAP, CAP, CAP]);
+        // ls has no rate at all (BWAllocator gave it nothing this window),
+        // lt has room for exactly two records, nm none.
+        let mut d = Drainer::new(&[0.0, 0.0, 1e-9], 2.0 * SIZE as f64, LIMITS, Duration::ZERO);
+        // Drain the ls and nm buckets' initial burst so only lt has tokens.
+        for class in [0u8, 1] {
+            for s in 0..2 {
+                q.push(rec(class, s)).unwrap();
+            }
+            assert!(matches!(
+                d.next_batch(Duration::ZERO, &q),
+                Drain::Batch { .. }
+            ));
+        }
+        q.push(rec(0, 10)).unwrap();
+        q.push(rec(1, 20)).unwrap();
+        // ls borrows lt's two records' worth: one for ls...
+        match d.next_batch(Duration::ZERO, &q) {
+            Drain::Batch { class, records } => {
+                assert_eq!(class, ClassId(0));
+                assert_eq!(records[0].seq, 10);
+            }
+            other => panic!("ls should borrow, got {other:?}"),
+        }
+        // ...and nm (more urgent than lt) borrows the other.
+        assert!(matches!(
+            d.next_batch(Duration::ZERO, &q),
+            Drain::Batch {
+                class: ClassId(1),
+                ..
+            }
+        ));
+        // lt itself now waits: nothing borrows upward.
+        q.push(rec(2, 30)).unwrap();
+        assert!(matches!(d.next_batch(Duration::ZERO, &q), Drain::Wait(_)));
     }
 
     #[test]

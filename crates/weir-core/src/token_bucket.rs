@@ -97,8 +97,8 @@ impl TokenBucket {
         let dt = now.saturating_sub(self.last).as_secs_f64();
         self.last = self.last.max(now);
         if dt > 0.0 {
-            self.byte_tokens = (self.byte_tokens + dt * self.config.bytes_per_sec)
-                .min(self.config.burst_bytes);
+            self.byte_tokens =
+                (self.byte_tokens + dt * self.config.bytes_per_sec).min(self.config.burst_bytes);
             self.record_tokens = (self.record_tokens + dt * self.config.records_per_sec)
                 .min(self.config.burst_records);
         }
@@ -195,7 +195,10 @@ impl ClassBuckets {
 
     /// Current byte rates, most urgent class first.
     pub fn rates(&self) -> Vec<f64> {
-        self.buckets.iter().map(|b| b.config.bytes_per_sec).collect()
+        self.buckets
+            .iter()
+            .map(|b| b.config.bytes_per_sec)
+            .collect()
     }
 }
 

@@ -66,36 +66,12 @@ async fn bind(addr: SocketAddr, what: &str, key: &str) -> anyhow::Result<TcpList
 fn spawn_egress<S: Sink>(
     sink: S,
     link: Option<LinkProfile>,
-    cfg: &Config,
     rx: mpsc::Receiver<OutBatch>,
-    ready: egress::LinkReady,
-    metrics: Arc<Metrics>,
-    abort: CancellationToken,
+    ctx: egress::EgressContext,
 ) -> JoinHandle<()> {
-    let (node, classes) = (cfg.node.id, cfg.classes.clone());
     match link {
-        Some(profile) => tokio::spawn(egress::run(
-            EmulatedLink::new(profile, sink),
-            node,
-            classes,
-            rx,
-            ready,
-            None,
-            metrics,
-            EGRESS_RETRY_MAX,
-            abort,
-        )),
-        None => tokio::spawn(egress::run(
-            sink,
-            node,
-            classes,
-            rx,
-            ready,
-            None,
-            metrics,
-            EGRESS_RETRY_MAX,
-            abort,
-        )),
+        Some(profile) => tokio::spawn(egress::run(EmulatedLink::new(profile, sink), rx, ctx)),
+        None => tokio::spawn(egress::run(sink, rx, ctx)),
     }
 }
 
@@ -112,14 +88,11 @@ impl App {
             MultiLevelQueue::new(&cfg.capacities)
         } else {
             // Native: one FIFO as large as all class queues together.
-            let total = cfg
-                .capacities
-                .iter()
-                .fold(cfg.capacities[0], |mut acc, c| {
-                    acc.records = acc.records.max(c.records);
-                    acc.bytes = acc.bytes.max(c.bytes);
-                    acc
-                });
+            let total = cfg.capacities.iter().fold(cfg.capacities[0], |mut acc, c| {
+                acc.records = acc.records.max(c.records);
+                acc.bytes = acc.bytes.max(c.bytes);
+                acc
+            });
             MultiLevelQueue::fifo(total)
         });
         let metrics = Arc::new(Metrics::new(&cfg.classes));
@@ -145,6 +118,15 @@ impl App {
             bytes_per_sec: l.bandwidth_bytes_per_sec,
             delay: l.delay,
         });
+        let ctx = egress::EgressContext {
+            node: cfg.node.id,
+            classes: cfg.classes.clone(),
+            ready: Arc::clone(&ready),
+            delivered: None,
+            metrics: Arc::clone(&metrics),
+            retry_max: EGRESS_RETRY_MAX,
+            abort: abort.clone(),
+        };
         let egress = match &cfg.egress.sink {
             EgressSink::File(f) => {
                 let sink = FileSink::new(&f.dir).with_context(|| {
@@ -153,24 +135,13 @@ impl App {
                         f.dir.display()
                     )
                 })?;
-                spawn_egress(
-                    sink,
-                    link,
-                    &cfg,
-                    rx,
-                    Arc::clone(&ready),
-                    Arc::clone(&metrics),
-                    abort.clone(),
-                )
+                spawn_egress(sink, link, rx, ctx)
             }
             EgressSink::Amqp(a) => spawn_egress(
                 egress::amqp::AmqpSink::new(a.clone(), cfg.node.id),
                 link,
-                &cfg,
                 rx,
-                Arc::clone(&ready),
-                Arc::clone(&metrics),
-                abort.clone(),
+                ctx,
             ),
         };
 

@@ -11,8 +11,8 @@
 //! - [`scheduler`]: the PBTT window loop and the drain into batches.
 //! - [`egress`]: batch encoding, the retrying delivery loop, the AMQP and
 //!   file sinks and the emulated uplink.
-//! - [`metrics`], [`admin`]: Prometheus metrics and their HTTP endpoint.
-//! - [`telemetry`]: logging.
+//! - [`metrics`]: Prometheus metrics; [`admin`] serves them over HTTP.
+//! - [`telemetry`] sets up logging.
 
 pub mod admin;
 pub mod app;

@@ -14,7 +14,11 @@ const EXIT_BAD_CONFIG: u8 = 2;
 const EXIT_RUNTIME: u8 = 1;
 
 #[derive(Parser)]
-#[command(name = "weir", version, about = "Latency-aware edge relay: MQTT and gRPC in, AMQP out")]
+#[command(
+    name = "weir",
+    version,
+    about = "Latency-aware edge relay: MQTT and gRPC in, AMQP out"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -55,7 +59,9 @@ fn decode(file: &std::path::Path, encoding: Option<String>, max_size: usize) -> 
     use std::io::{Read, Write};
     let body = if file.as_os_str() == "-" {
         let mut b = Vec::new();
-        std::io::stdin().read_to_end(&mut b).context("reading stdin")?;
+        std::io::stdin()
+            .read_to_end(&mut b)
+            .context("reading stdin")?;
         b
     } else {
         std::fs::read(file).with_context(|| format!("reading {}", file.display()))?
@@ -103,6 +109,15 @@ fn load(path: Option<&PathBuf>) -> Result<Config, ConfigError> {
     }
 }
 
+/// Prints a config error naming the file (TOML and I/O errors name it
+/// already; validation problems are listed under it).
+fn report(path: Option<&PathBuf>, e: &ConfigError) {
+    match (e, path) {
+        (ConfigError::Invalid(_), Some(p)) => eprintln!("{}: {e}", p.display()),
+        _ => eprintln!("{e}"),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -127,7 +142,7 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!("{e}");
+                report(Some(&file), &e);
                 ExitCode::from(EXIT_BAD_CONFIG)
             }
         },
@@ -135,7 +150,7 @@ fn main() -> ExitCode {
             let cfg = match load(config.as_ref()) {
                 Ok(c) => c,
                 Err(e) => {
-                    eprintln!("{e}");
+                    report(config.as_ref(), &e);
                     return ExitCode::from(EXIT_BAD_CONFIG);
                 }
             };

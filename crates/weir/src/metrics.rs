@@ -164,9 +164,7 @@ impl Metrics {
     /// The allocation now in force.
     pub fn set_allocation(&self, rates: &[f64]) {
         for (i, r) in rates.iter().enumerate() {
-            self.allocated
-                .get_or_create(&self.names[i])
-                .set(*r);
+            self.allocated.get_or_create(&self.names[i]).set(*r);
         }
     }
 

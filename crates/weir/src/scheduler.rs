@@ -158,7 +158,8 @@ pub async fn run(
                 // The egress announced it is waiting, so the channel has room.
                 if let Err(e) = out.try_send(batch) {
                     let n = match &e {
-                        mpsc::error::TrySendError::Full(b) | mpsc::error::TrySendError::Closed(b) => b.records.len(),
+                        mpsc::error::TrySendError::Full(b)
+                        | mpsc::error::TrySendError::Closed(b) => b.records.len(),
                     };
                     report_abandoned(&ingress, n, &mut drainer);
                     return;

@@ -106,7 +106,11 @@ fn out_batch(node: NodeId, seq: u64, class: ClassId, n: u64) -> OutBatch {
 
 fn encoded(node: NodeId, seq: u64) -> EncodedBatch {
     let classes = ClassSet::janus_default();
-    encode(node, &classes, &out_batch(node, seq, ClassId((seq % 3) as u8), 3))
+    encode(
+        node,
+        &classes,
+        &out_batch(node, seq, ClassId((seq % 3) as u8), 3),
+    )
 }
 
 /// One consumed message, with what the tests look at.
@@ -147,13 +151,8 @@ async fn consume_until(channel: &Channel, queue: &str, want: &[u64]) -> Vec<Cons
         let next = tokio::time::timeout(PATIENCE, consumer.next())
             .await
             .unwrap_or_else(|_| panic!("batches {missing:?} never reached queue {queue}"));
-        let delivery = next
-            .expect("consumer ended early")
-            .expect("delivery error");
-        delivery
-            .ack(BasicAckOptions::default())
-            .await
-            .expect("ack");
+        let delivery = next.expect("consumer ended early").expect("delivery error");
+        delivery.ack(BasicAckOptions::default()).await.expect("ack");
         let seq = batch_seq_of(&delivery);
         missing.retain(|&s| s != seq);
         seen.push(Consumed { seq, delivery });
@@ -246,12 +245,9 @@ async fn batches_arrive_in_weir_format() {
             Some(AMQPValue::LongLongInt(i64::from(b.class.0)))
         );
         let encoding = p.content_encoding().as_ref().map_or("", |s| s.as_str());
-        let decoded = weir_proto::decode_batch(
-            &d.data,
-            encoding,
-            weir_proto::codec::DEFAULT_MAX_DECODED,
-        )
-        .expect("the body is a weir.v1.Batch");
+        let decoded =
+            weir_proto::decode_batch(&d.data, encoding, weir_proto::codec::DEFAULT_MAX_DECODED)
+                .expect("the body is a weir.v1.Batch");
         assert_eq!(decoded.node, node);
         assert_eq!(decoded.batch_seq, b.seq);
         assert_eq!(decoded.records.len(), b.records.len());
@@ -379,7 +375,9 @@ fn broker_connections(node: NodeId) -> Vec<String> {
             "client_properties",
         ])
         .output()
-        .unwrap_or_else(|e| panic!("running rabbitmqctl (needed to close a connection from the broker side): {e}"));
+        .unwrap_or_else(|e| {
+            panic!("running rabbitmqctl (needed to close a connection from the broker side): {e}")
+        });
     assert!(
         out.status.success(),
         "rabbitmqctl list_connections failed: {}",
@@ -472,7 +470,12 @@ impl Proxy {
                 let Ok(server) = TcpStream::connect(BROKER).await else {
                     continue;
                 };
-                tokio::spawn(proxy_connection(client, server, m.subscribe(), i.subscribe()));
+                tokio::spawn(proxy_connection(
+                    client,
+                    server,
+                    m.subscribe(),
+                    i.subscribe(),
+                ));
             }
         });
         Proxy { addr, mode, inject }
@@ -489,7 +492,9 @@ impl Proxy {
     /// Sends a frame to the client of every open connection, between two
     /// of the broker's frames.
     fn inject(&self, frame: Vec<u8>) {
-        self.inject.send(frame).expect("a proxied connection is open");
+        self.inject
+            .send(frame)
+            .expect("a proxied connection is open");
     }
 }
 

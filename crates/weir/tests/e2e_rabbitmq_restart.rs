@@ -89,7 +89,12 @@ reconnect_backoff_max = "1s"
     let _guard = RestartGuard;
     for i in 0..RECORDS {
         client
-            .publish(format!("{name}/t"), QoS::AtLeastOnce, false, format!("r{i}"))
+            .publish(
+                format!("{name}/t"),
+                QoS::AtLeastOnce,
+                false,
+                format!("r{i}"),
+            )
             .await
             .unwrap();
         if i == RECORDS / 3 {
@@ -128,5 +133,9 @@ reconnect_backoff_max = "1s"
         );
     }
     let dups = seen.len() - payloads.len();
-    eprintln!("{} records, {} duplicates after the restart", seen.len(), dups);
+    eprintln!(
+        "{} records, {} duplicates after the restart",
+        seen.len(),
+        dups
+    );
 }

@@ -85,13 +85,18 @@ async fn mqtt_publish(port: u16, client_id: &str, topics: &[(String, String)]) -
                 .unwrap();
         }
     }
-    let acks = tokio::time::timeout(PATIENCE, poller).await.unwrap().unwrap();
+    let acks = tokio::time::timeout(PATIENCE, poller)
+        .await
+        .unwrap()
+        .unwrap();
     let _ = client.disconnect().await;
     acks
 }
 
 async fn grpc_publish(addr: std::net::SocketAddr) -> Vec<(String, String)> {
-    let mut client = IngressClient::connect(format!("http://{addr}")).await.unwrap();
+    let mut client = IngressClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
     let streams = [("ls-stream", "ls"), ("nm-stream", "nm"), ("other", "lt")];
     for i in 0..PER_SOURCE {
         for (stream, class) in streams {
@@ -119,7 +124,10 @@ async fn grpc_publish(addr: std::net::SocketAddr) -> Vec<(String, String)> {
 fn check(seen: &[Seen], expected: &[(String, String)]) {
     let mut by_payload: HashMap<Bytes, Vec<&Seen>> = HashMap::new();
     for s in seen {
-        by_payload.entry(s.record.payload.clone()).or_default().push(s);
+        by_payload
+            .entry(s.record.payload.clone())
+            .or_default()
+            .push(s);
     }
     for (tag, class) in expected {
         for i in 0..PER_SOURCE {

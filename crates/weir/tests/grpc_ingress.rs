@@ -360,6 +360,7 @@ async fn streaming_publish_waits_for_room_then_continues() {
     while acks.len() < sent.len() {
         popped.extend(weir.drain(LT));
         weir.ingress.notify_space();
+        // Cancel safety: `Streaming::message` keeps partial input buffered.
         tokio::select! {
             ack = inbound.message() => acks.push(ack.unwrap().unwrap()),
             _ = tokio::time::sleep(Duration::from_millis(10)) => {}

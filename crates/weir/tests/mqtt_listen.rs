@@ -247,6 +247,7 @@ impl Client {
         let (tx, acks) = mpsc::unbounded_channel();
         let (connected_tx, connected) = tokio::sync::oneshot::channel();
         let mut connected_tx = Some(connected_tx);
+        let id = id.to_owned();
         let task = tokio::spawn(async move {
             loop {
                 match events.poll().await {
@@ -258,9 +259,13 @@ impl Client {
                     Ok(Event::Incoming(Packet::PubAck(ack))) => {
                         let _ = tx.send(ack.pkid);
                     }
-                    Ok(Event::Incoming(Packet::Disconnect)) => panic!("weir disconnected us"),
                     Ok(_) => {}
-                    Err(e) => panic!("client connection failed: {e}"),
+                    // Ends the task, so `next_ack` fails with a clear message
+                    // (shutdown at the end of a test ends it too).
+                    Err(e) => {
+                        eprintln!("client {id} connection ended: {e}");
+                        break;
+                    }
                 }
             }
         });
@@ -286,7 +291,7 @@ impl Client {
         tokio::time::timeout(PATIENCE, self.acks.recv())
             .await
             .expect("a PUBACK")
-            .expect("event loop alive")
+            .expect("the client's connection is up (see its error above)")
     }
 }
 
@@ -663,4 +668,64 @@ async fn shutdown_closes_connections_and_serve_returns() {
         TcpStream::connect(addr).await.is_err(),
         "no longer accepting"
     );
+}
+
+#[tokio::test]
+async fn qos2_redelivery_on_the_same_connection_is_queued_once() {
+    let weir = Weir::start(roomy(), 1 << 20, Qos0WhenFull::Block).await;
+    let mut stream = TcpStream::connect(weir.addr).await.unwrap();
+    let publish = |byte1: u8| {
+        let mut body = BytesMut::new();
+        mqtt_str(&mut body, b"ls/q2");
+        body.put_u16(5); // packet id
+        body.put_slice(b"once");
+        packet(byte1, &body)
+    };
+    let bytes = [
+        connect(4),
+        publish(0x34),               // QoS 2
+        publish(0x3C),               // QoS 2, DUP
+        packet(0x62, &[0x00, 0x05]), // PUBREL 5
+        packet(0xE0, &[]),           // DISCONNECT
+    ]
+    .concat();
+    stream.write_all(&bytes).await.unwrap();
+    let mut received = Vec::new();
+    tokio::time::timeout(PATIENCE, stream.read_to_end(&mut received))
+        .await
+        .expect("closed after DISCONNECT")
+        .unwrap();
+    assert_eq!(
+        received,
+        [
+            vec![0x20, 0x02, 0x00, 0x00], // CONNACK
+            vec![0x50, 0x02, 0x00, 0x05], // PUBREC 5
+            vec![0x50, 0x02, 0x00, 0x05], // PUBREC 5 again, nothing queued
+            vec![0x70, 0x02, 0x00, 0x05], // PUBCOMP 5
+        ]
+        .concat()
+    );
+    assert_eq!(
+        weir.take(LS, 1).await.iter().map(pair).collect::<Vec<_>>(),
+        vec![("ls/q2".into(), "once".into())]
+    );
+    assert!(weir.drain(LS).is_empty());
+    weir.stop().await;
+}
+
+#[tokio::test]
+async fn a_silent_client_is_closed_after_its_keep_alive() {
+    let weir = Weir::start(roomy(), 1 << 20, Qos0WhenFull::Block).await;
+    let mut stream = TcpStream::connect(weir.addr).await.unwrap();
+    let mut hello = connect(4);
+    hello[11] = 1; // keep alive: 1 s
+    stream.write_all(&hello).await.unwrap();
+    let mut received = Vec::new();
+    tokio::time::timeout(PATIENCE, stream.read_to_end(&mut received))
+        .await
+        .expect("closed for silence")
+        .unwrap();
+    assert_eq!(received, [0x20, 0x02, 0x00, 0x00], "CONNACK, then close");
+    assert_eq!(weir.ingress.metrics().protocol_errors.get(), 0);
+    weir.stop().await;
 }

@@ -22,9 +22,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use weir::config::{
-    BrokerAddr, MqttIngress, MqttMode, MqttSubscribe, Qos0WhenFull, SubscribeQos,
-};
+use weir::config::{BrokerAddr, MqttIngress, MqttMode, MqttSubscribe, Qos0WhenFull, SubscribeQos};
 use weir::ingress::mqtt::subscribe;
 use weir::ingress::IngressHandle;
 use weir::metrics::Metrics;
@@ -297,7 +295,12 @@ fn without_probes(records: Vec<Record>, prefix: &str) -> Vec<Record> {
 /// Publishes a QoS 1 fence on `{prefix}/lt/fence` and drains until it is
 /// through. Mosquitto delivers to one subscriber in order, so anything
 /// published earlier, redeliveries included, is then in `out`.
-async fn fence(ingress: &IngressHandle, publisher: &mut Publisher, prefix: &str, out: &mut Vec<Record>) {
+async fn fence(
+    ingress: &IngressHandle,
+    publisher: &mut Publisher,
+    prefix: &str,
+    out: &mut Vec<Record>,
+) {
     let topic = format!("{prefix}/lt/fence");
     publisher
         .publish_confirmed(&[(topic.clone(), b"fence".to_vec())])
@@ -309,7 +312,9 @@ async fn fence(ingress: &IngressHandle, publisher: &mut Publisher, prefix: &str,
 fn counts(records: &[Record]) -> HashMap<(Bytes, Bytes), usize> {
     let mut counts = HashMap::new();
     for r in records {
-        *counts.entry((r.key.clone(), r.payload.clone())).or_default() += 1;
+        *counts
+            .entry((r.key.clone(), r.payload.clone()))
+            .or_default() += 1;
     }
     counts
 }
@@ -329,10 +334,15 @@ async fn mosquitto_pub(args: &[&str], stdin: &[u8]) {
         .stdin(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| {
-            panic!("cannot run mosquitto_pub ({e}); install mosquitto-clients (scripts/services.sh)")
+            panic!(
+                "cannot run mosquitto_pub ({e}); install mosquitto-clients (scripts/services.sh)"
+            )
         });
     let mut input = child.stdin.take().expect("piped stdin");
-    input.write_all(stdin).await.expect("write to mosquitto_pub");
+    input
+        .write_all(stdin)
+        .await
+        .expect("write to mosquitto_pub");
     drop(input);
     let status = tokio::time::timeout(PATIENCE, child.wait())
         .await
@@ -424,7 +434,6 @@ async fn three_classes_from_mosquitto_pub_and_rumqttc_arrive_once_with_identical
 #[tokio::test]
 async fn persistent_session_redelivers_what_was_not_acked_and_what_came_while_offline() {
     require_mosquitto().await;
-    weir::telemetry::init("info"); // DEBUG-TMP
     let prefix = unique("session");
     // Three records fill a class queue; nothing drains until weir restarts.
     let ingress = ingress(
@@ -531,9 +540,12 @@ async fn resubscribes_after_a_session_takeover_wipes_the_subscriptions() {
         .collect();
     publisher.publish_confirmed(&after).await;
     let mut got = Vec::new();
-    drain_until(&ingress, &mut got, "the publishes after the takeover", |r| {
-        after.iter().all(|(t, p)| has(r, t, p))
-    })
+    drain_until(
+        &ingress,
+        &mut got,
+        "the publishes after the takeover",
+        |r| after.iter().all(|(t, p)| has(r, t, p)),
+    )
     .await;
     weir.stop().await;
     assert!(got
@@ -564,7 +576,11 @@ async fn qos0_when_full_drop_counts_drops_and_keeps_reading() {
     for i in 0..10 {
         let payload = format!("q0-{i}");
         publisher
-            .publish(&format!("{prefix}/ls/x"), QoS::AtMostOnce, payload.as_bytes())
+            .publish(
+                &format!("{prefix}/ls/x"),
+                QoS::AtMostOnce,
+                payload.as_bytes(),
+            )
             .await;
     }
     let topic = format!("{prefix}/lt/fence");
@@ -681,7 +697,11 @@ fn publish_packet(topic: &[u8], pkid: Option<u16>, payload: &[u8]) -> Vec<u8> {
 /// Accepts weir's next connection: checks its CONNECT (fixed client id,
 /// persistent session), answers CONNACK with `session_present`, and waits
 /// for the SUBSCRIBE weir must send on every connection.
-async fn accept_session(listener: &TcpListener, client_id: &str, session_present: bool) -> TcpStream {
+async fn accept_session(
+    listener: &TcpListener,
+    client_id: &str,
+    session_present: bool,
+) -> TcpStream {
     let (mut stream, _) = tokio::time::timeout(PATIENCE, listener.accept())
         .await
         .expect("weir did not reconnect")
@@ -691,7 +711,11 @@ async fn accept_session(listener: &TcpListener, client_id: &str, session_present
     assert_eq!(&connect[2..6], b"MQTT");
     assert_eq!(connect[7] & 0b10, 0, "clean_session must be false");
     let id_len = usize::from(u16::from_be_bytes([connect[10], connect[11]]));
-    assert_eq!(&connect[12..12 + id_len], client_id.as_bytes(), "fixed client id");
+    assert_eq!(
+        &connect[12..12 + id_len],
+        client_id.as_bytes(),
+        "fixed client id"
+    );
     let flags = u8::from(session_present);
     stream
         .write_all(&packet(0x20, &[flags, 0]))
@@ -763,7 +787,11 @@ async fn bad_packets_from_the_broker_cost_a_reconnect_not_the_loop() {
     let (first, puback) = tokio::time::timeout(PATIENCE, read_packet(&mut stream))
         .await
         .expect("no PUBACK for a queued record");
-    assert_eq!((first, &puback[..]), (0x40, &[0u8, 7][..]), "PUBACK for id 7");
+    assert_eq!(
+        (first, &puback[..]),
+        (0x40, &[0u8, 7][..]),
+        "PUBACK for id 7"
+    );
     let ls = ingress.queues().class(LS);
     assert_eq!(ls.len(), 1, "the record is queued before its PUBACK");
     let record = ls.pop().expect("queued");
@@ -772,7 +800,10 @@ async fn bad_packets_from_the_broker_cost_a_reconnect_not_the_loop() {
         (topic.as_bytes(), &b"good"[..])
     );
     assert_eq!(ingress.metrics().protocol_errors.get(), 2);
-    assert!(ingress.queues().is_empty_all(), "nothing from the bad packets");
+    assert!(
+        ingress.queues().is_empty_all(),
+        "nothing from the bad packets"
+    );
 
     // Shutdown: weir says DISCONNECT rather than vanishing.
     weir.token.cancel();
@@ -780,6 +811,9 @@ async fn bad_packets_from_the_broker_cost_a_reconnect_not_the_loop() {
         .await
         .expect("no DISCONNECT on shutdown");
     assert_eq!(first, 0xe0, "DISCONNECT");
+    // A broker closes after DISCONNECT; weir waits for that (see
+    // `Subscriber::disconnect`).
+    drop(stream);
     tokio::time::timeout(PATIENCE, weir.task)
         .await
         .expect("subscribe mode did not stop")

@@ -167,7 +167,10 @@ impl AmqpSink {
     }
 
     async fn deliver_in_span(&mut self, batch: &EncodedBatch) -> Result<(), SinkError> {
-        let target = self.target.as_ref().map_err(|e| SinkError::Unavailable(e.clone()))?;
+        let target = self
+            .target
+            .as_ref()
+            .map_err(|e| SinkError::Unavailable(e.clone()))?;
         let sup = &mut self.supervisor;
         if sup.link.as_ref().is_some_and(|l| !l.alive()) {
             tracing::warn!("connection to RabbitMQ lost; reconnecting");
@@ -259,8 +262,12 @@ impl Target {
         // Bound the TCP connect inside lapin's I/O thread too, so an
         // abandoned attempt to a black-holed host does not linger.
         if uri.query.connection_timeout.is_none() {
-            uri.query.connection_timeout =
-                Some(cfg.confirm_timeout.as_millis().try_into().unwrap_or(u64::MAX));
+            uri.query.connection_timeout = Some(
+                cfg.confirm_timeout
+                    .as_millis()
+                    .try_into()
+                    .unwrap_or(u64::MAX),
+            );
         }
         let short = |key: &str, value: &str| {
             ShortString::try_new(value).map_err(|e| format!("egress.amqp.{key}: {e}"))
@@ -473,7 +480,10 @@ async fn within<F: Future>(
 fn properties(batch: &EncodedBatch) -> BasicProperties {
     // Signed 64-bit for every header: see the module docs.
     let mut headers = FieldTable::default();
-    headers.insert(HEADER_NODE.into(), AMQPValue::LongLongInt(batch.node as i64));
+    headers.insert(
+        HEADER_NODE.into(),
+        AMQPValue::LongLongInt(batch.node as i64),
+    );
     headers.insert(
         HEADER_RECORDS.into(),
         AMQPValue::LongLongInt(batch.records as i64),

@@ -88,7 +88,10 @@ mod tests {
         let g3 = LinkProfile::preset("3g").unwrap();
         // 97,500 bytes at 780 kbit/s take one second, plus 100 ms.
         assert_eq!(g3.transaction_time(97_500), Duration::from_millis(1100));
-        assert_eq!(LinkProfile::preset("4g").unwrap().delay, Duration::from_millis(50));
+        assert_eq!(
+            LinkProfile::preset("4g").unwrap().delay,
+            Duration::from_millis(50)
+        );
         assert!(LinkProfile::preset("5g").is_none());
     }
 }

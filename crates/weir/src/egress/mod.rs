@@ -100,7 +100,10 @@ pub enum SinkError {
 pub trait Sink: Send + 'static {
     /// Delivers one batch and returns once the destination has durably
     /// accepted it (publisher confirm, file renamed into place).
-    fn deliver(&mut self, batch: &EncodedBatch) -> impl Future<Output = Result<(), SinkError>> + Send;
+    fn deliver(
+        &mut self,
+        batch: &EncodedBatch,
+    ) -> impl Future<Output = Result<(), SinkError>> + Send;
 
     /// A short name for logs.
     fn name(&self) -> &'static str;
@@ -127,22 +130,40 @@ const RETRY_INITIAL: Duration = Duration::from_millis(100);
 /// never waits behind less urgent batches queued ahead of it in a channel.
 pub type LinkReady = std::sync::Arc<tokio::sync::Semaphore>;
 
+/// What the delivery loop needs besides its sink and its batches.
+#[derive(Debug, Clone)]
+pub struct EgressContext {
+    /// This node's id, stamped on every batch.
+    pub node: NodeId,
+    /// Class names for the wire format.
+    pub classes: ClassSet,
+    /// Permits announcing that the link is free.
+    pub ready: LinkReady,
+    /// Where completed transactions are reported (link estimation).
+    pub delivered: Option<mpsc::Sender<Delivered>>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Longest pause between retries of a failed delivery.
+    pub retry_max: Duration,
+    /// Fires when the shutdown deadline has passed.
+    pub abort: CancellationToken,
+}
+
 /// Delivers every batch from `batches` through `sink`, in order, retrying
 /// each until it is confirmed. Returns when the channel is closed and empty
 /// (the scheduler has flushed at shutdown), or when `abort` fires (the drain
 /// deadline passed), in which case the batch in hand is reported lost-in-
 /// flight in the log with its sequence number.
-pub async fn run<S: Sink>(
-    mut sink: S,
-    node: NodeId,
-    classes: ClassSet,
-    mut batches: mpsc::Receiver<OutBatch>,
-    ready: LinkReady,
-    delivered: Option<mpsc::Sender<Delivered>>,
-    metrics: Arc<Metrics>,
-    retry_max: Duration,
-    abort: CancellationToken,
-) {
+pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ctx: EgressContext) {
+    let EgressContext {
+        node,
+        classes,
+        ready,
+        delivered,
+        metrics,
+        retry_max,
+        abort,
+    } = ctx;
     loop {
         ready.add_permits(1);
         let Some(batch) = batches.recv().await else {

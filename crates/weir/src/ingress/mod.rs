@@ -193,7 +193,10 @@ impl IngressHandle {
             tokio::pin!(notified);
             notified.as_mut().enable();
             match self.try_enqueue(record) {
-                Err(EnqueueError::Full { record: back, class }) => {
+                Err(EnqueueError::Full {
+                    record: back,
+                    class,
+                }) => {
                     self.metrics.backpressured(back.class);
                     let sleep = async {
                         match deadline {

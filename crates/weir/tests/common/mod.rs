@@ -50,10 +50,7 @@ pub const LINGER: Duration = Duration::from_secs(2);
 /// Consumes weir batches from `queue` until `done` says the records seen so
 /// far are enough (then lingers [`LINGER`] for stragglers), or `PATIENCE`
 /// passes; acks every message.
-pub async fn consume_until(
-    queue: &str,
-    mut done: impl FnMut(&[Seen]) -> bool,
-) -> Vec<Seen> {
+pub async fn consume_until(queue: &str, mut done: impl FnMut(&[Seen]) -> bool) -> Vec<Seen> {
     let conn = Connection::connect(AMQP_URL, ConnectionProperties::default())
         .await
         .expect("RabbitMQ on 127.0.0.1:5672 (run scripts/services.sh)");
@@ -136,7 +133,10 @@ pub fn counts(seen: &[Seen]) -> HashMap<(u64, u64), usize> {
 pub async fn wait_port(addr: std::net::SocketAddr) {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     while tokio::net::TcpStream::connect(addr).await.is_err() {
-        assert!(tokio::time::Instant::now() < deadline, "{addr} never answered");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{addr} never answered"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

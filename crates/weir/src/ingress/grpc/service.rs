@@ -9,7 +9,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::{debug, debug_span, field, info_span, warn, Instrument, Span};
 use weir_proto::pb::ingress_server::Ingress;
 use weir_proto::pb::{PublishAck, PublishRequest};
@@ -175,10 +175,16 @@ impl StreamTask {
                     return Ok(());
                 }
                 Err(status) => {
-                    // tonic could not read or decode the next message
-                    // (garbage bytes, over the size limit, a reset stream).
-                    self.ingress.metrics().protocol_errors.inc();
-                    warn!(acked, code = ?status.code(), message = status.message(), "bad message on stream");
+                    // INTERNAL and OUT_OF_RANGE are tonic's decoder refusing
+                    // the bytes (garbage, broken framing, over the size
+                    // limit); other codes are the transport breaking off.
+                    let (code, message) = (status.code(), status.message());
+                    if matches!(code, Code::Internal | Code::OutOfRange) {
+                        self.ingress.metrics().protocol_errors.inc();
+                        warn!(acked, ?code, message, "bad message on stream");
+                    } else {
+                        debug!(acked, ?code, message, "stream broken off");
+                    }
                     return Err(status);
                 }
             };

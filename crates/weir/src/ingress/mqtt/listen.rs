@@ -565,7 +565,7 @@ fn from_v5(packet: v5::Packet) -> Inbound {
 /// Refuses topics MQTT does not allow in a PUBLISH. rumqttc's 3.1.1 reader
 /// already refuses ill-formed UTF-8 but its MQTT 5 reader does not, so this
 /// checks for both.
-fn check_topic(publish: &InPublish) -> Result<&str, ProtocolError> {
+fn check_topic(publish: &InPublish) -> Result<(), ProtocolError> {
     if let Some(alias) = publish.topic_alias {
         return Err(ProtocolError::TopicAlias(alias));
     }
@@ -579,7 +579,7 @@ fn check_topic(publish: &InPublish) -> Result<&str, ProtocolError> {
     if topic.contains(['+', '#']) {
         return Err(ProtocolError::TopicWildcard(topic.to_owned()));
     }
-    Ok(topic)
+    Ok(())
 }
 
 /// Appends `reply` to `out` in the connection's version.

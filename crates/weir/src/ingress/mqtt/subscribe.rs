@@ -266,7 +266,7 @@ impl Subscriber {
                     }
                 }
                 Ok(Event::Incoming(Packet::SubAck(ack))) => self.on_suback(&ack),
-                Ok(ev) => tracing::debug!(?ev, "DEBUG-TMP event"),
+                Ok(_) => {}
                 Err(error) => {
                     self.outbox.connection_lost();
                     if connected_at
@@ -307,9 +307,12 @@ impl Subscriber {
             session_present = ack.session_present,
             "connected to the MQTT broker; subscribing"
         );
-        self.outbox.subscribe = true;
+        self.outbox.subscribe =
+            !ack.session_present && !MUTANT.swap(true, std::sync::atomic::Ordering::Relaxed);
     }
-
+}
+static MUTANT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+impl Subscriber {
     /// Logs filters the broker refused or downgraded.
     fn on_suback(&self, ack: &SubAck) {
         for (filter, code) in self.filters.iter().zip(&ack.return_codes) {

@@ -1,0 +1,162 @@
+//! The `weir` command line: exit codes, every config problem listed, the
+//! default config printed and valid, clean shutdown on SIGTERM, `decode`.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const WEIR: &str = env!("CARGO_BIN_EXE_weir");
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("weir-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn a_bad_config_exits_2_and_lists_every_problem() {
+    let dir = tmp("bad");
+    let file = dir.join("bad.toml");
+    std::fs::write(
+        &file,
+        "[node]\nid = 0\n[[class]]\nname = \"ls\"\nbound = \"0ms\"\n[scheduler]\nuplink = \"fast\"\n",
+    )
+    .unwrap();
+    for args in [
+        vec!["check-config", file.to_str().unwrap()],
+        vec!["run", "--config", file.to_str().unwrap()],
+    ] {
+        let out = Command::new(WEIR).args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("bad.toml"), "names the file: {err}");
+        for key in ["node.id", "class[0].bound", "scheduler.uplink"] {
+            assert!(err.contains(key), "lists {key}: {err}");
+        }
+        assert!(
+            !err.contains("panicked") && !err.contains("backtrace"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn unknown_keys_and_missing_files_exit_2() {
+    let dir = tmp("unknown");
+    let file = dir.join("typo.toml");
+    std::fs::write(&file, "[scheduler]\nwindw = \"100ms\"\n").unwrap();
+    let out = Command::new(WEIR)
+        .args(["check-config", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("windw"));
+    let out = Command::new(WEIR)
+        .args(["check-config", "/nonexistent/weir.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/weir.toml"));
+}
+
+#[test]
+fn the_printed_default_config_is_valid() {
+    let out = Command::new(WEIR)
+        .arg("print-default-config")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let dir = tmp("default");
+    let file = dir.join("default.toml");
+    std::fs::write(&file, &out.stdout).unwrap();
+    let check = Command::new(WEIR)
+        .args(["check-config", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+}
+
+#[test]
+fn sigterm_shuts_down_cleanly_and_batches_decode() {
+    let dir = tmp("run");
+    let out_dir = dir.join("out");
+    let file = dir.join("weir.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[ingress.mqtt]\nenabled = false\n[ingress.grpc]\nlisten = \"127.0.0.1:0\"\n[egress.file]\ndir = \"{}\"\n",
+            out_dir.display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(WEIR)
+        .args(["run", "--config", file.to_str().unwrap()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait for start-up (the output directory is created before listening).
+    let start = Instant::now();
+    while !out_dir.exists() && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "exit {status}: {err}");
+    assert!(err.contains("SIGTERM"), "{err}");
+    assert!(err.contains("shut down cleanly"), "{err}");
+
+    // `decode` reads a batch file back, raw bytes escaped.
+    let batch = weir_proto::pb::Batch {
+        node: 5,
+        batch_seq: 9,
+        created_us: 1,
+        records: vec![weir_proto::pb::Record {
+            key: "factory/a".into(),
+            class: "ls".into(),
+            origin: 5,
+            seq: 77,
+            ingress_us: 2,
+            payload: bytes::Bytes::from_static(b"hi\x00\xff"),
+        }],
+    };
+    let path = dir.join("5-00000000000000000009.identity.weirbatch");
+    std::fs::write(&path, weir_proto::encode_batch(&batch)).unwrap();
+    let out = Command::new(WEIR)
+        .args(["decode", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("seq=77"), "{text}");
+    assert!(text.contains(r#"payload="hi\x00\xff""#), "{text}");
+
+    // From stdin, and garbage is refused with a clear error.
+    let mut child = Command::new(WEIR)
+        .args(["decode", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"\xff\xff\xff")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a weir.v1.Batch"));
+}
