@@ -20,7 +20,7 @@
 //!   QoS 1 (the TCP window then fills and the broker buffers or drops by its
 //!   own limits), `drop` drops the record and counts it.
 //! - **Resubscribe on every connection**, whatever `session_present` says
-//!   (see [`Subscriber::on_connack`] for why).
+//!   (see `Subscriber::on_connack` for why).
 //! - **Bad packets do not stop the loop.** A malformed packet from the
 //!   broker (a topic that is not UTF-8, a packet over `max_packet_size`)
 //!   makes rumqttc drop the connection; weir counts a protocol error, logs
@@ -307,12 +307,9 @@ impl Subscriber {
             session_present = ack.session_present,
             "connected to the MQTT broker; subscribing"
         );
-        self.outbox.subscribe =
-            !ack.session_present && !MUTANT.swap(true, std::sync::atomic::Ordering::Relaxed);
+        self.outbox.subscribe = true;
     }
-}
-static MUTANT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-impl Subscriber {
+
     /// Logs filters the broker refused or downgraded.
     fn on_suback(&self, ack: &SubAck) {
         for (filter, code) in self.filters.iter().zip(&ack.return_codes) {
