@@ -19,12 +19,21 @@
 //!   (Algorithm 3) and the baseline matchers, and the node-level schemes.
 //! - [`buffer_sizing`]: the IoT edge-router buffer formula (Khan et al.,
 //!   Eq. 1-5) beside the Appenzeller and rule-of-thumb sizes.
+//! - [`link_estimate`]: uplink bandwidth `Th_up` and per-transaction time
+//!   `T_sc` fitted online (piping paper Eq. 1, 3, 5-6).
+//! - [`batching`]: batch size and closing rule from the buffer-aided
+//!   relaying inequalities (Li et al., Eq. 5-6, Lemma 1, Theorems 1-2).
+//! - [`compression`]: the per-batch codec choice by the piping model
+//!   (Dzhagaryan and Milenkovic, Eq. 3, 19-20) over observed codec tables.
 
+pub mod batching;
 pub mod buffer_sizing;
 pub mod class;
 pub mod classify;
+pub mod compression;
 pub mod drain;
 pub mod janus;
+pub mod link_estimate;
 pub mod queue;
 pub mod record;
 pub mod token_bucket;

@@ -1,0 +1,691 @@
+//! Uplink characterisation: the bandwidth `Th_up` and the fixed
+//! per-transaction time `T_sc` of Dzhagaryan and Milenkovic, "Models for
+//! Evaluating Effective Throughputs for File Transfers in Mobile Computing"
+//! (Eq. 1, 3, 5-6), estimated online from weir's own completed transactions.
+//!
+//! A transaction of `US` bytes takes `T = T_sc + US / Th_up` (Eq. 1), so the
+//! points `(size, elapsed)` of recent transactions lie on a line whose
+//! intercept is `T_sc` and whose slope is `1 / Th_up`. [`LinkEstimator`] keeps
+//! the last [`WINDOW`] transactions in a fixed ring and fits that line with
+//! the Theil–Sen estimator (median of pairwise slopes, then median of the
+//! residual intercepts): it ignores up to ~29% of wild points, such as a
+//! transaction that sat behind a retransmission timeout, which least squares
+//! would follow.
+//!
+//! # When the window cannot separate the two unknowns
+//! Transactions that all have (nearly) the same size fix one point of the
+//! line, not its slope: any `T_sc` fits if the bandwidth moves with it. Then
+//! the estimator keeps its *anchor* `T_sc` (the configured prior, or the last
+//! `T_sc` a diverse window produced, which is newer information than the
+//! prior) and fits only the bandwidth, as the median of
+//! `size / (elapsed - T_sc)`. If transactions are even faster than the anchor
+//! `T_sc` allows, the anchor is wrong and cannot be repaired from this data;
+//! the estimator then attributes half of the median time to `T_sc`
+//! ([`FALLBACK_FIXED_SHARE`]) rather than report a negative bandwidth.
+//!
+//! # Reading the paper
+//! - Eq. 5, `Th_up = Th_uup / (1 - Th_uup * T_sc / US)`, written for two
+//!   transfers, is the system of Eq. 6. It is linear in `Th_up` and in the
+//!   product `Th_up * T_sc`, and equivalent to the straight line through the
+//!   two points `(US, US / Th_uup)` that [`two_transfer_probe`] solves. The
+//!   paper's own example (0.14 MB at 0.36 MB/s, 1.24 MB at 2.06 MB/s) gives
+//!   `Th_up = 5.163 MB/s`, `T_sc = 0.3618 s` this way; the paper prints
+//!   5.167 MB/s and 0.362 s, a rounding difference of its coefficients
+//!   2.57 and 1.66 (see the tests).
+//! - The paper measures `T_sc` as connection setup time for one file over
+//!   ssh; weir's transactions reuse a connection, so here `T_sc` is whatever
+//!   a transaction costs regardless of its size (round trip to the broker and
+//!   its confirm, framing, scheduling).
+
+use std::time::Duration;
+
+/// Transactions the estimators remember: enough for a robust fit (Theil–Sen
+/// over 64 points tolerates ~18 outliers) while a refit, `64*63/2 = 2016`
+/// pairwise slopes, stays in the microseconds on every transaction.
+pub const WINDOW: usize = 64;
+
+/// Pairwise slopes a full window produces.
+const MAX_PAIRS: usize = WINDOW * (WINDOW - 1) / 2;
+
+/// Two transactions count as having different sizes for the fit when they
+/// differ by at least this fraction of the larger: closer sizes give slopes
+/// dominated by timing noise.
+pub const MIN_RELATIVE_SPREAD: f64 = 0.1;
+
+/// Distinct-size pairs needed before the intercept (`T_sc`) is fitted rather
+/// than held at the anchor: four transactions of four sizes, or 3+2 of two.
+pub const MIN_DIVERSE_PAIRS: usize = 6;
+
+/// Share of the median transaction time attributed to `T_sc` when the
+/// anchor `T_sc` alone exceeds the observed times: an even split, since the
+/// data cannot say which way the error lies.
+pub const FALLBACK_FIXED_SHARE: f64 = 0.5;
+
+/// Lowest bandwidth an estimate reports (1 B/s): keeps every division by it
+/// finite however bad the data.
+pub const MIN_BYTES_PER_SEC: f64 = 1.0;
+
+/// Highest bandwidth an estimate reports (10 TB/s, far past any uplink):
+/// a transaction timed at zero must not yield infinity.
+pub const MAX_BYTES_PER_SEC: f64 = 1e13;
+
+/// Longest `T_sc` an estimate reports: a minute is already a broken link.
+pub const MAX_PER_TRANSACTION: Duration = Duration::from_secs(60);
+
+/// What a link can do: Eq. 1's two constants.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkEstimate {
+    /// `Th_up`: bytes per second once a transaction is under way.
+    pub bytes_per_sec: f64,
+    /// `T_sc`: the fixed time of every transaction, whatever its size.
+    pub per_transaction: Duration,
+}
+
+impl LinkEstimate {
+    /// Eq. 1: time of one transaction of `bytes` bytes, `T_sc + US / Th_up`.
+    #[inline]
+    pub fn transaction_secs(&self, bytes: f64) -> f64 {
+        self.per_transaction.as_secs_f64() + bytes / self.bytes_per_sec
+    }
+
+    /// Eq. 3: effective throughput of an uncompressed transaction of `bytes`,
+    /// `Th_uup = Th_up / (1 + Th_up * T_sc / US)`, in bytes per second
+    /// (0 for an empty transaction, which moves nothing).
+    #[inline]
+    pub fn effective_throughput(&self, bytes: f64) -> f64 {
+        if bytes > 0.0 {
+            let th = self.bytes_per_sec;
+            th / (1.0 + th * self.per_transaction.as_secs_f64() / bytes)
+        } else {
+            0.0
+        }
+    }
+
+    /// The estimate with bandwidth and `T_sc` forced into the reportable
+    /// ranges ([`MIN_BYTES_PER_SEC`]..=[`MAX_BYTES_PER_SEC`],
+    /// 0..=[`MAX_PER_TRANSACTION`]); NaN bandwidth becomes the minimum.
+    pub fn clamped(self) -> Self {
+        let bw = if self.bytes_per_sec.is_nan() {
+            MIN_BYTES_PER_SEC
+        } else {
+            self.bytes_per_sec
+                .clamp(MIN_BYTES_PER_SEC, MAX_BYTES_PER_SEC)
+        };
+        LinkEstimate {
+            bytes_per_sec: bw,
+            per_transaction: self.per_transaction.min(MAX_PER_TRANSACTION),
+        }
+    }
+
+    fn from_line(secs_per_byte: f64, fixed_secs: f64) -> Self {
+        LinkEstimate {
+            bytes_per_sec: 1.0 / secs_per_byte,
+            per_transaction: secs_to_duration(
+                fixed_secs.clamp(0.0, MAX_PER_TRANSACTION.as_secs_f64()),
+            ),
+        }
+        .clamped()
+    }
+}
+
+/// Why the link could not be characterised.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+pub enum LinkEstimateError {
+    /// The two probe transfers must differ in size to separate `T_sc` from
+    /// the bandwidth.
+    #[error("probe transfers of {0} and {1} bytes: sizes must differ; send a second probe of a clearly different size")]
+    SameSize(u64, u64),
+    /// The larger probe finished no later than the smaller one: the link's
+    /// timing was dominated by noise.
+    #[error("the {larger}-byte probe was not slower than the {smaller}-byte probe; repeat the probe with a larger size difference")]
+    NotSlower {
+        /// Size of the smaller probe, bytes.
+        smaller: u64,
+        /// Size of the larger probe, bytes.
+        larger: u64,
+    },
+    /// A prior or probe with no usable bandwidth (zero, negative, NaN or
+    /// infinite).
+    #[error("link bandwidth {0} B/s is not a positive finite number; configure the uplink rate, e.g. \"18Mbit/s\"")]
+    BadBandwidth(f64),
+}
+
+/// Eq. 5-6: the paper's two-transfer method. Transfers of `size1` and `size2`
+/// bytes that took `t1` and `t2` give the line `T = T_sc + US / Th_up`
+/// through both points.
+///
+/// A slightly negative `T_sc` (timing noise on a link with almost no fixed
+/// cost) is reported as zero, keeping the fitted bandwidth.
+pub fn two_transfer_probe(
+    size1: u64,
+    t1: Duration,
+    size2: u64,
+    t2: Duration,
+) -> Result<LinkEstimate, LinkEstimateError> {
+    if size1 == size2 {
+        return Err(LinkEstimateError::SameSize(size1, size2));
+    }
+    let ((s_small, t_small), (s_large, t_large)) = if size1 < size2 {
+        ((size1, t1), (size2, t2))
+    } else {
+        ((size2, t2), (size1, t1))
+    };
+    let dt = t_large.as_secs_f64() - t_small.as_secs_f64();
+    if dt <= 0.0 {
+        return Err(LinkEstimateError::NotSlower {
+            smaller: s_small,
+            larger: s_large,
+        });
+    }
+    let secs_per_byte = dt / (s_large - s_small) as f64;
+    let fixed = t_small.as_secs_f64() - secs_per_byte * s_small as f64;
+    Ok(LinkEstimate::from_line(secs_per_byte, fixed))
+}
+
+/// How the current estimate was obtained, for metrics and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FitKind {
+    /// No transactions yet: the configured prior.
+    Prior,
+    /// Sizes too alike: `T_sc` held at the anchor, bandwidth fitted.
+    BandwidthOnly,
+    /// Both constants fitted by Theil–Sen.
+    Full,
+}
+
+/// A fixed-capacity ring of `(x, y)` points, oldest overwritten first. The
+/// fits do not care about order, so the live points are simply the first
+/// `len` slots.
+#[derive(Debug, Clone)]
+pub(crate) struct Window {
+    x: [f64; WINDOW],
+    y: [f64; WINDOW],
+    len: usize,
+    next: usize,
+}
+
+impl Window {
+    pub(crate) const fn new() -> Self {
+        Window {
+            x: [0.0; WINDOW],
+            y: [0.0; WINDOW],
+            len: 0,
+            next: 0,
+        }
+    }
+
+    pub(crate) fn push(&mut self, x: f64, y: f64) {
+        self.x[self.next] = x;
+        self.y[self.next] = y;
+        self.next = (self.next + 1) % WINDOW;
+        self.len = (self.len + 1).min(WINDOW);
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn xs(&self) -> &[f64] {
+        &self.x[..self.len]
+    }
+
+    pub(crate) fn ys(&self) -> &[f64] {
+        &self.y[..self.len]
+    }
+
+    /// A scratch copy of the x slots, for in-place medians.
+    pub(crate) fn xs_copy(&self) -> [f64; WINDOW] {
+        self.x
+    }
+
+    /// A scratch copy of the y slots, for in-place medians.
+    pub(crate) fn ys_copy(&self) -> [f64; WINDOW] {
+        self.y
+    }
+}
+
+/// Median of `v` (reordered in place); NaN-free input assumed, empty gives
+/// NaN.
+pub(crate) fn median(v: &mut [f64]) -> f64 {
+    let n = v.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    let mid = n / 2;
+    let (lower, upper, _) = v.select_nth_unstable_by(mid, f64::total_cmp);
+    let upper = *upper;
+    if n % 2 == 1 {
+        upper
+    } else {
+        let below = lower.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        0.5 * (below + upper)
+    }
+}
+
+/// Theil–Sen line `y = slope * x + intercept` over the points whose `x`
+/// differ enough ([`MIN_RELATIVE_SPREAD`]); `None` with fewer than
+/// [`MIN_DIVERSE_PAIRS`] such pairs. No allocation: the pairwise slopes live
+/// on the stack (16 KiB for a full window).
+pub(crate) fn theil_sen(xs: &[f64], ys: &[f64]) -> Option<(f64, f64)> {
+    debug_assert_eq!(xs.len(), ys.len());
+    debug_assert!(xs.len() <= WINDOW);
+    let n = xs.len();
+    let mut slopes = [0.0f64; MAX_PAIRS];
+    let mut m = 0;
+    for i in 0..n {
+        for j in (i + 1)..n {
+            let dx = xs[j] - xs[i];
+            let scale = xs[i].abs().max(xs[j].abs());
+            if dx != 0.0 && dx.abs() >= MIN_RELATIVE_SPREAD * scale {
+                slopes[m] = (ys[j] - ys[i]) / dx;
+                m += 1;
+            }
+        }
+    }
+    if m < MIN_DIVERSE_PAIRS {
+        return None;
+    }
+    let slope = median(&mut slopes[..m]);
+    let mut resid = [0.0f64; WINDOW];
+    for k in 0..n {
+        resid[k] = ys[k] - slope * xs[k];
+    }
+    let intercept = median(&mut resid[..n]);
+    (slope.is_finite() && intercept.is_finite()).then_some((slope, intercept))
+}
+
+/// Median of `(y - fixed) / x` over points with `x > 0`: the slope of a line
+/// with a known intercept. `None` when no point has `x > 0`.
+pub(crate) fn slope_through(xs: &[f64], ys: &[f64], fixed: f64) -> Option<f64> {
+    let mut per = [0.0f64; WINDOW];
+    let mut m = 0;
+    for (x, y) in xs.iter().zip(ys) {
+        if *x > 0.0 {
+            per[m] = (y - fixed) / x;
+            m += 1;
+        }
+    }
+    (m > 0).then(|| median(&mut per[..m]))
+}
+
+/// Seconds as a `Duration`, saturating on infinities and NaN.
+pub(crate) fn secs_to_duration(s: f64) -> Duration {
+    if s.is_finite() && s >= 0.0 {
+        Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX)
+    } else if s.is_nan() || s < 0.0 {
+        Duration::ZERO
+    } else {
+        Duration::MAX
+    }
+}
+
+/// Online estimate of `Th_up` and `T_sc` from completed transactions.
+///
+/// Each [`observe`](Self::observe) refits (O([`WINDOW`]²), no allocation);
+/// [`estimate`](Self::estimate) returns the cached result.
+#[derive(Debug, Clone)]
+pub struct LinkEstimator {
+    prior: LinkEstimate,
+    /// `T_sc` used when the window cannot fit it: the prior, then the last
+    /// fitted value.
+    anchor_secs: f64,
+    window: Window,
+    current: LinkEstimate,
+    kind: FitKind,
+}
+
+impl LinkEstimator {
+    /// Starts from the configured `prior` (e.g. the link's nominal rate and a
+    /// round trip as `T_sc`).
+    pub fn new(prior: LinkEstimate) -> Result<Self, LinkEstimateError> {
+        let bw = prior.bytes_per_sec;
+        if !(bw.is_finite() && bw > 0.0) {
+            return Err(LinkEstimateError::BadBandwidth(bw));
+        }
+        let prior = prior.clamped();
+        Ok(LinkEstimator {
+            prior,
+            anchor_secs: prior.per_transaction.as_secs_f64(),
+            window: Window::new(),
+            current: prior,
+            kind: FitKind::Prior,
+        })
+    }
+
+    /// Records a completed transaction of `bytes` that took `elapsed` (from
+    /// the first byte handed to the link to its acknowledgement) and refits.
+    /// A zero `elapsed` is a timing glitch and is ignored.
+    pub fn observe(&mut self, bytes: u64, elapsed: Duration) {
+        if elapsed.is_zero() {
+            return;
+        }
+        self.window.push(bytes as f64, elapsed.as_secs_f64());
+        self.refit();
+    }
+
+    /// The current estimate (cached; O(1)).
+    #[inline]
+    pub fn estimate(&self) -> LinkEstimate {
+        self.current
+    }
+
+    /// How [`estimate`](Self::estimate) was obtained.
+    pub fn fit_kind(&self) -> FitKind {
+        self.kind
+    }
+
+    /// The configured prior.
+    pub fn prior(&self) -> LinkEstimate {
+        self.prior
+    }
+
+    /// Transactions in the window.
+    pub fn len(&self) -> usize {
+        self.window.len()
+    }
+
+    /// True before the first transaction.
+    pub fn is_empty(&self) -> bool {
+        self.window.len() == 0
+    }
+
+    fn refit(&mut self) {
+        let (xs, ys) = (self.window.xs(), self.window.ys());
+        if let Some((slope, intercept)) = theil_sen(xs, ys) {
+            if slope > 0.0 {
+                let fixed = intercept.clamp(0.0, MAX_PER_TRANSACTION.as_secs_f64());
+                self.anchor_secs = fixed;
+                self.current = LinkEstimate::from_line(slope, fixed);
+                self.kind = FitKind::Full;
+                return;
+            }
+        }
+        // Too little size diversity (or a non-increasing line): hold T_sc.
+        let mut fixed = self.anchor_secs;
+        let slope = match slope_through(xs, ys, fixed) {
+            Some(s) if s > 0.0 => Some(s),
+            Some(_) => {
+                let mut t = self.window.ys_copy();
+                fixed = FALLBACK_FIXED_SHARE * median(&mut t[..self.window.len()]);
+                slope_through(xs, ys, fixed).filter(|s| *s > 0.0)
+            }
+            None => {
+                // Only empty transactions: they measure T_sc alone.
+                let mut t = self.window.ys_copy();
+                fixed = median(&mut t[..self.window.len()]);
+                None
+            }
+        };
+        let slope = slope.unwrap_or(1.0 / self.prior.bytes_per_sec);
+        self.current = LinkEstimate::from_line(slope, fixed);
+        self.kind = FitKind::BandwidthOnly;
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Deterministic pseudo-random numbers (splitmix64) for synthetic noise.
+    pub(crate) struct Mix(pub u64);
+
+    impl Mix {
+        pub(crate) fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+
+        /// Uniform in `lo..hi`.
+        pub(crate) fn range(&mut self, lo: f64, hi: f64) -> f64 {
+            lo + (self.next() >> 11) as f64 / (1u64 << 53) as f64 * (hi - lo)
+        }
+    }
+
+    fn prior() -> LinkEstimate {
+        LinkEstimate {
+            bytes_per_sec: 1e6,
+            per_transaction: Duration::from_millis(20),
+        }
+    }
+
+    fn close(a: f64, b: f64, rel: f64) -> bool {
+        (a - b).abs() <= rel * b.abs()
+    }
+
+    #[test]
+    fn paper_two_transfer_example() {
+        // Section III.C: US(s) = 0.14 MB at 0.36 MB/s, US(l) = 1.24 MB at
+        // 2.06 MB/s; the paper derives Th_up = 5.167 MB/s, T_sc = 0.362 s.
+        let mb = 1e6;
+        let t_small = Duration::from_secs_f64(0.14 / 0.36);
+        let t_large = Duration::from_secs_f64(1.24 / 2.06);
+        let est =
+            two_transfer_probe((0.14 * mb) as u64, t_small, (1.24 * mb) as u64, t_large).unwrap();
+        assert!(close(est.bytes_per_sec / mb, 5.167, 0.002), "{est:?}");
+        assert!(
+            close(est.per_transaction.as_secs_f64(), 0.362, 0.002),
+            "{est:?}"
+        );
+        // Eq. 6 as printed: both equations hold with the solved values.
+        let (th, tsc) = (est.bytes_per_sec / mb, est.per_transaction.as_secs_f64());
+        assert!(close(th - 2.571 * th * tsc, 0.36, 0.01));
+        assert!(close(th - 1.661 * th * tsc, 2.06, 0.01));
+        // Order of the arguments does not matter.
+        let swapped =
+            two_transfer_probe((1.24 * mb) as u64, t_large, (0.14 * mb) as u64, t_small).unwrap();
+        assert_eq!(est, swapped);
+    }
+
+    #[test]
+    fn probe_rejects_what_it_cannot_solve() {
+        let t = Duration::from_millis(100);
+        assert_eq!(
+            two_transfer_probe(10, t, 10, t),
+            Err(LinkEstimateError::SameSize(10, 10))
+        );
+        assert!(matches!(
+            two_transfer_probe(10, t, 1000, t),
+            Err(LinkEstimateError::NotSlower {
+                smaller: 10,
+                larger: 1000
+            })
+        ));
+        // Noise that puts T_sc below zero reports zero.
+        let est = two_transfer_probe(
+            1000,
+            Duration::from_millis(1),
+            2000,
+            Duration::from_millis(3),
+        )
+        .unwrap();
+        assert_eq!(est.per_transaction, Duration::ZERO);
+        assert!(close(est.bytes_per_sec, 500_000.0, 1e-9));
+    }
+
+    #[test]
+    fn eq3_effective_throughput() {
+        // 5 MB/s, T_sc 0.39 s, 30.88 MB (accel.csv): 4.703 MB/s.
+        let link = LinkEstimate {
+            bytes_per_sec: 5e6,
+            per_transaction: Duration::from_millis(390),
+        };
+        let th = link.effective_throughput(30.88e6);
+        assert!(close(th, 5e6 / (1.0 + 5e6 * 0.39 / 30.88e6), 1e-12));
+        assert!(close(th / 1e6, 4.703, 0.001));
+        assert!(close(30.88e6 / th, link.transaction_secs(30.88e6), 1e-12));
+        assert_eq!(link.effective_throughput(0.0), 0.0);
+    }
+
+    #[test]
+    fn starts_at_the_prior() {
+        let est = LinkEstimator::new(prior()).unwrap();
+        assert_eq!(est.estimate(), prior());
+        assert_eq!(est.fit_kind(), FitKind::Prior);
+        assert!(est.is_empty());
+        assert!(matches!(
+            LinkEstimator::new(LinkEstimate {
+                bytes_per_sec: 0.0,
+                per_transaction: Duration::ZERO
+            }),
+            Err(LinkEstimateError::BadBandwidth(_))
+        ));
+    }
+
+    /// A 3 MB/s link with T_sc = 45 ms: transactions of 1 KB..1 MB with ±3%
+    /// timing noise, and every tenth transaction stalled by 0.2..1 s.
+    fn synthetic(est: &mut LinkEstimator, n: usize, outliers: bool, mix: &mut Mix) {
+        for k in 0..n {
+            let size = mix.range(1e3, 1e6);
+            let mut t = (0.045 + size / 3e6) * mix.range(0.97, 1.03);
+            if outliers && k % 10 == 3 {
+                t += mix.range(0.2, 1.0);
+            }
+            est.observe(size as u64, Duration::from_secs_f64(t));
+        }
+    }
+
+    #[test]
+    fn robust_fit_recovers_known_link_despite_outliers() {
+        let mut est = LinkEstimator::new(prior()).unwrap();
+        let mut mix = Mix(7);
+        synthetic(&mut est, 200, true, &mut mix);
+        let e = est.estimate();
+        assert_eq!(est.fit_kind(), FitKind::Full);
+        assert_eq!(est.len(), WINDOW);
+        assert!(close(e.bytes_per_sec, 3e6, 0.05), "{e:?}");
+        assert!(close(e.per_transaction.as_secs_f64(), 0.045, 0.1), "{e:?}");
+    }
+
+    #[test]
+    fn least_squares_would_not_have_survived_those_outliers() {
+        // The same data through ordinary least squares, to show why the fit
+        // is robust: the stalls drag the intercept far off.
+        let mut est = LinkEstimator::new(prior()).unwrap();
+        let mut mix = Mix(7);
+        synthetic(&mut est, 200, true, &mut mix);
+        let (xs, ys) = (est.window.xs(), est.window.ys());
+        let n = xs.len() as f64;
+        let (mx, my) = (xs.iter().sum::<f64>() / n, ys.iter().sum::<f64>() / n);
+        let sxy: f64 = xs.iter().zip(ys).map(|(x, y)| (x - mx) * (y - my)).sum();
+        let sxx: f64 = xs.iter().map(|x| (x - mx) * (x - mx)).sum();
+        let intercept = my - sxy / sxx * mx;
+        assert!(!close(intercept, 0.045, 0.5), "OLS intercept {intercept}");
+    }
+
+    #[test]
+    fn follows_a_link_that_changes() {
+        let mut est = LinkEstimator::new(prior()).unwrap();
+        let mut mix = Mix(3);
+        synthetic(&mut est, 64, false, &mut mix);
+        // The link drops to 1 MB/s with 80 ms fixed cost.
+        for _ in 0..64 {
+            let size = mix.range(1e3, 1e6);
+            let t = 0.080 + size / 1e6;
+            est.observe(size as u64, Duration::from_secs_f64(t));
+        }
+        let e = est.estimate();
+        assert!(close(e.bytes_per_sec, 1e6, 0.01), "{e:?}");
+        assert!(close(e.per_transaction.as_secs_f64(), 0.080, 0.01), "{e:?}");
+    }
+
+    #[test]
+    fn same_size_window_keeps_the_anchor_and_fits_bandwidth() {
+        let mut est = LinkEstimator::new(prior()).unwrap();
+        // 2 MB/s, T_sc 20 ms (= the prior), every transaction 100 kB.
+        for k in 0..40 {
+            let jitter = 1.0 + 0.01 * ((k % 5) as f64 - 2.0);
+            est.observe(100_000, Duration::from_secs_f64((0.020 + 0.05) * jitter));
+        }
+        let e = est.estimate();
+        assert_eq!(est.fit_kind(), FitKind::BandwidthOnly);
+        assert_eq!(e.per_transaction, Duration::from_millis(20));
+        assert!(close(e.bytes_per_sec, 2e6, 0.02), "{e:?}");
+    }
+
+    #[test]
+    fn anchor_is_the_last_fitted_t_sc_not_the_prior() {
+        let mut est = LinkEstimator::new(prior()).unwrap();
+        let mut mix = Mix(11);
+        synthetic(&mut est, 64, false, &mut mix);
+        assert_eq!(est.fit_kind(), FitKind::Full);
+        // Then a full window of identical transactions at the same link.
+        for _ in 0..WINDOW {
+            est.observe(500_000, Duration::from_secs_f64(0.045 + 500_000.0 / 3e6));
+        }
+        let e = est.estimate();
+        assert_eq!(est.fit_kind(), FitKind::BandwidthOnly);
+        assert!(close(e.per_transaction.as_secs_f64(), 0.045, 0.05), "{e:?}");
+        assert!(close(e.bytes_per_sec, 3e6, 0.05), "{e:?}");
+    }
+
+    #[test]
+    fn transactions_faster_than_the_anchor_split_the_time() {
+        // Prior T_sc 20 ms but every 1 kB transaction takes 10 ms.
+        let mut est = LinkEstimator::new(prior()).unwrap();
+        for _ in 0..10 {
+            est.observe(1000, Duration::from_millis(10));
+        }
+        let e = est.estimate();
+        assert_eq!(e.per_transaction, Duration::from_millis(5));
+        assert!(close(e.bytes_per_sec, 1000.0 / 0.005, 1e-9), "{e:?}");
+    }
+
+    #[test]
+    fn empty_transactions_measure_t_sc() {
+        let mut est = LinkEstimator::new(prior()).unwrap();
+        est.observe(0, Duration::from_millis(30));
+        est.observe(0, Duration::from_millis(34));
+        est.observe(0, Duration::from_millis(32));
+        let e = est.estimate();
+        assert_eq!(e.per_transaction, Duration::from_millis(32));
+        assert_eq!(e.bytes_per_sec, prior().bytes_per_sec);
+        // A zero elapsed is ignored.
+        est.observe(5, Duration::ZERO);
+        assert_eq!(est.len(), 3);
+    }
+
+    #[test]
+    fn median_of_even_and_odd() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert!(median(&mut []).is_nan());
+    }
+
+    proptest! {
+        #[test]
+        fn estimates_stay_finite_and_positive(
+            prior_bw in 1.0f64..1e10,
+            prior_tsc_us in 0u64..5_000_000,
+            txs in proptest::collection::vec((0u64..10_000_000_000, 0u64..100_000_000_000), 0..150),
+        ) {
+            let mut est = LinkEstimator::new(LinkEstimate {
+                bytes_per_sec: prior_bw,
+                per_transaction: Duration::from_micros(prior_tsc_us),
+            }).unwrap();
+            for (bytes, nanos) in txs {
+                est.observe(bytes, Duration::from_nanos(nanos));
+                let e = est.estimate();
+                prop_assert!(e.bytes_per_sec.is_finite());
+                prop_assert!(e.bytes_per_sec >= MIN_BYTES_PER_SEC);
+                prop_assert!(e.bytes_per_sec <= MAX_BYTES_PER_SEC);
+                prop_assert!(e.per_transaction <= MAX_PER_TRANSACTION);
+                let t = e.transaction_secs(bytes as f64);
+                prop_assert!(t.is_finite() && t >= 0.0);
+            }
+        }
+
+        #[test]
+        fn probe_is_finite_or_an_error(
+            s1 in 0u64..1_000_000_000, t1 in 1u64..10_000_000_000,
+            s2 in 0u64..1_000_000_000, t2 in 1u64..10_000_000_000,
+        ) {
+            if let Ok(e) = two_transfer_probe(s1, Duration::from_nanos(t1), s2, Duration::from_nanos(t2)) {
+                prop_assert!(e.bytes_per_sec.is_finite() && e.bytes_per_sec > 0.0);
+            }
+        }
+    }
+}
