@@ -181,6 +181,9 @@ struct LatencyArgs {
     /// Run only one side.
     #[arg(long, value_enum)]
     only: Option<Side>,
+    /// How sends are spread over time (both sides alike).
+    #[arg(long, value_enum, default_value_t = Pacing::Even)]
+    pacing: Pacing,
     #[command(flatten)]
     batch: BatchArgs,
 }
@@ -201,6 +204,15 @@ impl ClassArg {
             ClassArg::Lt => "lt",
         }
     }
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Pacing {
+    /// Each record at its own time (thread sleeps between sends).
+    Even,
+    /// Whatever is due at each 1 ms tick of tokio's timer, in one burst.
+    Tick,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -557,8 +569,8 @@ fn print_throughput(r: &ThroughputReport) {
 fn print_latency(r: &LatencyReport) {
     let p = &r.params;
     println!(
-        "latency: {}-byte ls records at {:.0}/s, QoS 1 vs AMQP confirms; {} s measured after {} s warm-up",
-        p.size, p.rate, p.seconds, p.warmup
+        "latency: {}-byte ls records at {:.0}/s ({:?} pacing), QoS 1 vs AMQP confirms; {} s measured after {} s warm-up",
+        p.size, p.rate, p.pacing, p.seconds, p.warmup
     );
     println!(
         "  machine: {} x {}",
@@ -680,6 +692,7 @@ async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<ThroughputR
         size: a.size,
         window: 100,
         rate: None,
+        pacing: Pacing::Tick,
         limit: Some(PRIMING_RECORDS),
     };
     run_publishers(vec![prime], Arc::clone(&counters), CancellationToken::new()).await?;
@@ -695,6 +708,9 @@ async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<ThroughputR
             size: a.size,
             window: a.window,
             rate: a.rate.map(|r| r / a.connections as f64),
+            // Several connections share the publisher thread, so none may
+            // block it with thread sleeps.
+            pacing: Pacing::Tick,
             limit: None,
         })
         .collect();
@@ -899,6 +915,7 @@ async fn latency_via_weir(env: &Env, a: &LatencyArgs) -> anyhow::Result<LatencyS
         size: a.size,
         window: 1000,
         rate,
+        pacing: a.pacing,
         limit,
     };
     let prime = load("prime", None, Some(PRIMING_RECORDS));
@@ -948,8 +965,8 @@ async fn latency_direct(env: &Env, a: &LatencyArgs) -> anyhow::Result<LatencySid
             Arc::clone(&counters),
             stop.clone(),
         );
-        let (rate, size) = (a.rate, a.size);
-        move || direct_publisher(url, queue, rate, size, counters, stop)
+        let (rate, pacing, size) = (a.rate, a.pacing, a.size);
+        move || direct_publisher(url, queue, rate, pacing, size, counters, stop)
     });
     let (first, last, _, confirms) = paced_window(a, None, &counters, publish, stop).await?;
     let deadline = Instant::now() + DRAIN_PATIENCE;
@@ -1521,6 +1538,8 @@ struct MqttLoad {
     window: usize,
     /// Records per second, or as fast as the window allows.
     rate: Option<f64>,
+    /// How sends are spread when paced.
+    pacing: Pacing,
     /// Stop after this many records.
     limit: Option<u64>,
 }
@@ -1549,9 +1568,43 @@ struct Pacer {
     start: Instant,
     rate: f64,
     sent: u64,
+    pacing: Pacing,
 }
 
+/// Below this a wait for the next send is a thread sleep under `even`
+/// pacing; longer waits use tokio's timer.
+const EVEN_SLEEP_MAX: Duration = Duration::from_millis(2);
+
 impl Pacer {
+    fn new(rate: f64, pacing: Pacing) -> Pacer {
+        Pacer {
+            start: Instant::now(),
+            rate,
+            sent: 0,
+            pacing,
+        }
+    }
+
+    /// Waits until the next send is due, or `stop`.
+    async fn wait(&self, stop: &CancellationToken) {
+        let at = self.next_at();
+        let left = at.saturating_duration_since(Instant::now());
+        if self.pacing == Pacing::Even && left < EVEN_SLEEP_MAX {
+            // tokio's timer has a 1 ms resolution, which would send in
+            // bursts; a thread sleep (an hrtimer) spaces sends evenly. It
+            // blocks this thread's runtime, which the publisher has to
+            // itself; the yield lets the PUBACK reader run in between.
+            std::thread::sleep(left);
+            tokio::task::yield_now().await;
+            return;
+        }
+        // Cancel safety: both branches only wait.
+        tokio::select! {
+            _ = tokio::time::sleep_until(at) => {}
+            _ = stop.cancelled() => {}
+        }
+    }
+
     /// How many sends are due now.
     fn due(&self) -> u64 {
         let should = (self.start.elapsed().as_secs_f64() * self.rate) as u64;
@@ -1652,11 +1705,7 @@ async fn mqtt_publisher(
     };
 
     let writer = async {
-        let mut pacer = load.rate.map(|rate| Pacer {
-            start: Instant::now(),
-            rate,
-            sent: 0,
-        });
+        let mut pacer = load.rate.map(|rate| Pacer::new(rate, load.pacing));
         let mut pkid: u16 = 0;
         let mut sent_here = 0u64;
         loop {
@@ -1667,11 +1716,7 @@ async fn mqtt_publisher(
             if let Some(p) = &pacer {
                 let due = p.due();
                 if due == 0 {
-                    // Cancel safety: both branches only wait.
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(p.next_at()) => {}
-                        _ = stop.cancelled() => {}
-                    }
+                    p.wait(&stop).await;
                     continue;
                 }
                 budget = budget.min(due);
@@ -1940,6 +1985,7 @@ async fn direct_publisher(
     url: String,
     queue: String,
     rate: f64,
+    pacing: Pacing,
     size: usize,
     counters: Arc<Counters>,
     stop: CancellationToken,
@@ -1965,20 +2011,12 @@ async fn direct_publisher(
         anyhow::Ok(took)
     };
     let publisher = async {
-        let mut pacer = Pacer {
-            start: Instant::now(),
-            rate,
-            sent: 0,
-        };
+        let mut pacer = Pacer::new(rate, pacing);
         let props = BasicProperties::default().with_delivery_mode(2);
         while !stop.is_cancelled() {
             let due = pacer.due();
             if due == 0 {
-                // Cancel safety: both branches only wait.
-                tokio::select! {
-                    _ = tokio::time::sleep_until(pacer.next_at()) => {}
-                    _ = stop.cancelled() => {}
-                }
+                pacer.wait(&stop).await;
                 continue;
             }
             for _ in 0..due.min(MAX_BURST as u64) {

@@ -25,6 +25,10 @@ pub struct Config {
     pub classifier: Classifier,
     /// `[scheduler]`: JANUS parameters.
     pub scheduler: SchedulerConfig,
+    /// `[batching]`: adaptive batching (buffer-aided relaying).
+    pub batching: BatchingSection,
+    /// `[compression]`: per-batch codec choice (the piping model).
+    pub compression: CompressionSection,
     /// `[ingress]`: where records come from.
     pub ingress: IngressConfig,
     /// `[egress]`: where batches go.
@@ -65,11 +69,43 @@ pub struct SchedulerConfig {
     pub uplink_bytes_per_sec: f64,
     /// Token bucket depth per class, in bytes (> 0).
     pub burst_bytes: usize,
+    /// Prior of the fixed per-transaction time `T_sc` (piping model Eq. 1),
+    /// until the link estimator has measured it.
+    pub transaction_time: Duration,
+    /// Whether `C_out` follows the online estimate of the uplink bandwidth
+    /// (otherwise `uplink` stays fixed).
+    pub track_uplink: bool,
     /// Most records in one batch (> 0).
     pub max_batch_records: usize,
     /// Most bytes in one batch (> 0); a single larger record still goes
     /// out alone.
     pub max_batch_bytes: usize,
+}
+
+/// `[batching]`
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchingSection {
+    /// Whether batches wait for records (buffer-aided relaying); when off,
+    /// a batch is whatever is queued when the link is free.
+    pub adaptive: bool,
+    /// The reference record `i` of Eq. 5-6 per class rank (most urgent
+    /// first; the last entry repeats for further classes).
+    pub reference: Vec<u32>,
+}
+
+/// `[compression]`
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompressionSection {
+    /// Whether batches may be compressed at all.
+    pub enabled: bool,
+    /// The codecs the chooser picks among.
+    pub candidates: Vec<weir_core::compression::Codec>,
+    /// What a "kind of payload" is, for the per-kind tables.
+    pub per: PayloadKind,
+    /// Batches between samples of a codec not in use.
+    pub sample_every: u32,
+    /// Longest time between samples of a codec not in use.
+    pub sample_interval: Duration,
 }
 
 /// `[ingress]`: each ingress is `None` when disabled; at least one is on.
@@ -312,6 +348,17 @@ named_enum! {
         Lrfs = "lrfs",
         /// Request closest in size to the provider's availability.
         BestFit = "best-fit",
+    }
+}
+
+named_enum! {
+    /// What counts as one kind of payload for the compression tables
+    /// (`compression.per`).
+    pub enum PayloadKind {
+        /// One table per latency class.
+        Class = "class",
+        /// One table per MQTT topic or gRPC stream (up to a cap).
+        Key = "key",
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::checked::{Qos0WhenFull, SchemeName, SubscribeQos};
+use super::checked::{PayloadKind, Qos0WhenFull, SchemeName, SubscribeQos};
 
 /// One node needs no id planning; nodes that peer must each set their own.
 pub const NODE_ID: u64 = 1;
@@ -129,3 +129,31 @@ pub const AMQP_SHORT_STRING_LIMIT: usize = 255;
 
 /// Operators want to see connections and errors, not every record.
 pub const LOG_LEVEL: &str = "info";
+
+/// `T_sc` prior: JANUS Table III's 4G delay, the default uplink's.
+pub const TRANSACTION_TIME: Duration = Duration::from_millis(50);
+
+/// The configured uplink is a guess; weir's own transactions say better.
+pub const TRACK_UPLINK: bool = true;
+
+/// Buffer-aided relaying pays off whenever its theorems say so; the plan
+/// never lets a record miss its class bound.
+pub const BATCHING_ADAPTIVE: bool = true;
+
+/// Reference records by class rank (buffer-aided relaying Eq. 5-6): the
+/// urgent class compares against an early FIFS record, so it batches little.
+pub const BATCHING_REFERENCE: [u32; 3] = weir_core::batching::DEFAULT_REFERENCE_BY_RANK;
+
+/// Compression pays on slow uplinks and costs nothing when the chooser
+/// predicts it would not (it then sends raw).
+pub const COMPRESSION_ENABLED: bool = true;
+
+/// Records of one class tend to be alike; per-topic tables need more
+/// samples before they help.
+pub const COMPRESSION_PER: PayloadKind = PayloadKind::Class;
+
+/// Batches between samples of a codec not in use: about 3% of batches.
+pub const COMPRESSION_SAMPLE_EVERY: u32 = weir_core::compression::DEFAULT_SAMPLE_EVERY_BATCHES;
+
+/// Longest time between samples, so a quiet stream's table stays fresh.
+pub const COMPRESSION_SAMPLE_INTERVAL: Duration = weir_core::compression::DEFAULT_SAMPLE_EVERY;

@@ -23,6 +23,10 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub scheduler: RawScheduler,
     #[serde(default)]
+    pub batching: RawBatching,
+    #[serde(default)]
+    pub compression: RawCompression,
+    #[serde(default)]
     pub ingress: RawIngress,
     #[serde(default)]
     pub egress: RawEgress,
@@ -80,6 +84,28 @@ pub(super) struct RawScheduler {
     pub burst: Option<Written<Size>>,
     pub max_batch_records: Option<u64>,
     pub max_batch_bytes: Option<Written<Size>>,
+    pub transaction_time: Option<Written<HumanDuration>>,
+    pub track_uplink: Option<bool>,
+}
+
+/// `[batching]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBatching {
+    pub adaptive: Option<bool>,
+    /// Signed so that any integer reaches validation and its message.
+    pub reference: Option<Vec<i64>>,
+}
+
+/// `[compression]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCompression {
+    pub enabled: Option<bool>,
+    pub candidates: Option<Vec<String>>,
+    pub per: Option<String>,
+    pub sample_every: Option<i64>,
+    pub sample_interval: Option<Written<HumanDuration>>,
 }
 
 /// `[ingress]`

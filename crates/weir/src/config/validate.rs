@@ -31,6 +31,8 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, Vec<Problem>> {
     let classes = classes(&mut p, raw.class);
     let classifier = classify(&mut p, raw.classify, &classes.names);
     let scheduler = scheduler(&mut p, raw.scheduler, &classes.bounds);
+    let batching = batching(&mut p, raw.batching);
+    let compression = compression(&mut p, raw.compression);
     let ingress = ingress(&mut p, raw.ingress, node_id);
     let egress = egress(&mut p, raw.egress);
     let admin = admin(&mut p, raw.admin);
@@ -47,6 +49,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, Vec<Problem>> {
         classes.capacities,
         classifier,
         scheduler,
+        (batching, compression),
         ingress,
         egress,
         admin,
@@ -58,6 +61,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, Vec<Problem>> {
             Some(capacities),
             Some(classifier),
             Some(scheduler),
+            (Some(batching), Some(compression)),
             Some(ingress),
             Some(egress),
             Some(admin),
@@ -68,6 +72,8 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, Vec<Problem>> {
             capacities,
             classifier,
             scheduler,
+            batching,
+            compression,
             ingress,
             egress,
             admin,
@@ -624,10 +630,17 @@ fn scheduler(
         d::MAX_BATCH_BYTES,
         u64::MAX,
     );
+    let transaction_time = p.duration(
+        "scheduler.transaction_time",
+        raw.transaction_time,
+        d::TRANSACTION_TIME,
+    );
     if p.len() != before {
         return None;
     }
     Some(SchedulerConfig {
+        transaction_time: transaction_time?,
+        track_uplink: raw.track_uplink.unwrap_or(d::TRACK_UPLINK),
         scheme: scheme?,
         window: window?,
         processing_delay: processing_delay?,
@@ -636,6 +649,101 @@ fn scheduler(
         // At most MAX_CAPACITY_RECORDS (2^24), so it fits any usize.
         max_batch_records: max_batch_records as usize,
         max_batch_bytes: max_batch_bytes?,
+    })
+}
+
+fn batching(p: &mut Problems, raw: RawBatching) -> Option<BatchingSection> {
+    let before = p.len();
+    let reference = match raw.reference {
+        None => d::BATCHING_REFERENCE.to_vec(),
+        Some(list) => {
+            if list.is_empty() {
+                p.push(
+                    "batching.reference",
+                    "give at least one reference record (1 = never batch)",
+                );
+            }
+            let mut out = Vec::with_capacity(list.len());
+            for (i, r) in list.into_iter().enumerate() {
+                match u32::try_from(r) {
+                    Ok(v) if v >= 1 => out.push(v),
+                    _ => p.push(
+                        format!("batching.reference[{i}]"),
+                        format!("{r} is not a record index: use 1 or more (1 = never batch)"),
+                    ),
+                }
+            }
+            out
+        }
+    };
+    if p.len() != before {
+        return None;
+    }
+    Some(BatchingSection {
+        adaptive: raw.adaptive.unwrap_or(d::BATCHING_ADAPTIVE),
+        reference,
+    })
+}
+
+fn compression(p: &mut Problems, raw: RawCompression) -> Option<CompressionSection> {
+    use weir_core::compression::{Codec, DEFAULT_CANDIDATES};
+    let before = p.len();
+    let candidates = match raw.candidates {
+        None => DEFAULT_CANDIDATES.to_vec(),
+        Some(names) => {
+            if names.is_empty() {
+                p.push(
+                    "compression.candidates",
+                    "give at least one codec (e.g. [\"none\"]), or set enabled = false",
+                );
+            }
+            let mut out = Vec::with_capacity(names.len());
+            for (i, name) in names.iter().enumerate() {
+                match name.parse::<Codec>().map_err(|e| e.to_string()).and_then(|c| {
+                    c.validate().map_err(|e| e.to_string())
+                }) {
+                    Ok(c) if out.contains(&c) => p.push(
+                        format!("compression.candidates[{i}]"),
+                        format!("{name:?} is listed twice"),
+                    ),
+                    Ok(c) => out.push(c),
+                    Err(e) => p.push(
+                        format!("compression.candidates[{i}]"),
+                        format!("{e} (known: none, gzip-1..gzip-9, zstd-1..zstd-22)"),
+                    ),
+                }
+            }
+            out
+        }
+    };
+    let per = p.choice("compression.per", "payload kind", raw.per, d::COMPRESSION_PER);
+    let sample_every = match raw.sample_every {
+        None => Some(d::COMPRESSION_SAMPLE_EVERY),
+        Some(n) => match u32::try_from(n) {
+            Ok(v) if v >= 1 => Some(v),
+            _ => {
+                p.push(
+                    "compression.sample_every",
+                    format!("{n} is not a number of batches: use 1 or more"),
+                );
+                None
+            }
+        },
+    };
+    let sample_interval = p.positive_duration(
+        "compression.sample_interval",
+        raw.sample_interval,
+        d::COMPRESSION_SAMPLE_INTERVAL,
+    );
+    if p.len() != before {
+        return None;
+    }
+    Some(CompressionSection {
+        enabled: raw.enabled.unwrap_or(d::COMPRESSION_ENABLED),
+        candidates,
+        per: per?,
+        sample_every: sample_every?,
+        sample_interval: sample_interval?,
     })
 }
 
