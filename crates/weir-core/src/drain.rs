@@ -19,9 +19,18 @@
 //! the sum of all sends still never exceeds the sum of the allocated rates
 //! (so `C_out` holds), and a lower class keeps whatever the urgent classes
 //! do not use.
+//!
+//! **Adaptive batching.** With per-class [`BatchPlan`]s (buffer-aided
+//! relaying, see [`crate::batching`]) a class whose queued records do not
+//! yet fill its planned batch waits, until the batch fills or its oldest
+//! record has waited the plan's `max_wait`; meanwhile less urgent classes may
+//! use the link. The plan only decides *when* a batch closes: once it does,
+//! everything queued goes, up to the batch caps, so a backlog never drains
+//! one record per transaction.
 
 use std::time::Duration;
 
+use crate::batching::BatchPlan;
 use crate::class::ClassId;
 use crate::queue::MultiLevelQueue;
 use crate::record::Record;
@@ -114,14 +123,33 @@ impl Drainer {
     }
 
     /// The next batch to send at `now`, most urgent class that may send
-    /// first.
-    pub fn next_batch(&mut self, now: Duration, queues: &MultiLevelQueue) -> Drain {
+    /// first. `plans` (one per queue, or `None` to send whatever is queued)
+    /// say when a partial batch closes; ages are measured from each record's
+    /// `ingress_us` against `wall_us` (microseconds since the Unix epoch).
+    pub fn next_batch(
+        &mut self,
+        now: Duration,
+        wall_us: u64,
+        queues: &MultiLevelQueue,
+        plans: Option<&[BatchPlan]>,
+    ) -> Drain {
         let mut wait: Option<Duration> = None;
         for (class, queue) in queues.iter() {
             let c = class.index();
             let Some(head) = self.heads[c].take().or_else(|| queue.pop()) else {
                 continue;
             };
+            if let Some(plan) = plans.and_then(|p| p.get(c)) {
+                let age = Duration::from_micros(wall_us.saturating_sub(head.ingress_us));
+                let records = u32::try_from(queue.len() + 1).unwrap_or(u32::MAX);
+                let bytes = (queue.bytes() + head.size()) as u64;
+                if !plan.should_close(age, records, bytes) {
+                    self.heads[c] = Some(head);
+                    let d = plan.max_wait.saturating_sub(age);
+                    wait = Some(wait.map_or(d, |w| w.min(d)));
+                    continue;
+                }
+            }
             match self.take(c, now, head.size()) {
                 Take::Wait(d) => {
                     self.heads[c] = Some(head);
@@ -199,10 +227,19 @@ mod tests {
             Drain::Batch { records, .. } => records.iter().map(|r| r.seq).collect::<Vec<_>>(),
             other => panic!("expected a batch, got {other:?}"),
         };
-        assert_eq!(seqs(d.next_batch(Duration::ZERO, &q)), vec![10, 11, 12, 13]);
-        assert_eq!(seqs(d.next_batch(Duration::ZERO, &q)), vec![14, 15]);
-        assert_eq!(seqs(d.next_batch(Duration::ZERO, &q)), vec![0, 1, 2]);
-        assert_eq!(d.next_batch(Duration::ZERO, &q), Drain::Empty);
+        assert_eq!(
+            seqs(d.next_batch(Duration::ZERO, 0, &q, None)),
+            vec![10, 11, 12, 13]
+        );
+        assert_eq!(
+            seqs(d.next_batch(Duration::ZERO, 0, &q, None)),
+            vec![14, 15]
+        );
+        assert_eq!(
+            seqs(d.next_batch(Duration::ZERO, 0, &q, None)),
+            vec![0, 1, 2]
+        );
+        assert_eq!(d.next_batch(Duration::ZERO, 0, &q, None), Drain::Empty);
     }
 
     #[test]
@@ -215,7 +252,7 @@ mod tests {
         // Class 1: one record's worth of burst at 1000 B/s; class 0 plenty
         // (but class 1 may not borrow from the more urgent class 0).
         let mut d = Drainer::new(&[1e9, 1000.0], SIZE as f64, LIMITS, Duration::ZERO);
-        let first = d.next_batch(Duration::ZERO, &q);
+        let first = d.next_batch(Duration::ZERO, 0, &q, None);
         assert!(matches!(
             first,
             Drain::Batch {
@@ -223,17 +260,17 @@ mod tests {
                 ..
             }
         ));
-        let second = d.next_batch(Duration::ZERO, &q);
+        let second = d.next_batch(Duration::ZERO, 0, &q, None);
         assert!(
             matches!(second, Drain::Batch { class: ClassId(1), ref records } if records.len() == 1)
         );
         assert_eq!(d.held_bytes(ClassId(1)), SIZE);
         // Class 1 waits: 100 bytes at 1000 B/s.
         assert_eq!(
-            d.next_batch(Duration::ZERO, &q),
+            d.next_batch(Duration::ZERO, 0, &q, None),
             Drain::Wait(Duration::from_millis(100))
         );
-        let third = d.next_batch(Duration::from_millis(100), &q);
+        let third = d.next_batch(Duration::from_millis(100), 0, &q, None);
         assert!(
             matches!(third, Drain::Batch { class: ClassId(1), ref records } if records[0].seq == 1)
         );
@@ -251,14 +288,14 @@ mod tests {
                 q.push(rec(class, s)).unwrap();
             }
             assert!(matches!(
-                d.next_batch(Duration::ZERO, &q),
+                d.next_batch(Duration::ZERO, 0, &q, None),
                 Drain::Batch { .. }
             ));
         }
         q.push(rec(0, 10)).unwrap();
         q.push(rec(1, 20)).unwrap();
         // ls borrows lt's two records' worth: one for ls...
-        match d.next_batch(Duration::ZERO, &q) {
+        match d.next_batch(Duration::ZERO, 0, &q, None) {
             Drain::Batch { class, records } => {
                 assert_eq!(class, ClassId(0));
                 assert_eq!(records[0].seq, 10);
@@ -267,7 +304,7 @@ mod tests {
         }
         // ...and nm (more urgent than lt) borrows the other.
         assert!(matches!(
-            d.next_batch(Duration::ZERO, &q),
+            d.next_batch(Duration::ZERO, 0, &q, None),
             Drain::Batch {
                 class: ClassId(1),
                 ..
@@ -275,7 +312,70 @@ mod tests {
         ));
         // lt itself now waits: nothing borrows upward.
         q.push(rec(2, 30)).unwrap();
-        assert!(matches!(d.next_batch(Duration::ZERO, &q), Drain::Wait(_)));
+        assert!(matches!(
+            d.next_batch(Duration::ZERO, 0, &q, None),
+            Drain::Wait(_)
+        ));
+    }
+
+    #[test]
+    fn a_partial_batch_waits_for_its_plan_and_others_use_the_link() {
+        use crate::batching::PlanReason;
+        let q = MultiLevelQueue::new(&[CAP, CAP]);
+        let mut d = Drainer::new(&[1e9, 1e9], 1e9, LIMITS, Duration::ZERO);
+        let plan = BatchPlan {
+            target_records: 3,
+            max_bytes: 1 << 20,
+            max_wait: Duration::from_millis(50),
+            expected_records: 3,
+            reason: PlanReason::Batching(crate::batching::SizeLimit::Reference),
+        };
+        let plans = [plan, BatchPlan::unbatched(1 << 20, PlanReason::RateTooLow)];
+        let t0 = 1_000_000u64; // wall clock, µs
+        let mut r = rec(0, 1);
+        r.ingress_us = t0;
+        q.push(r).unwrap();
+        q.push(rec(1, 50)).unwrap();
+        // Class 0 has 1 of 3 records and has waited 0 ms: class 1 goes.
+        assert!(matches!(
+            d.next_batch(Duration::ZERO, t0, &q, Some(&plans)),
+            Drain::Batch {
+                class: ClassId(1),
+                ..
+            }
+        ));
+        // Now only class 0 waits, until its 50 ms deadline.
+        assert_eq!(
+            d.next_batch(Duration::ZERO, t0 + 10_000, &q, Some(&plans)),
+            Drain::Wait(Duration::from_millis(40))
+        );
+        // Filling the batch closes it at once...
+        for s in 2..4 {
+            let mut r = rec(0, s);
+            r.ingress_us = t0 + 10_000;
+            q.push(r).unwrap();
+        }
+        match d.next_batch(Duration::ZERO, t0 + 10_000, &q, Some(&plans)) {
+            Drain::Batch { class, records } => {
+                assert_eq!(class, ClassId(0));
+                assert_eq!(
+                    records.iter().map(|r| r.seq).collect::<Vec<_>>(),
+                    vec![1, 2, 3]
+                );
+            }
+            other => panic!("expected the filled batch, got {other:?}"),
+        }
+        // ...and a lone record goes when its wait is over.
+        let mut r = rec(0, 9);
+        r.ingress_us = t0;
+        q.push(r).unwrap();
+        assert!(matches!(
+            d.next_batch(Duration::ZERO, t0 + 50_000, &q, Some(&plans)),
+            Drain::Batch {
+                class: ClassId(0),
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -283,7 +383,10 @@ mod tests {
         let q = MultiLevelQueue::new(&[CAP]);
         q.push(rec(0, 1)).unwrap();
         let mut d = Drainer::new(&[0.0], 0.0, LIMITS, Duration::ZERO);
-        assert_eq!(d.next_batch(Duration::ZERO, &q), Drain::Wait(Duration::MAX));
+        assert_eq!(
+            d.next_batch(Duration::ZERO, 0, &q, None),
+            Drain::Wait(Duration::MAX)
+        );
         assert_eq!(d.take_heads().len(), 1);
         assert!(q.is_empty_all());
     }

@@ -33,6 +33,10 @@ use crate::scheduler::{self, SchedulerParams};
 /// decided at the last moment.
 const EGRESS_CHANNEL: usize = 1;
 
+/// Completed transactions waiting for the scheduler's batch sizers; the
+/// egress drops reports rather than wait when the scheduler lags.
+const DELIVERED_CHANNEL: usize = 256;
+
 /// Longest pause between egress retries.
 const EGRESS_RETRY_MAX: Duration = Duration::from_secs(5);
 
@@ -118,11 +122,20 @@ impl App {
             bytes_per_sec: l.bandwidth_bytes_per_sec,
             delay: l.delay,
         });
+        let link_prior = weir_core::link_estimate::LinkEstimate {
+            bytes_per_sec: cfg.scheduler.uplink_bytes_per_sec,
+            per_transaction: cfg.scheduler.transaction_time,
+        };
+        let (link_tx, link_rx) = tokio::sync::watch::channel(link_prior);
+        let (delivered_tx, delivered_rx) = mpsc::channel(DELIVERED_CHANNEL);
         let ctx = egress::EgressContext {
             node: cfg.node.id,
             classes: cfg.classes.clone(),
             ready: Arc::clone(&ready),
-            delivered: None,
+            delivered: Some(delivered_tx),
+            compression: cfg.compression.clone(),
+            link_prior,
+            link: link_tx,
             metrics: Arc::clone(&metrics),
             retry_max: EGRESS_RETRY_MAX,
             abort: abort.clone(),
@@ -155,9 +168,16 @@ impl App {
                 max_records: cfg.scheduler.max_batch_records,
                 max_bytes: cfg.scheduler.max_batch_bytes,
             },
+            adaptive: cfg.batching.adaptive,
+            reference: cfg.batching.reference.clone(),
+            track_uplink: cfg.scheduler.track_uplink,
         };
         let scheduler = tokio::spawn(scheduler::run(
             params,
+            scheduler::Feedback {
+                link: link_rx,
+                delivered: delivered_rx,
+            },
             Arc::clone(&ingress),
             tx,
             ready,

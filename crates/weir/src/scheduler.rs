@@ -1,8 +1,10 @@
 //! The scheduler loop: every window it runs PBTT (JANUS Algorithm 1) and
-//! installs BWAllocator's rates into the class token buckets; in between it
-//! drains the class queues into batches, most urgent class first, within
-//! those rates, and hands them to the egress. The decisions are all
-//! `weir-core`'s ([`Pbtt`], [`Drainer`]); this file only owns time and
+//! installs BWAllocator's rates into the class token buckets, follows the
+//! egress's online uplink estimate (`C_out`), and re-plans each class's
+//! batches (buffer-aided relaying); in between it drains the class queues
+//! into batches, most urgent class first, within those rates, and hands them
+//! to the egress when the link is free. The decisions are all `weir-core`'s
+//! ([`Pbtt`], [`Drainer`], [`BatchSizer`]); this file only owns time and
 //! channels.
 
 use std::sync::Arc;
@@ -11,12 +13,14 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use weir_core::batching::{BatchPlan, BatchSizer, BatchingConfig, ClassTraffic, ReferencePolicy};
 use weir_core::drain::{BatchLimits, Drain, Drainer};
 use weir_core::janus::allocator::ClassLoad;
 use weir_core::janus::pbtt::{Pbtt, PbttConfig};
 use weir_core::janus::scheme::Scheme;
+use weir_core::link_estimate::LinkEstimate;
 
-use crate::egress::{LinkReady, OutBatch};
+use crate::egress::{Delivered, LinkReady, OutBatch};
 use crate::ingress::IngressHandle;
 
 /// What the scheduler needs from the config.
@@ -34,6 +38,100 @@ pub struct SchedulerParams {
     pub burst_bytes: f64,
     /// Largest batch.
     pub limits: BatchLimits,
+    /// Whether batches wait for records per the buffer-aided relaying plan.
+    pub adaptive: bool,
+    /// Reference record `i` per class rank (Eq. 5-6).
+    pub reference: Vec<u32>,
+    /// Whether `C_out` follows the egress's uplink estimate.
+    pub track_uplink: bool,
+}
+
+/// What the egress reports back to the scheduler.
+#[derive(Debug)]
+pub struct Feedback {
+    /// The egress's online uplink estimate.
+    pub link: tokio::sync::watch::Receiver<LinkEstimate>,
+    /// Completed transactions, for the per-class batch sizers.
+    pub delivered: mpsc::Receiver<Delivered>,
+}
+
+/// A capacity change smaller than this fraction is not worth re-allocating
+/// for (the estimate jitters from transaction to transaction).
+const CAPACITY_HYSTERESIS: f64 = 0.05;
+
+/// Weight of a window's mean record size in its running average.
+const RECORD_SIZE_EWMA: f64 = 0.2;
+
+/// Per-class batch planning state.
+struct Planner {
+    sizers: Vec<BatchSizer>,
+    reference: ReferencePolicy,
+    /// Running mean record size per class, bytes.
+    mean_size: Vec<f64>,
+    plans: Vec<BatchPlan>,
+}
+
+impl Planner {
+    fn new(classes: usize, limits: BatchLimits, reference: Vec<u32>) -> Self {
+        let cfg = BatchingConfig {
+            max_batch_records: u32::try_from(limits.max_records).unwrap_or(u32::MAX),
+            max_batch_bytes: limits.max_bytes as u64,
+        };
+        Planner {
+            sizers: (0..classes).map(|_| BatchSizer::new(cfg)).collect(),
+            reference: ReferencePolicy::ByRank(reference),
+            mean_size: vec![0.0; classes],
+            plans: vec![
+                BatchPlan::unbatched(
+                    limits.max_bytes as u64,
+                    weir_core::batching::PlanReason::RateTooLow
+                );
+                classes
+            ],
+        }
+    }
+
+    /// Re-plans every class from the window's arrivals. The bound handed to
+    /// the model is the class bound less one full batch transaction, the
+    /// longest a record can wait behind a less urgent batch already on the
+    /// link, so batching never makes a record late.
+    fn replan(
+        &mut self,
+        classes: &weir_core::ClassSet,
+        arrivals: &[(u64, u64)],
+        window: Duration,
+        link: &LinkEstimate,
+        max_batch_bytes: usize,
+    ) {
+        let t = window.as_secs_f64();
+        let blocking = Duration::from_secs_f64(
+            link.transaction_secs(max_batch_bytes as f64)
+                .clamp(0.0, 3600.0),
+        );
+        let single = Duration::from_secs_f64(
+            link.transaction_secs(self.mean_size.iter().copied().fold(0.0, f64::max))
+                .clamp(0.0, 3600.0),
+        );
+        for (rank, (class, c)) in classes.iter().enumerate() {
+            let i = class.index();
+            let (records, bytes) = arrivals[i];
+            if records > 0 {
+                let mean = bytes as f64 / records as f64;
+                self.mean_size[i] = if self.mean_size[i] == 0.0 {
+                    mean
+                } else {
+                    self.mean_size[i] + RECORD_SIZE_EWMA * (mean - self.mean_size[i])
+                };
+            }
+            let traffic = ClassTraffic {
+                arrival_rate: records as f64 / t,
+                mean_record_bytes: self.mean_size[i],
+                latency_bound: c.bound.saturating_sub(blocking),
+                reference: self.reference.reference(rank, c.bound, single),
+            };
+            self.plans[i] = self.sizers[i].plan(&traffic, link);
+        }
+    }
 }
 
 /// Everything the loop reports per window, for metrics and tests.
@@ -49,6 +147,7 @@ pub struct WindowReport {
 /// Dropping `out` when it returns lets the egress finish and exit.
 pub async fn run(
     params: SchedulerParams,
+    mut feedback: Feedback,
     ingress: Arc<IngressHandle>,
     out: mpsc::Sender<OutBatch>,
     ready: LinkReady,
@@ -89,10 +188,17 @@ pub async fn run(
     let mut drainer = Drainer::new(&initial, params.burst_bytes, params.limits, now());
     metrics.set_allocation(&initial);
 
-    let mut last_arrived: Vec<u64> = queues
+    let mut last_arrived: Vec<(u64, u64)> = queues
         .iter()
-        .map(|(_, q)| q.stats().arrived_bytes)
+        .map(|(_, q)| {
+            let s = q.stats();
+            (s.arrived_records, s.arrived_bytes)
+        })
         .collect();
+    // Batch plans only for class queues: Native's single FIFO mixes bounds.
+    let mut planner = (params.adaptive && queues.classes() == classes.len())
+        .then(|| Planner::new(classes.len(), params.limits, params.reference.clone()));
+    let mut capacity = params.capacity;
     let mut next_window = Instant::now() + params.window;
     let mut batch_seq = first_batch_seq;
     let mut stopping = false;
@@ -116,25 +222,68 @@ pub async fn run(
                 }
             }
         }
+        // Completed transactions refine each class's L_up(s) fit.
+        while let Ok(d) = feedback.delivered.try_recv() {
+            if let Some(p) = planner.as_mut() {
+                if let Some(sizer) = p.sizers.get_mut(d.class.index()) {
+                    sizer.observe(u32::try_from(d.records).unwrap_or(u32::MAX), d.elapsed);
+                }
+            }
+        }
         if Instant::now() >= next_window {
             let t = params.window.as_secs_f64();
+            let link = *feedback.link.borrow_and_update();
+            let mut window_arrivals = Vec::with_capacity(queues.classes());
             let loads: Vec<ClassLoad> = queues
                 .iter()
                 .map(|(class, q)| {
                     let s = q.stats();
-                    let arrived = s.arrived_bytes - last_arrived[class.index()];
-                    last_arrived[class.index()] = s.arrived_bytes;
+                    let (last_records, last_bytes) = last_arrived[class.index()];
+                    let arrived = (
+                        s.arrived_records - last_records,
+                        s.arrived_bytes - last_bytes,
+                    );
+                    last_arrived[class.index()] = (s.arrived_records, s.arrived_bytes);
+                    window_arrivals.push(arrived);
                     metrics.set_queued(class, s.len);
                     ClassLoad::new(
-                        arrived as f64 / t,
+                        arrived.1 as f64 / t,
                         (s.bytes + drainer.held_bytes(class)) as f64,
                     )
                 })
                 .collect();
+            if params.track_uplink
+                && link.bytes_per_sec.is_finite()
+                && link.bytes_per_sec > 0.0
+                && (link.bytes_per_sec - capacity).abs() > CAPACITY_HYSTERESIS * capacity
+            {
+                capacity = link.bytes_per_sec;
+                match pbtt.as_mut() {
+                    Some(p) => match p.set_capacity(capacity) {
+                        Ok(()) => drainer.set_rates(now(), &p.allocation().rates, capacity),
+                        Err(e) => tracing::warn!(error = %e, "uplink estimate not applied"),
+                    },
+                    None => {
+                        let n = queues.classes() as f64;
+                        drainer.set_rates(now(), &vec![capacity / n; queues.classes()], capacity);
+                    }
+                }
+                metrics.set_allocation(&drainer.rates());
+                tracing::debug!(capacity, "C_out follows the uplink estimate");
+            }
+            if let Some(p) = planner.as_mut() {
+                p.replan(
+                    &classes,
+                    &window_arrivals,
+                    params.window,
+                    &link,
+                    params.limits.max_bytes,
+                );
+            }
             if let Some(p) = pbtt.as_mut() {
                 match p.on_window(&loads) {
                     Ok(decision) if decision.reallocated => {
-                        drainer.set_rates(now(), &decision.allocation.rates, params.capacity);
+                        drainer.set_rates(now(), &decision.allocation.rates, capacity);
                         metrics.set_allocation(&decision.allocation.rates);
                         tracing::debug!(rates = ?decision.allocation.rates, delays = ?decision.delays, "reallocated");
                     }
@@ -145,7 +294,8 @@ pub async fn run(
             next_window = (next_window + params.window).max(Instant::now());
         }
 
-        match drainer.next_batch(now(), &queues) {
+        let plans = planner.as_ref().map(|p| p.plans.as_slice());
+        match drainer.next_batch(now(), crate::ingress::unix_micros(), &queues, plans) {
             Drain::Batch { class, records } => {
                 ingress.notify_space();
                 let batch = OutBatch {

@@ -616,7 +616,9 @@ async fn uplink_outage_loses_nothing() {
     consume_until(&channel, &n.queue, &(0..5).collect::<Vec<_>>()).await;
 
     proxy.set(Mode::Down);
-    send_batches(&tx, node, 5..15).await;
+    // From a task: the loop holds its batch while the link is down, so the
+    // bounded channel fills up and sending waits, as the scheduler would.
+    let producer = tokio::spawn(async move { send_batches(&tx, node, 5..15).await });
     // Deliveries fail while the uplink is down...
     tokio::time::timeout(PATIENCE, async {
         while metrics.batches_republished.get() < 2 {
@@ -627,7 +629,10 @@ async fn uplink_outage_loses_nothing() {
     .expect("deliveries fail and are retried while the uplink is down");
     // ...and nothing is lost once it is back.
     proxy.set(Mode::Pass);
-    drop(tx);
+    tokio::time::timeout(PATIENCE, producer)
+        .await
+        .expect("every batch was handed over after the outage")
+        .expect("the producer did not panic");
     tokio::time::timeout(PATIENCE, handle)
         .await
         .expect("the egress loop drained after the outage")

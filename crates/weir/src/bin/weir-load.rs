@@ -572,10 +572,7 @@ fn print_latency(r: &LatencyReport) {
         "latency: {}-byte ls records at {:.0}/s ({:?} pacing), QoS 1 vs AMQP confirms; {} s measured after {} s warm-up",
         p.size, p.rate, p.pacing, p.seconds, p.warmup
     );
-    println!(
-        "  machine: {} x {}",
-        r.machine.nproc, r.machine.cpu_model
-    );
+    println!("  machine: {} x {}", r.machine.nproc, r.machine.cpu_model);
     println!(
         "  {:<28} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8}   (ms)",
         "", "n", "p50", "p90", "p99", "p99.9", "max"
@@ -716,11 +713,7 @@ async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<ThroughputR
         .collect();
     let stop = CancellationToken::new();
     let started = Instant::now();
-    let publishers = tokio::spawn(run_publishers(
-        loads,
-        Arc::clone(&counters),
-        stop.clone(),
-    ));
+    let publishers = tokio::spawn(run_publishers(loads, Arc::clone(&counters), stop.clone()));
     let warmup_end = started + Duration::from_secs(a.warmup);
     let end = warmup_end + Duration::from_secs(a.seconds);
     let mut samples = Vec::new();
@@ -1761,13 +1754,10 @@ async fn mqtt_publisher(
             }
         }
         // Every permit back means every publish acknowledged.
-        tokio::time::timeout(
-            DRAIN_PATIENCE,
-            window.acquire_many(load.window as u32),
-        )
-        .await
-        .context("weir did not acknowledge every publish in time")??
-        .forget();
+        tokio::time::timeout(DRAIN_PATIENCE, window.acquire_many(load.window as u32))
+            .await
+            .context("weir did not acknowledge every publish in time")??
+            .forget();
         v4::Packet::Disconnect.write(&mut out, usize::MAX)?;
         wr.write_all(&out).await?;
         wr.shutdown().await?;
@@ -1961,9 +1951,7 @@ async fn consume(
         counters.messages.fetch_add(1, Ordering::Relaxed);
         pending += 1;
         if pending >= ACK_EVERY {
-            delivery
-                .ack(BasicAckOptions { multiple: true })
-                .await?;
+            delivery.ack(BasicAckOptions { multiple: true }).await?;
             pending = 0;
             unacked = None;
         } else {
@@ -1995,8 +1983,7 @@ async fn direct_publisher(
         .with_context(|| format!("RabbitMQ at {url}"))?;
     let ch = conn.create_channel().await?;
     ch.confirm_select(ConfirmSelectOptions::default()).await?;
-    let (tx, mut rx) =
-        tokio::sync::mpsc::channel::<(u64, lapin::PublisherConfirm)>(1 << 16);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, lapin::PublisherConfirm)>(1 << 16);
     let confirmer = async {
         let mut took = Vec::new();
         while let Some((sent_us, c)) = rx.recv().await {

@@ -28,9 +28,10 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub use checked::{
-    AdminConfig, AmqpEgress, BrokerAddr, Config, EgressConfig, EgressSink, ExchangeType,
-    FileEgress, GrpcIngress, IngressConfig, LinkEmulation, LinkPreset, LogConfig, MqttIngress,
-    MqttMode, MqttSubscribe, NodeConfig, Qos0WhenFull, SchedulerConfig, SchemeName, SubscribeQos,
+    AdminConfig, AmqpEgress, BatchingSection, BrokerAddr, CompressionSection, Config, EgressConfig,
+    EgressSink, ExchangeType, FileEgress, GrpcIngress, IngressConfig, LinkEmulation, LinkPreset,
+    LogConfig, MqttIngress, MqttMode, MqttSubscribe, NodeConfig, PayloadKind, Qos0WhenFull,
+    SchedulerConfig, SchemeName, SubscribeQos,
 };
 pub use units::{HumanDuration, Rate, Size, UnitError};
 

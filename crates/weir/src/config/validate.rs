@@ -699,9 +699,11 @@ fn compression(p: &mut Problems, raw: RawCompression) -> Option<CompressionSecti
             }
             let mut out = Vec::with_capacity(names.len());
             for (i, name) in names.iter().enumerate() {
-                match name.parse::<Codec>().map_err(|e| e.to_string()).and_then(|c| {
-                    c.validate().map_err(|e| e.to_string())
-                }) {
+                match name
+                    .parse::<Codec>()
+                    .map_err(|e| e.to_string())
+                    .and_then(|c| c.validate().map_err(|e| e.to_string()))
+                {
                     Ok(c) if out.contains(&c) => p.push(
                         format!("compression.candidates[{i}]"),
                         format!("{name:?} is listed twice"),
@@ -716,7 +718,12 @@ fn compression(p: &mut Problems, raw: RawCompression) -> Option<CompressionSecti
             out
         }
     };
-    let per = p.choice("compression.per", "payload kind", raw.per, d::COMPRESSION_PER);
+    let per = p.choice(
+        "compression.per",
+        "payload kind",
+        raw.per,
+        d::COMPRESSION_PER,
+    );
     let sample_every = match raw.sample_every {
         None => Some(d::COMPRESSION_SAMPLE_EVERY),
         Some(n) => match u32::try_from(n) {

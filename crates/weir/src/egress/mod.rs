@@ -109,9 +109,11 @@ pub trait Sink: Send + 'static {
     fn name(&self) -> &'static str;
 }
 
-/// One confirmed transaction, as the link estimator will see it.
+/// One confirmed transaction, as the scheduler's batch sizer sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct Delivered {
+    /// The batch's class.
+    pub class: ClassId,
     /// Body bytes sent.
     pub bytes: usize,
     /// Records in the batch.
@@ -139,8 +141,17 @@ pub struct EgressContext {
     pub classes: ClassSet,
     /// Permits announcing that the link is free.
     pub ready: LinkReady,
-    /// Where completed transactions are reported (link estimation).
+    /// Where completed transactions are reported (the scheduler's per-class
+    /// batch sizers).
     pub delivered: Option<mpsc::Sender<Delivered>>,
+    /// Compression settings.
+    pub compression: crate::config::CompressionSection,
+    /// The uplink estimate weir starts from (configured uplink and
+    /// transaction time).
+    pub link_prior: weir_core::link_estimate::LinkEstimate,
+    /// Where the egress publishes its online link estimate (read by the
+    /// scheduler for `C_out` and batch plans).
+    pub link: tokio::sync::watch::Sender<weir_core::link_estimate::LinkEstimate>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Longest pause between retries of a failed delivery.
@@ -163,6 +174,7 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
         metrics,
         retry_max,
         abort,
+        ..
     } = ctx;
     loop {
         ready.add_permits(1);
@@ -192,6 +204,7 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                     if let Some(tx) = &delivered {
                         // Best effort: the estimator may lag, never block egress.
                         let _ = tx.try_send(Delivered {
+                            class: encoded.class,
                             bytes: encoded.body.len(),
                             records: encoded.records,
                             elapsed: started.elapsed(),
