@@ -25,6 +25,9 @@
 //!   relaying inequalities (Li et al., Eq. 5-6, Lemma 1, Theorems 1-2).
 //! - [`compression`]: the per-batch codec choice by the piping model
 //!   (Dzhagaryan and Milenkovic, Eq. 3, 19-20) over observed codec tables.
+//! - [`peer`]: JANUS redirection without its orchestrator: each node's view
+//!   of its peers, the per-node round decision, provider reservations with
+//!   their token buckets, receiver leases and records in flight.
 
 pub mod batching;
 pub mod buffer_sizing;
@@ -34,6 +37,7 @@ pub mod compression;
 pub mod drain;
 pub mod janus;
 pub mod link_estimate;
+pub mod peer;
 pub mod queue;
 pub mod record;
 pub mod token_bucket;

@@ -93,6 +93,15 @@ impl TokenBucket {
         self.config.records_per_sec = records_per_sec.max(0.0);
     }
 
+    /// Changes the byte depth at `now`, keeping the credit earned so far up
+    /// to the new depth: a depth that follows a changing rate must not hand
+    /// out a fresh bucketful each time it changes.
+    pub fn set_burst_bytes(&mut self, now: Duration, burst_bytes: f64) {
+        self.refill(now);
+        self.config.burst_bytes = burst_bytes.max(0.0);
+        self.byte_tokens = self.byte_tokens.min(self.config.burst_bytes);
+    }
+
     fn refill(&mut self, now: Duration) {
         let dt = now.saturating_sub(self.last).as_secs_f64();
         self.last = self.last.max(now);
@@ -254,6 +263,20 @@ mod tests {
         assert_eq!(b.try_take(Duration::ZERO, 1000, 1), Take::Granted);
         b.set_bytes_per_sec(500 * MS, 0.0);
         assert_eq!(b.available_bytes(2000 * MS), 500.0);
+    }
+
+    #[test]
+    fn burst_change_keeps_credit_up_to_the_new_depth() {
+        let mut b = TokenBucket::new(BucketConfig::bytes(1000.0, 1000.0), Duration::ZERO);
+        b.set_burst_bytes(Duration::ZERO, 5000.0);
+        assert_eq!(
+            b.available_bytes(Duration::ZERO),
+            1000.0,
+            "no fresh bucketful"
+        );
+        assert_eq!(b.available_bytes(10_000 * MS), 5000.0);
+        b.set_burst_bytes(10_000 * MS, 200.0);
+        assert_eq!(b.available_bytes(10_000 * MS), 200.0);
     }
 
     #[test]

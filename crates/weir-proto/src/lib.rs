@@ -5,7 +5,9 @@
 //! # Layout
 //! - [`pb`]: the generated `weir.v1` messages and services.
 //! - [`codec`]: [`codec::decode_batch`] / [`codec::encode_batch`] for AMQP
-//!   message bodies and batch files.
+//!   message bodies and batch files, and [`codec::compress`] /
+//!   [`codec::decompress`] for their `identity`, `gzip` and `zstd`
+//!   encodings (decoding capped against compression bombs).
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for gRPC reflection.
 
 pub mod codec;
@@ -17,7 +19,10 @@ pub mod pb {
     tonic::include_proto!("weir.v1");
 }
 
-pub use codec::{decode_batch, encode_batch, DecodeError, Encoding, CONTENT_TYPE};
+pub use codec::{
+    compress, decode_batch, decompress, encode_batch, CompressError, DecodeError, Encoding,
+    CONTENT_TYPE,
+};
 
 /// Encoded `FileDescriptorSet` of every weir proto, for server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

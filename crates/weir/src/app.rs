@@ -171,6 +171,7 @@ impl App {
             adaptive: cfg.batching.adaptive,
             reference: cfg.batching.reference.clone(),
             track_uplink: cfg.scheduler.track_uplink,
+            first_batch_seq: seed,
         };
         let scheduler = tokio::spawn(scheduler::run(
             params,
@@ -181,7 +182,6 @@ impl App {
             Arc::clone(&ingress),
             tx,
             ready,
-            seed,
             stop.clone(),
             abort.clone(),
         ));

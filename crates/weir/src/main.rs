@@ -44,11 +44,14 @@ enum Command {
     Decode {
         /// Batch file, or `-` for stdin.
         file: PathBuf,
-        /// The body's content encoding; by default taken from the file name
+        /// The body's content encoding (`identity`, `gzip`, `zstd`); by
+        /// default taken from the file name
         /// (`<node>-<seq>.<encoding>.weirbatch`), else `identity`.
         #[arg(long)]
         encoding: Option<String>,
-        /// Refuse batches that decode to more than this many bytes.
+        /// Refuse batches that decode to more than this many bytes; a
+        /// compressed body is expanded only up to this cap, so a
+        /// compression bomb is refused, not inflated.
         #[arg(long, default_value_t = weir_proto::codec::DEFAULT_MAX_DECODED)]
         max_size: usize,
     },

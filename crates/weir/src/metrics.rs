@@ -9,6 +9,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use weir_core::compression::Codec;
+use weir_core::link_estimate::LinkEstimate;
 use weir_core::{ClassId, ClassSet};
 
 /// The `class` label.
@@ -16,6 +18,13 @@ use weir_core::{ClassId, ClassSet};
 pub struct ClassLabel {
     /// Class name.
     pub class: String,
+}
+
+/// The `codec` label: `none`, `gzip-<level>`, `zstd-<level>`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodecLabel {
+    /// Codec and level.
+    pub codec: String,
 }
 
 /// Every metric weir exports.
@@ -37,6 +46,11 @@ pub struct Metrics {
     pub egress_bytes: Counter,
     /// Malformed or refused ingress connections/requests.
     pub protocol_errors: Counter,
+    encoded: Family<CodecLabel, Counter>,
+    compression_samples: Counter,
+    compression_predicted: Gauge<f64, AtomicU64>,
+    link_bandwidth: Gauge<f64, AtomicU64>,
+    link_transaction: Gauge<f64, AtomicU64>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -67,6 +81,11 @@ impl Metrics {
             batches_republished: Counter::default(),
             egress_bytes: Counter::default(),
             protocol_errors: Counter::default(),
+            encoded: Family::default(),
+            compression_samples: Counter::default(),
+            compression_predicted: Gauge::default(),
+            link_bandwidth: Gauge::default(),
+            link_transaction: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -124,6 +143,31 @@ impl Metrics {
             "Ingress connections or requests refused as malformed",
             m.protocol_errors.clone(),
         );
+        registry.register(
+            "batches_encoded",
+            "Batches encoded for the egress, by the codec of the body sent (none when compression did not shrink it)",
+            m.encoded.clone(),
+        );
+        registry.register(
+            "compression_samples",
+            "Batches compressed with a codec not in use, to refresh its ratio and speed",
+            m.compression_samples.clone(),
+        );
+        registry.register(
+            "compression_predicted_bytes_per_second",
+            "Piping-model effective throughput (uncompressed bytes/s) predicted for the codec chosen for the last batch",
+            m.compression_predicted.clone(),
+        );
+        registry.register(
+            "link_bandwidth_bytes_per_second",
+            "Online estimate of the uplink bandwidth Th_up from completed transactions",
+            m.link_bandwidth.clone(),
+        );
+        registry.register(
+            "link_transaction_seconds",
+            "Online estimate of the uplink's fixed per-transaction time T_sc",
+            m.link_transaction.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -173,6 +217,41 @@ impl Metrics {
         self.queued
             .get_or_create(self.label(class))
             .set(records as i64);
+    }
+
+    /// One batch encoded, its body sent as `codec` produced it.
+    pub fn encoded(&self, codec: Codec) {
+        self.encoded
+            .get_or_create(&CodecLabel {
+                codec: codec.to_string(),
+            })
+            .inc();
+    }
+
+    /// Batches encoded with `codec` so far.
+    pub fn encoded_total(&self, codec: Codec) -> u64 {
+        self.encoded
+            .get_or_create(&CodecLabel {
+                codec: codec.to_string(),
+            })
+            .get()
+    }
+
+    /// One batch compressed as a sample of a codec not in use.
+    pub fn compression_sampled(&self) {
+        self.compression_samples.inc();
+    }
+
+    /// The predicted effective throughput of the codec just chosen.
+    pub fn set_compression_predicted(&self, bytes_per_sec: f64) {
+        self.compression_predicted.set(bytes_per_sec);
+    }
+
+    /// The uplink estimate now in force.
+    pub fn set_link(&self, estimate: &LinkEstimate) {
+        self.link_bandwidth.set(estimate.bytes_per_sec);
+        self.link_transaction
+            .set(estimate.per_transaction.as_secs_f64());
     }
 
     /// The Prometheus text exposition of every metric.

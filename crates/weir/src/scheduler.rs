@@ -44,6 +44,9 @@ pub struct SchedulerParams {
     pub reference: Vec<u32>,
     /// Whether `C_out` follows the egress's uplink estimate.
     pub track_uplink: bool,
+    /// Sequence number of the first batch (seeded from the clock so a
+    /// restart does not reuse numbers).
+    pub first_batch_seq: u64,
 }
 
 /// What the egress reports back to the scheduler.
@@ -151,7 +154,6 @@ pub async fn run(
     ingress: Arc<IngressHandle>,
     out: mpsc::Sender<OutBatch>,
     ready: LinkReady,
-    first_batch_seq: u64,
     stop: CancellationToken,
     abort: CancellationToken,
 ) {
@@ -200,7 +202,7 @@ pub async fn run(
         .then(|| Planner::new(classes.len(), params.limits, params.reference.clone()));
     let mut capacity = params.capacity;
     let mut next_window = Instant::now() + params.window;
-    let mut batch_seq = first_batch_seq;
+    let mut batch_seq = params.first_batch_seq;
     let mut stopping = false;
     let mut link_free = false;
 

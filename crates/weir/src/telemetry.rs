@@ -7,7 +7,14 @@ use tracing_subscriber::EnvFilter;
 pub fn init(level: &str) {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(level))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
+        .unwrap_or_else(|_| EnvFilter::new("info"))
+        // lapin logs every returned message with its whole body at warn;
+        // weir reports returns itself (SinkError::Refused), once per batch.
+        .add_directive(
+            "lapin::returned_messages=error"
+                .parse()
+                .expect("a valid directive"),
+        );
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

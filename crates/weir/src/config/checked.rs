@@ -35,6 +35,9 @@ pub struct Config {
     pub egress: EgressConfig,
     /// `[admin]`: the metrics listener.
     pub admin: AdminConfig,
+    /// `[peering]`: redirection to neighbours; `None` without
+    /// `peering.listen`.
+    pub peering: Option<PeeringConfig>,
     /// `[log]`: logging.
     pub log: LogConfig,
 }
@@ -262,6 +265,33 @@ pub struct LinkEmulation {
 pub struct AdminConfig {
     /// Where to serve Prometheus metrics; `None` serves none.
     pub listen: Option<SocketAddr>,
+}
+
+/// `[peering]`: redirection of overflow to neighbouring nodes without a
+/// coordinator (docs/peering.md).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeeringConfig {
+    /// Where this node serves `weir.v1.Peer`.
+    pub listen: SocketAddr,
+    /// The nodes it peers with; ids unique and not this node's.
+    pub peers: Vec<PeerConfig>,
+    /// How often it sends its state to each peer and runs a redirection
+    /// round.
+    pub heartbeat: Duration,
+    /// Silence after which a peer counts as gone; longer than `heartbeat`.
+    pub dead_after: Duration,
+    /// How long a reservation lasts unless renewed; longer than
+    /// `heartbeat`.
+    pub lease: Duration,
+}
+
+/// One `peering.peers` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerConfig {
+    /// Its `node.id`.
+    pub id: NodeId,
+    /// Where it serves `weir.v1.Peer` (`peering.listen` on that node).
+    pub addr: BrokerAddr,
 }
 
 /// `[log]`

@@ -157,3 +157,15 @@ pub const COMPRESSION_SAMPLE_EVERY: u32 = weir_core::compression::DEFAULT_SAMPLE
 
 /// Longest time between samples, so a quiet stream's table stays fresh.
 pub const COMPRESSION_SAMPLE_INTERVAL: Duration = weir_core::compression::DEFAULT_SAMPLE_EVERY;
+
+/// Peers exchange tuples once per PBTT window (the default `scheduler.window`),
+/// so each round matches on tuples at most one window old.
+pub const PEER_HEARTBEAT: Duration = Duration::from_millis(100);
+
+/// Five missed heartbeats: one lost packet or a GC-like stall does not drop
+/// a peer, a dead one stops being matched within half a second.
+pub const PEER_DEAD_AFTER: Duration = Duration::from_millis(500);
+
+/// Ten rounds: a receiver renews every round, so a reservation survives a
+/// few lost renewals, and a dead receiver's reservation is freed in a second.
+pub const PEER_LEASE: Duration = Duration::from_secs(1);

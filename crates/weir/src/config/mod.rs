@@ -30,8 +30,8 @@ use std::path::{Path, PathBuf};
 pub use checked::{
     AdminConfig, AmqpEgress, BatchingSection, BrokerAddr, CompressionSection, Config, EgressConfig,
     EgressSink, ExchangeType, FileEgress, GrpcIngress, IngressConfig, LinkEmulation, LinkPreset,
-    LogConfig, MqttIngress, MqttMode, MqttSubscribe, NodeConfig, PayloadKind, Qos0WhenFull,
-    SchedulerConfig, SchemeName, SubscribeQos,
+    LogConfig, MqttIngress, MqttMode, MqttSubscribe, NodeConfig, PayloadKind, PeerConfig,
+    PeeringConfig, Qos0WhenFull, SchedulerConfig, SchemeName, SubscribeQos,
 };
 pub use units::{HumanDuration, Rate, Size, UnitError};
 

@@ -33,6 +33,8 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub admin: RawAdmin,
     #[serde(default)]
+    pub peering: RawPeering,
+    #[serde(default)]
     pub log: RawLog,
 }
 
@@ -187,6 +189,26 @@ pub(super) struct RawLink {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawAdmin {
     pub listen: Option<String>,
+}
+
+/// `[peering]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPeering {
+    pub listen: Option<String>,
+    #[serde(default)]
+    pub peers: Vec<RawPeer>,
+    pub heartbeat: Option<Written<HumanDuration>>,
+    pub dead_after: Option<Written<HumanDuration>>,
+    pub lease: Option<Written<HumanDuration>>,
+}
+
+/// One `[[peering.peers]]` (or inline `{ id = 2, addr = "..." }`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPeer {
+    pub id: Option<u64>,
+    pub addr: Option<String>,
 }
 
 /// `[log]`

@@ -690,3 +690,95 @@ proptest! {
         prop_assert!((back - bytes_per_sec).abs() <= bytes_per_sec * 1e-12);
     }
 }
+
+#[test]
+fn peering_is_off_unless_listen_is_given() {
+    assert_eq!(parse("", "t").unwrap().peering, None);
+    assert_eq!(
+        parse("[peering]\nheartbeat = \"50ms\"", "t")
+            .unwrap()
+            .peering,
+        None
+    );
+    let c = parse(
+        r#"
+        [node]
+        id = 1
+        [peering]
+        listen = "127.0.0.1:7070"
+        peers = [{ id = 2, addr = "10.0.0.2:7070" }, { id = 3, addr = "edge-3.local:7070" }]
+        dead_after = "1s"
+        "#,
+        "t",
+    )
+    .unwrap();
+    let p = c.peering.unwrap();
+    assert_eq!(p.listen, "127.0.0.1:7070".parse().unwrap());
+    assert_eq!(p.peers.len(), 2);
+    assert_eq!(p.peers[1].id, 3);
+    assert_eq!(p.peers[1].addr.to_string(), "edge-3.local:7070");
+    assert_eq!(p.heartbeat, defaults::PEER_HEARTBEAT);
+    assert_eq!(p.dead_after, Duration::from_secs(1));
+    assert_eq!(p.lease, defaults::PEER_LEASE);
+}
+
+#[test]
+fn peering_mistakes_are_reported_with_their_key_paths() {
+    let ps = problems(
+        r#"
+        [node]
+        id = 4
+        [peering]
+        listen = "nowhere"
+        peers = [
+            { id = 2, addr = "10.0.0.2:7070" },
+            { id = 2, addr = "10.0.0.3:7070" },
+            { id = 4, addr = "10.0.0.4:7070" },
+            { id = 0, addr = "10.0.0.5" },
+            { addr = "http://10.0.0.6:7070" },
+        ]
+        heartbeat = "200ms"
+        dead_after = "200ms"
+        lease = "100ms"
+        "#,
+    );
+    assert_problem(&ps, "peering.listen", "not an IP address and port");
+    assert_problem(
+        &ps,
+        "peering.peers[1].id",
+        "already the id of peering.peers[0]",
+    );
+    assert_problem(&ps, "peering.peers[2].id", "this node's own node.id");
+    assert_problem(&ps, "peering.peers[3].id", "0 is reserved");
+    assert_problem(&ps, "peering.peers[3].addr", "expected host:port");
+    assert_problem(&ps, "peering.peers[4].id", "missing");
+    assert_problem(&ps, "peering.peers[4].addr", "without a scheme");
+    assert_problem(
+        &ps,
+        "peering.dead_after",
+        "must be longer than peering.heartbeat",
+    );
+    assert_problem(
+        &ps,
+        "peering.lease",
+        "must be longer than peering.heartbeat",
+    );
+
+    assert_problem(
+        &problems("[peering]\npeers = [{ id = 2, addr = \"10.0.0.2:7070\" }]"),
+        "peering.listen",
+        "missing",
+    );
+    assert_problem(
+        &problems("[peering]\nlisten = \"0.0.0.0:7070\"\nheartbeat = \"0s\""),
+        "peering.heartbeat",
+        "greater than zero",
+    );
+    assert_problem(
+        &problems("[peering]\nlisten = \"0.0.0.0:50051\""),
+        "peering.listen",
+        "clashes with ingress.grpc.listen",
+    );
+    let (_, message) = toml_error("[peering]\npeers = [{ id = 2, address = \"x:1\" }]");
+    assert!(message.contains("address"), "{message}");
+}

@@ -36,12 +36,14 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, Vec<Problem>> {
     let ingress = ingress(&mut p, raw.ingress, node_id);
     let egress = egress(&mut p, raw.egress);
     let admin = admin(&mut p, raw.admin);
+    let peering = peering(&mut p, raw.peering, node_id);
     let log = log(&mut p, raw.log);
     if let Some(ingress) = &ingress {
         check_record_fits(&mut p, ingress, &classes.capacity_bytes);
     }
     if let (Some(ingress), Some(admin)) = (&ingress, &admin) {
-        check_listeners(&mut p, ingress, admin);
+        let peering = peering.as_ref().and_then(Option::as_ref);
+        check_listeners(&mut p, ingress, admin, peering);
     }
     match (
         node,
@@ -49,7 +51,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, Vec<Problem>> {
         classes.capacities,
         classifier,
         scheduler,
-        (batching, compression),
+        (batching, compression, peering),
         ingress,
         egress,
         admin,
@@ -61,7 +63,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, Vec<Problem>> {
             Some(capacities),
             Some(classifier),
             Some(scheduler),
-            (Some(batching), Some(compression)),
+            (Some(batching), Some(compression), Some(peering)),
             Some(ingress),
             Some(egress),
             Some(admin),
@@ -77,6 +79,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, Vec<Problem>> {
             ingress,
             egress,
             admin,
+            peering,
             log,
         }),
         _ => {
@@ -1148,6 +1151,129 @@ fn admin(p: &mut Problems, raw: RawAdmin) -> Option<AdminConfig> {
     }
 }
 
+/// `Some(None)` when valid and off (no `listen`).
+fn peering(p: &mut Problems, raw: RawPeering, node_id: u64) -> Option<Option<PeeringConfig>> {
+    const PATH: &str = "peering";
+    let before = p.len();
+    let listen = raw
+        .listen
+        .as_deref()
+        .map(|text| p.socket_addr(&format!("{PATH}.listen"), text));
+    if raw.listen.is_none() && !raw.peers.is_empty() {
+        p.push(
+            format!("{PATH}.listen"),
+            "missing; peers are only used by a node that serves the peer protocol too, e.g. listen = \"0.0.0.0:7070\"",
+        );
+    }
+    let heartbeat = p.positive_duration(
+        &format!("{PATH}.heartbeat"),
+        raw.heartbeat,
+        d::PEER_HEARTBEAT,
+    );
+    let dead_after = p.positive_duration(
+        &format!("{PATH}.dead_after"),
+        raw.dead_after,
+        d::PEER_DEAD_AFTER,
+    );
+    let lease = p.positive_duration(&format!("{PATH}.lease"), raw.lease, d::PEER_LEASE);
+    if let (Some(heartbeat), Some(dead_after)) = (heartbeat, dead_after) {
+        if dead_after <= heartbeat {
+            p.push(
+                format!("{PATH}.dead_after"),
+                format!(
+                    "{} must be longer than peering.heartbeat ({}), or a live peer is declared gone between two heartbeats; a few heartbeats is usual",
+                    HumanDuration(dead_after),
+                    HumanDuration(heartbeat)
+                ),
+            );
+        }
+    }
+    if let (Some(heartbeat), Some(lease)) = (heartbeat, lease) {
+        if lease <= heartbeat {
+            p.push(
+                format!("{PATH}.lease"),
+                format!(
+                    "{} must be longer than peering.heartbeat ({}): receivers renew their reservations once per heartbeat",
+                    HumanDuration(lease),
+                    HumanDuration(heartbeat)
+                ),
+            );
+        }
+    }
+    let mut peers: Vec<PeerConfig> = Vec::with_capacity(raw.peers.len());
+    let mut seen: Vec<(u64, usize)> = Vec::with_capacity(raw.peers.len());
+    for (i, peer) in raw.peers.into_iter().enumerate() {
+        let path = format!("{PATH}.peers[{i}]");
+        let id = match peer.id {
+            None => {
+                p.push(format!("{path}.id"), "missing; give the peer's node.id");
+                None
+            }
+            Some(0) => {
+                p.push(
+                    format!("{path}.id"),
+                    "0 is reserved; give the peer's node.id",
+                );
+                None
+            }
+            Some(id) if id == node_id => {
+                p.push(
+                    format!("{path}.id"),
+                    format!("{id} is this node's own node.id; list only the other nodes"),
+                );
+                None
+            }
+            Some(id) => {
+                match seen.iter().find(|(other, _)| *other == id) {
+                    Some((_, first)) => {
+                        p.push(
+                        format!("{path}.id"),
+                        format!("{id} is already the id of {PATH}.peers[{first}]; node ids are unique"),
+                    );
+                        None
+                    }
+                    None => {
+                        seen.push((id, i));
+                        Some(id)
+                    }
+                }
+            }
+        };
+        let addr = match peer.addr {
+            None => {
+                p.push(
+                    format!("{path}.addr"),
+                    "missing; give the peer's peering.listen as host:port, e.g. \"10.0.0.2:7070\"",
+                );
+                None
+            }
+            Some(text) => match parse_broker(&text) {
+                Ok(addr) => Some(addr),
+                Err(why) => {
+                    p.push(format!("{path}.addr"), format!("{text:?}: {why}"));
+                    None
+                }
+            },
+        };
+        if let (Some(id), Some(addr)) = (id, addr) {
+            peers.push(PeerConfig { id, addr });
+        }
+    }
+    if p.len() != before {
+        return None;
+    }
+    let Some(listen) = listen else {
+        return Some(None);
+    };
+    Some(Some(PeeringConfig {
+        listen: listen?,
+        peers,
+        heartbeat: heartbeat?,
+        dead_after: dead_after?,
+        lease: lease?,
+    }))
+}
+
 /// The levels `tracing` knows, lowest verbosity first.
 const LOG_LEVELS: &[&str] = &["off", "error", "warn", "info", "debug", "trace"];
 
@@ -1208,7 +1334,12 @@ fn check_record_fits(p: &mut Problems, ingress: &IngressConfig, capacities: &[(S
 
 /// Two enabled listeners on one port (port 0 picks a free one, so never
 /// conflicts).
-fn check_listeners(p: &mut Problems, ingress: &IngressConfig, admin: &AdminConfig) {
+fn check_listeners(
+    p: &mut Problems,
+    ingress: &IngressConfig,
+    admin: &AdminConfig,
+    peering: Option<&PeeringConfig>,
+) {
     let mqtt = ingress.mqtt.as_ref().and_then(|m| match m.mode {
         MqttMode::Listen { addr } => Some(addr),
         MqttMode::Subscribe(_) => None,
@@ -1220,6 +1351,7 @@ fn check_listeners(p: &mut Problems, ingress: &IngressConfig, admin: &AdminConfi
             ingress.grpc.as_ref().map(|g| g.listen),
         ),
         ("admin.listen", admin.listen),
+        ("peering.listen", peering.map(|p| p.listen)),
     ];
     let listeners: Vec<(&str, SocketAddr)> = listeners
         .into_iter()

@@ -259,6 +259,22 @@ impl Target {
                 redacted_url(&cfg.url)
             )
         })?;
+        // amq-protocol-uri reads only domain hosts: an IPv6 literal would
+        // silently become `localhost`.
+        let authority = cfg
+            .url
+            .split_once("://")
+            .map_or("", |(_, rest)| rest.split(['/', '?']).next().unwrap_or(""));
+        if authority
+            .rsplit('@')
+            .next()
+            .is_some_and(|h| h.starts_with('['))
+        {
+            return Err(format!(
+                "egress.amqp.url ({}): IPv6 address literals are not supported by the AMQP client (it would connect to localhost); use a host name",
+                redacted_url(&cfg.url)
+            ));
+        }
         // Bound the TCP connect inside lapin's I/O thread too, so an
         // abandoned attempt to a black-holed host does not linger.
         if uri.query.connection_timeout.is_none() {
@@ -568,17 +584,29 @@ mod tests {
     }
 
     #[test]
-    fn debug_output_hides_the_password() {
-        let cfg = AmqpEgress {
-            url: "amqp://weir:hunter2@127.0.0.1:5672/%2f".into(),
+    fn ipv6_literal_hosts_are_refused_not_rewritten() {
+        let mut cfg = config("amqp://weir:hunter2@[::1]:5672/%2f");
+        let err = Target::new(&cfg).err().expect("refused");
+        assert!(err.contains("IPv6") && !err.contains("hunter2"), "{err}");
+        cfg.url = "amqp://weir:hunter2@rabbit.example:5672/%2f".into();
+        assert!(Target::new(&cfg).is_ok());
+    }
+
+    fn config(url: &str) -> AmqpEgress {
+        AmqpEgress {
+            url: url.into(),
             exchange: "weir".into(),
             exchange_type: ExchangeType::Direct,
             queue: "weir.batches".into(),
             routing_key: "weir.batches".into(),
             confirm_timeout: Duration::from_secs(1),
             reconnect_backoff_max: Duration::from_secs(1),
-        };
-        let sink = AmqpSink::new(cfg, 1);
+        }
+    }
+
+    #[test]
+    fn debug_output_hides_the_password() {
+        let sink = AmqpSink::new(config("amqp://weir:hunter2@127.0.0.1:5672/%2f"), 1);
         let shown = format!("{sink:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
         assert!(shown.contains("amqp://weir@127.0.0.1:5672/%2f"), "{shown}");

@@ -8,8 +8,14 @@
 //! backoff, never dropped. Deliveries are serial: one transaction at a time,
 //! the model of both the buffer-aided relaying and the piping papers (a fixed
 //! per-transaction cost plus size over bandwidth).
+//!
+//! Between encoding and delivery each batch may be compressed (`compress`:
+//! the piping-model choice per batch, run off the reactor), and every
+//! confirmed transaction refines the online uplink estimate that both the
+//! choice and the scheduler use.
 
 pub mod amqp;
+pub mod compress;
 pub mod file;
 pub mod link;
 
@@ -21,6 +27,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use weir_core::link_estimate::LinkEstimator;
 use weir_core::{ClassId, ClassSet, NodeId, Record};
 use weir_proto::{pb, Encoding};
 
@@ -55,7 +62,8 @@ pub struct EncodedBatch {
     pub encoding: Encoding,
 }
 
-/// Encodes records into a `weir.v1.Batch` body.
+/// Encodes records into a `weir.v1.Batch` body (identity encoding; [`run`]
+/// then compresses it when the chooser says it pays).
 pub fn encode(node: NodeId, classes: &ClassSet, batch: &OutBatch) -> EncodedBatch {
     let pb = pb::Batch {
         node,
@@ -161,27 +169,59 @@ pub struct EgressContext {
 }
 
 /// Delivers every batch from `batches` through `sink`, in order, retrying
-/// each until it is confirmed. Returns when the channel is closed and empty
-/// (the scheduler has flushed at shutdown), or when `abort` fires (the drain
-/// deadline passed), in which case the batch in hand is reported lost-in-
-/// flight in the log with its sequence number.
+/// each until it is confirmed. Each batch is encoded and compressed once
+/// (a retry resends the same body). Each confirmed transaction is fed to the
+/// uplink estimator, whose estimate is published on `ctx.link` and in the
+/// metrics. Returns when the channel is closed and empty (the scheduler has
+/// flushed at shutdown), or when `abort` fires (the drain deadline passed),
+/// in which case the batch in hand is reported lost-in-flight in the log
+/// with its sequence number.
 pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ctx: EgressContext) {
     let EgressContext {
         node,
         classes,
         ready,
         delivered,
+        compression,
+        link_prior,
+        link,
         metrics,
         retry_max,
         abort,
-        ..
     } = ctx;
+    let mut compressor = compress::BatchCompressor::new(&compression);
+    let mut estimator = match LinkEstimator::new(link_prior) {
+        Ok(e) => Some(e),
+        Err(e) => {
+            // The config validator requires a positive uplink; without a
+            // prior the link is not estimated and the prior stands.
+            tracing::error!(error = %e, "uplink estimator not started; the configured uplink stands");
+            None
+        }
+    };
+    metrics.set_link(&link_prior);
     loop {
         ready.add_permits(1);
         let Some(batch) = batches.recv().await else {
             break;
         };
-        let encoded = encode(node, &classes, &batch);
+        let mut encoded = encode(node, &classes, &batch);
+        if compressor.enabled() {
+            let kind = compressor.kind(&classes, &batch);
+            let estimate = *link.borrow();
+            // Cancel safety: on abort the compression future is dropped (the
+            // blocking task finishes on its own and its output is discarded);
+            // the batch was never sent, so it is only logged.
+            encoded = tokio::select! {
+                e = compressor.compress(encoded, &kind, &estimate, &metrics) => e,
+                _ = abort.cancelled() => {
+                    tracing::error!(batch = batch.seq, records = batch.records.len(), "shutdown deadline passed with a batch unconfirmed");
+                    return;
+                }
+            };
+        } else {
+            metrics.encoded(weir_core::compression::Codec::None);
+        }
         let mut backoff = RETRY_INITIAL;
         let mut attempt = 0u32;
         loop {
@@ -198,6 +238,15 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
             };
             match result {
                 Ok(()) => {
+                    // The transaction alone (not compression or queueing):
+                    // Eq. 1's `T_sc + US / Th_up` for the bytes on the wire.
+                    let elapsed = started.elapsed();
+                    if let Some(est) = estimator.as_mut() {
+                        est.observe(encoded.body.len() as u64, elapsed);
+                        let now = est.estimate();
+                        link.send_replace(now);
+                        metrics.set_link(&now);
+                    }
                     metrics.batches_confirmed.inc();
                     metrics.egress_bytes.inc_by(encoded.body.len() as u64);
                     metrics.forwarded(encoded.class, encoded.records as u64);
@@ -207,7 +256,7 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                             class: encoded.class,
                             bytes: encoded.body.len(),
                             records: encoded.records,
-                            elapsed: started.elapsed(),
+                            elapsed,
                         });
                     }
                     break;

@@ -1,0 +1,1033 @@
+//! Peering without a coordinator: JANUS Section V-B (bandwidth tuples,
+//! Algorithm 3 and its baselines, the reservation of Fig. 4) run by every
+//! node over its own view of the others, each provider being the only
+//! authority over its own spare.
+//!
+//! JANUS collects every node's tuple at a central orchestrator (a primary
+//! with hot standbys) that runs the matcher and tells receivers and
+//! providers what to do; the paper names that orchestrator as its
+//! bottleneck (Section VI, "Scalability"). Here every node:
+//! 1. advertises its PBTT tuple on heartbeats and keeps the latest
+//!    [`Advert`] of every peer in a [`PeerView`]; a peer not heard from for
+//!    `dead_after` is gone;
+//! 2. each round runs the *same* deterministic matcher ([`redirect()`]) over
+//!    its view plus its own tuple ([`decide`]) and keeps only the grants in
+//!    which it is the receiver;
+//! 3. asks each of those providers to reserve the granted rate for a lease.
+//!    The provider grants at most the spare it has not already reserved for
+//!    others ([`Reservations::grant`]), shifts its allocation as in Fig. 4
+//!    ([`Reserved::shift`]), and admits forwarded records only within a
+//!    token bucket at the granted rate ([`Reservations::admit`]);
+//! 4. sends at most the granted rate ([`Leases`]) and keeps every record it
+//!    sent until the provider acknowledges it ([`InFlight`]).
+//!
+//! Why no coordinator is needed: views may be stale or differ between nodes
+//! (a heartbeat lost, a peer seen dead by one node and alive by another),
+//! so two receivers may both be matched to the same spare. The provider
+//! then grants the first and refuses what no longer fits; a receiver whose
+//! lease was cut short has its records refused and takes them back. Either
+//! way the cost is an unused reservation or a refused record, never a
+//! provider carrying more than the spare it had when it said yes.
+//!
+//! Units are whatever the tuples use (weir: bytes/s; a record counts for
+//! [`Record::size`] bytes); time is a [`Duration`] since any epoch the
+//! caller picks.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use crate::class::ClassId;
+use crate::janus::redirect::MIN_AMOUNT;
+use crate::janus::{
+    non_negative, offer_from, redirect, requests_from, Allocation, BandwidthTuple, Grant, Strategy,
+};
+use crate::record::{NodeId, Record};
+use crate::token_bucket::{BucketConfig, Take, TokenBucket};
+
+/// A node's bandwidth as its scheduler last computed it: what it advertises
+/// and what it runs with.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BandwidthState {
+    /// Spare (positive) or shortage (negative) per class (JANUS V-B1).
+    pub tuple: BandwidthTuple,
+    /// Per-class rates `V_c` in force.
+    pub allocation: Allocation,
+}
+
+/// What one heartbeat told about a node.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Advert {
+    /// The sender's message number, increasing for its whole life: a
+    /// heartbeat older than one already seen is ignored.
+    pub round: u64,
+    /// The node's tuple.
+    pub tuple: BandwidthTuple,
+    /// When its current shortage began, microseconds since the Unix epoch
+    /// by its own clock (0 when it has none). FCFS serves the earliest
+    /// first; every node sees the same stamp, since the requester sets it.
+    pub requesting_since_us: u64,
+}
+
+/// A peer's latest advert and when it arrived.
+#[derive(Debug, Clone)]
+struct Heard {
+    advert: Advert,
+    received: Duration,
+}
+
+/// What [`PeerView::observe`] made of a heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Observed {
+    /// A peer not known, or known and gone, is (again) alive.
+    Joined,
+    /// A newer advert of a live peer.
+    Updated,
+    /// Not newer than the advert held (a reordered or repeated message):
+    /// ignored, so the view never goes back in time.
+    Stale,
+}
+
+/// One node's view of its peers: the latest advert of each, alive while
+/// heard from within `dead_after`.
+#[derive(Debug, Clone)]
+pub struct PeerView {
+    dead_after: Duration,
+    peers: BTreeMap<NodeId, Heard>,
+}
+
+impl PeerView {
+    /// An empty view in which a peer is gone after `dead_after` of silence.
+    pub fn new(dead_after: Duration) -> Self {
+        PeerView {
+            dead_after,
+            peers: BTreeMap::new(),
+        }
+    }
+
+    /// Records a heartbeat from `peer` received at `now`.
+    ///
+    /// A peer that is gone may come back with a smaller round (it restarted
+    /// with a clock that went back), so rounds are only compared while it
+    /// is alive.
+    pub fn observe(&mut self, peer: NodeId, advert: Advert, now: Duration) -> Observed {
+        let dead_after = self.dead_after;
+        match self.peers.get_mut(&peer) {
+            Some(h) => {
+                let alive = now.saturating_sub(h.received) < dead_after;
+                if alive && advert.round <= h.advert.round {
+                    return Observed::Stale;
+                }
+                *h = Heard {
+                    advert,
+                    received: now,
+                };
+                if alive {
+                    Observed::Updated
+                } else {
+                    Observed::Joined
+                }
+            }
+            None => {
+                self.peers.insert(
+                    peer,
+                    Heard {
+                        advert,
+                        received: now,
+                    },
+                );
+                Observed::Joined
+            }
+        }
+    }
+
+    /// True if `peer` was heard from less than `dead_after` before `now`.
+    pub fn is_alive(&self, peer: NodeId, now: Duration) -> bool {
+        self.peers
+            .get(&peer)
+            .is_some_and(|h| now.saturating_sub(h.received) < self.dead_after)
+    }
+
+    /// The live peers and their latest adverts, by node id.
+    pub fn alive(&self, now: Duration) -> impl Iterator<Item = (NodeId, &Advert)> + '_ {
+        self.peers
+            .iter()
+            .filter(move |(_, h)| now.saturating_sub(h.received) < self.dead_after)
+            .map(|(&id, h)| (id, &h.advert))
+    }
+
+    /// How many peers are alive at `now`.
+    pub fn alive_count(&self, now: Duration) -> usize {
+        self.alive(now).count()
+    }
+
+    /// The latest advert of `peer`, alive or not.
+    pub fn advert(&self, peer: NodeId) -> Option<&Advert> {
+        self.peers.get(&peer).map(|h| &h.advert)
+    }
+
+    /// When `peer` was last heard from.
+    pub fn last_heard(&self, peer: NodeId) -> Option<Duration> {
+        self.peers.get(&peer).map(|h| h.received)
+    }
+
+    /// The silence after which a peer is gone.
+    pub fn dead_after(&self) -> Duration {
+        self.dead_after
+    }
+}
+
+/// Every grant `strategy` makes over these nodes (id, tuple, request
+/// order): the whole system's matching as one node sees it.
+pub fn match_nodes<'a>(
+    strategy: Strategy,
+    nodes: impl IntoIterator<Item = (NodeId, &'a BandwidthTuple, u64)>,
+) -> Vec<Grant> {
+    let mut requests = Vec::new();
+    let mut offers = Vec::new();
+    for (node, tuple, order) in nodes {
+        requests.extend(requests_from(node, tuple, order));
+        offers.extend(offer_from(node, tuple));
+    }
+    redirect(strategy, &requests, &offers)
+}
+
+/// One round at node `me`: the matcher over `me`'s own advert and its live
+/// peers' (JANUS Algorithm 3 with the orchestrator's input, gathered by
+/// heartbeats instead), keeping the grants in which `me` receives. Each is
+/// a reservation `me` asks its provider for.
+///
+/// Every node runs this on what it knows; where views agree, nodes agree on
+/// the whole matching, and where they do not, providers arbitrate
+/// ([`Reservations::grant`]).
+pub fn decide(
+    strategy: Strategy,
+    me: NodeId,
+    own: &Advert,
+    view: &PeerView,
+    now: Duration,
+) -> Vec<Grant> {
+    let nodes = std::iter::once((me, &own.tuple, own.requesting_since_us)).chain(
+        view.alive(now)
+            .filter(|&(id, _)| id != me)
+            .map(|(id, a)| (id, &a.tuple, a.requesting_since_us)),
+    );
+    let mut grants = match_nodes(strategy, nodes);
+    // A grant from `me` to `me` would be a local reallocation, which PBTT
+    // already did; a valid tuple never both offers and asks.
+    grants.retain(|g| g.receiver == me && g.provider != me);
+    grants
+}
+
+/// How a reservation's token bucket is sized: deep enough for the bunching
+/// of batched sends and network jitter, shallow enough that the burst stays
+/// a small fraction of what was granted.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pacing {
+    /// Depth as time at the granted rate.
+    pub burst: Duration,
+    /// Least depth in units, so that a large record still conforms.
+    pub min_burst: f64,
+}
+
+impl Pacing {
+    /// The depth of a bucket at `rate` units/s.
+    pub fn depth(&self, rate: f64) -> f64 {
+        (non_negative(rate) * self.burst.as_secs_f64()).max(non_negative(self.min_burst))
+    }
+
+    fn bucket(&self, rate: f64, now: Duration) -> TokenBucket {
+        TokenBucket::new(BucketConfig::bytes(rate, self.depth(rate)), now)
+    }
+
+    fn retune(&self, bucket: &mut TokenBucket, rate: f64, now: Duration) {
+        bucket.set_bytes_per_sec(now, rate);
+        bucket.set_burst_bytes(now, self.depth(rate));
+    }
+}
+
+/// How a provider grants and polices reservations.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReservationConfig {
+    /// Longest lease granted: a reservation not renewed within it is
+    /// released, so a receiver that died frees its share by itself.
+    pub lease: Duration,
+    /// Bucket depth of each reservation.
+    pub pacing: Pacing,
+}
+
+/// One reservation held by a provider for a receiver's class.
+#[derive(Debug, Clone)]
+struct Reservation {
+    rate: f64,
+    expires: Duration,
+    bucket: TokenBucket,
+}
+
+/// What [`Reservations::grant`] decided.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reserved {
+    /// Units/s reserved; 0 means none (any previous one is released).
+    pub amount: f64,
+    /// How long it lasts unless renewed (zero when nothing was reserved).
+    pub lease: Duration,
+    /// The allocation shift this grant calls for (Fig. 4's `BWReserve`,
+    /// for `Pbtt::apply_grant`): the growth over the receiver's previous
+    /// reservation of the class. A shrink needs none: the freed rate shows
+    /// up as spare at the next PBTT window.
+    pub shift: Option<Grant>,
+}
+
+/// Whether a forwarded record may enter the provider's queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Within the reservation's rate.
+    Accepted,
+    /// No reservation for this receiver and class, or it expired.
+    NoReservation,
+    /// Beyond the reservation's rate and burst.
+    OverRate,
+}
+
+/// The provider side: reservations per (receiver, class), granted from
+/// spare not reserved for others, each enforced by its own token bucket.
+#[derive(Debug, Clone)]
+pub struct Reservations {
+    provider: NodeId,
+    config: ReservationConfig,
+    entries: BTreeMap<(NodeId, ClassId), Reservation>,
+}
+
+impl Reservations {
+    /// No reservations yet at node `provider`.
+    pub fn new(provider: NodeId, config: ReservationConfig) -> Self {
+        Reservations {
+            provider,
+            config,
+            entries: BTreeMap::new(),
+        }
+    }
+
+    /// `receiver` asks for `asked` units/s of `class` for `lease` (zero:
+    /// the provider's longest); `spare` is what this node can lend now (its
+    /// tuple's total spare).
+    ///
+    /// Grants `min(asked, spare - reserved for others)`: the receiver's own
+    /// previous reservation of the class is replaced, not added to, so a
+    /// renewal is judged afresh. Never more than `spare` is reserved in all
+    /// unless it already was before this call (spare can shrink under
+    /// reservations made earlier; those then run out with their leases).
+    pub fn grant(
+        &mut self,
+        receiver: NodeId,
+        class: ClassId,
+        asked: f64,
+        lease: Duration,
+        now: Duration,
+        spare: f64,
+    ) -> Reserved {
+        self.expire(now);
+        let key = (receiver, class);
+        let previous = self.entries.get(&key).map_or(0.0, |r| r.rate);
+        let others = non_negative(self.reserved() - previous);
+        let amount = non_negative(asked).min(non_negative(non_negative(spare) - others));
+        if amount <= MIN_AMOUNT {
+            self.entries.remove(&key);
+            return Reserved {
+                amount: 0.0,
+                lease: Duration::ZERO,
+                shift: None,
+            };
+        }
+        let lease = if lease.is_zero() {
+            self.config.lease
+        } else {
+            lease.min(self.config.lease)
+        };
+        let expires = now.saturating_add(lease);
+        let pacing = self.config.pacing;
+        match self.entries.get_mut(&key) {
+            Some(r) => {
+                pacing.retune(&mut r.bucket, amount, now);
+                r.rate = amount;
+                r.expires = expires;
+            }
+            None => {
+                self.entries.insert(
+                    key,
+                    Reservation {
+                        rate: amount,
+                        expires,
+                        bucket: pacing.bucket(amount, now),
+                    },
+                );
+            }
+        }
+        let growth = amount - previous;
+        Reserved {
+            amount,
+            lease,
+            shift: (growth > MIN_AMOUNT).then_some(Grant {
+                provider: self.provider,
+                receiver,
+                class,
+                amount: growth,
+            }),
+        }
+    }
+
+    /// Ends `receiver`'s reservation of `class` now; returns its rate.
+    pub fn release(&mut self, receiver: NodeId, class: ClassId) -> f64 {
+        self.entries
+            .remove(&(receiver, class))
+            .map_or(0.0, |r| r.rate)
+    }
+
+    /// Whether a forwarded record of `units` (its size) from `receiver` in
+    /// `class` may be enqueued at `now`; takes its tokens if so.
+    pub fn admit(
+        &mut self,
+        receiver: NodeId,
+        class: ClassId,
+        units: usize,
+        now: Duration,
+    ) -> Admission {
+        let key = (receiver, class);
+        let Some(r) = self.entries.get_mut(&key) else {
+            return Admission::NoReservation;
+        };
+        if now >= r.expires {
+            self.entries.remove(&key);
+            return Admission::NoReservation;
+        }
+        match r.bucket.try_take(now, units, 1) {
+            Take::Granted => Admission::Accepted,
+            Take::Wait(_) => Admission::OverRate,
+        }
+    }
+
+    /// Releases every reservation whose lease has run out by `now`;
+    /// returns them as (receiver, class, rate).
+    pub fn expire(&mut self, now: Duration) -> Vec<(NodeId, ClassId, f64)> {
+        let mut released = Vec::new();
+        self.entries.retain(|&(receiver, class), r| {
+            let keep = now < r.expires;
+            if !keep {
+                released.push((receiver, class, r.rate));
+            }
+            keep
+        });
+        released
+    }
+
+    /// Total units/s reserved now (leases not yet expired by a call).
+    pub fn reserved(&self) -> f64 {
+        self.entries.values().map(|r| r.rate).sum()
+    }
+
+    /// The rate reserved for `receiver`'s `class` (0 if none).
+    pub fn reserved_for(&self, receiver: NodeId, class: ClassId) -> f64 {
+        self.entries.get(&(receiver, class)).map_or(0.0, |r| r.rate)
+    }
+
+    /// Number of reservations held.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when none is held.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Every reservation as (receiver, class, rate, expiry).
+    pub fn iter(&self) -> impl Iterator<Item = (NodeId, ClassId, f64, Duration)> + '_ {
+        self.entries
+            .iter()
+            .map(|(&(n, c), r)| (n, c, r.rate, r.expires))
+    }
+
+    /// The provider's own node id.
+    pub fn provider(&self) -> NodeId {
+        self.provider
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> ReservationConfig {
+        self.config
+    }
+}
+
+/// One rate granted to this node by a provider.
+#[derive(Debug, Clone)]
+struct Lease {
+    rate: f64,
+    expires: Duration,
+    bucket: TokenBucket,
+}
+
+/// The receiver side: the rates providers granted this node per
+/// (provider, class), each paced by a token bucket so that sending never
+/// outruns what the provider will admit.
+#[derive(Debug, Clone)]
+pub struct Leases {
+    pacing: Pacing,
+    entries: BTreeMap<(NodeId, ClassId), Lease>,
+}
+
+impl Leases {
+    /// No leases, sending paced by `pacing` (shallower than the
+    /// providers' buckets, so jitter does not turn into refusals).
+    pub fn new(pacing: Pacing) -> Self {
+        Leases {
+            pacing,
+            entries: BTreeMap::new(),
+        }
+    }
+
+    /// `provider` granted `rate` units/s of `class` until `expires` (a rate
+    /// of 0 ends the lease). Credit earned so far is kept across renewals.
+    pub fn set(
+        &mut self,
+        provider: NodeId,
+        class: ClassId,
+        rate: f64,
+        expires: Duration,
+        now: Duration,
+    ) {
+        let key = (provider, class);
+        if !(rate.is_finite() && rate > MIN_AMOUNT) || expires <= now {
+            self.entries.remove(&key);
+            return;
+        }
+        match self.entries.get_mut(&key) {
+            Some(l) => {
+                self.pacing.retune(&mut l.bucket, rate, now);
+                l.rate = rate;
+                l.expires = expires;
+            }
+            None => {
+                self.entries.insert(
+                    key,
+                    Lease {
+                        rate,
+                        expires,
+                        bucket: self.pacing.bucket(rate, now),
+                    },
+                );
+            }
+        }
+    }
+
+    /// Ends the lease of `class` at `provider` (it refused records).
+    pub fn end(&mut self, provider: NodeId, class: ClassId) {
+        self.entries.remove(&(provider, class));
+    }
+
+    /// Ends every lease at `provider` (it is gone).
+    pub fn end_all(&mut self, provider: NodeId) {
+        self.entries.retain(|&(p, _), _| p != provider);
+    }
+
+    /// Drops leases that ran out by `now`; returns how many.
+    pub fn expire(&mut self, now: Duration) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|_, l| now < l.expires);
+        before - self.entries.len()
+    }
+
+    /// Classes with a live lease at `provider`, most urgent first.
+    pub fn active(&self, provider: NodeId, now: Duration) -> Vec<ClassId> {
+        self.entries
+            .range((provider, ClassId(0))..=(provider, ClassId(u8::MAX)))
+            .filter(|(_, l)| now < l.expires)
+            .map(|(&(_, c), _)| c)
+            .collect()
+    }
+
+    /// True if `provider` has granted this node anything still live.
+    pub fn has_active(&self, provider: NodeId, now: Duration) -> bool {
+        !self.active(provider, now).is_empty()
+    }
+
+    /// Takes tokens to send a record of `units` of `class` to `provider`;
+    /// `Wait(Duration::MAX)` when there is no live lease.
+    pub fn take(&mut self, provider: NodeId, class: ClassId, units: usize, now: Duration) -> Take {
+        match self.entries.get_mut(&(provider, class)) {
+            Some(l) if now < l.expires => l.bucket.try_take(now, units, 1),
+            _ => Take::Wait(Duration::MAX),
+        }
+    }
+
+    /// The rate granted by `provider` for `class` (0 if none).
+    pub fn rate(&self, provider: NodeId, class: ClassId) -> f64 {
+        self.entries.get(&(provider, class)).map_or(0.0, |l| l.rate)
+    }
+
+    /// Total rate granted to this node by every provider.
+    pub fn total(&self) -> f64 {
+        self.entries.values().map(|l| l.rate).sum()
+    }
+
+    /// Number of leases held.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when none is held.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// `(origin, seq)`: a record's identity end to end.
+pub type RecordKey = (NodeId, u64);
+
+/// The identity of `record`.
+#[inline]
+pub fn key_of(record: &Record) -> RecordKey {
+    (record.origin, record.seq)
+}
+
+/// Records sent to a provider and not yet settled. A record leaves only
+/// when the provider acknowledges it (it is in the provider's queue) or
+/// when it is taken back (refused, or the stream broke), so a provider that
+/// dies mid-stream loses nothing: whatever it did not acknowledge is still
+/// here.
+#[derive(Debug, Default)]
+pub struct InFlight {
+    records: HashMap<RecordKey, Record>,
+    bytes: usize,
+}
+
+impl InFlight {
+    /// Nothing in flight.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Holds `record`, about to be sent. A record with the same identity
+    /// already in flight is handed back: sending it twice at once would
+    /// leave one copy untracked.
+    pub fn sent(&mut self, record: Record) -> Result<(), Record> {
+        let key = key_of(&record);
+        if self.records.contains_key(&key) {
+            return Err(record);
+        }
+        self.bytes += record.size();
+        self.records.insert(key, record);
+        Ok(())
+    }
+
+    /// The provider has it: forget it. False for an unknown identity (a
+    /// repeated or stray acknowledgement), which changes nothing.
+    pub fn acked(&mut self, key: RecordKey) -> bool {
+        self.take(key).is_some()
+    }
+
+    /// The provider refused it: hand it back to be queued here again.
+    pub fn refused(&mut self, key: RecordKey) -> Option<Record> {
+        self.take(key)
+    }
+
+    /// The stream broke: hand back everything unacknowledged, oldest first
+    /// (by ingress time, then identity), so the caller can queue it again.
+    pub fn take_all(&mut self) -> Vec<Record> {
+        self.bytes = 0;
+        let mut all: Vec<Record> = self.records.drain().map(|(_, r)| r).collect();
+        all.sort_unstable_by_key(|r| (r.ingress_us, r.origin, r.seq));
+        all
+    }
+
+    fn take(&mut self, key: RecordKey) -> Option<Record> {
+        let r = self.records.remove(&key)?;
+        self.bytes -= r.size();
+        Some(r)
+    }
+
+    /// Records in flight.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// True when nothing is in flight.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Bytes ([`Record::size`]) in flight.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    // Our `Strategy` enum, not proptest's trait.
+    use super::Strategy;
+    use crate::janus::apply_grant;
+    use bytes::Bytes;
+    use proptest::prelude::*;
+
+    const E1: NodeId = 1;
+    const E2: NodeId = 2;
+    const LT: ClassId = ClassId(2);
+    const MS: Duration = Duration::from_millis(1);
+
+    fn at(ms: u64) -> Duration {
+        MS * ms as u32
+    }
+
+    fn tuple(v: &[f64]) -> BandwidthTuple {
+        BandwidthTuple(v.to_vec())
+    }
+
+    fn advert(round: u64, v: &[f64], since: u64) -> Advert {
+        Advert {
+            round,
+            tuple: tuple(v),
+            requesting_since_us: since,
+        }
+    }
+
+    fn config() -> ReservationConfig {
+        ReservationConfig {
+            lease: Duration::from_secs(1),
+            pacing: Pacing {
+                burst: Duration::from_secs(1),
+                min_burst: 1.0,
+            },
+        }
+    }
+
+    fn record(origin: NodeId, seq: u64) -> Record {
+        Record {
+            key: Bytes::from_static(b"k"),
+            class: LT,
+            origin,
+            seq,
+            ingress_us: seq,
+            payload: Bytes::from(vec![0u8; 7]),
+        }
+    }
+
+    #[test]
+    fn fig_4_end_to_end() {
+        // E1 at [10, 10, 10] bursts in lt and asks [0, 0, -5]; E2 at
+        // [18, 10, 2] advertises [8, 0, 0].
+        let e1 = advert(1, &[0.0, 0.0, -5.0], 1_000);
+        let e2 = advert(1, &[8.0, 0.0, 0.0], 0);
+        let mut e2_alloc = Allocation {
+            rates: vec![18.0, 10.0, 2.0],
+        };
+        let mut e2_tuple = e2.tuple.clone();
+
+        // Each node decides on its own view; both reach the same matching.
+        let mut e1_view = PeerView::new(Duration::from_millis(500));
+        assert_eq!(e1_view.observe(E2, e2.clone(), at(0)), Observed::Joined);
+        let mut e2_view = PeerView::new(Duration::from_millis(500));
+        e2_view.observe(E1, e1.clone(), at(0));
+        let want = Grant {
+            provider: E2,
+            receiver: E1,
+            class: LT,
+            amount: 5.0,
+        };
+        assert_eq!(
+            decide(Strategy::Pmrfs, E1, &e1, &e1_view, at(10)),
+            vec![want]
+        );
+        assert!(decide(Strategy::Pmrfs, E2, &e2, &e2_view, at(10)).is_empty());
+        assert_eq!(
+            match_nodes(
+                Strategy::Pmrfs,
+                [(E2, &e2.tuple, 0), (E1, &e1.tuple, 1_000)]
+            ),
+            vec![want]
+        );
+
+        // E1 asks E2 to reserve [0, 0, 5]; E2 has 8 spare and grants it all.
+        let mut e2_res = Reservations::new(E2, config());
+        let r = e2_res.grant(E1, LT, 5.0, Duration::ZERO, at(10), e2_tuple.spare_total());
+        assert_eq!(r.amount, 5.0);
+        assert_eq!(r.lease, Duration::from_secs(1));
+        assert_eq!(r.shift, Some(want));
+        // The shift [5 down, 0, 5 up]: [18, 10, 2] -> [13, 10, 7].
+        assert_eq!(
+            apply_grant(&mut e2_alloc, &mut e2_tuple, &r.shift.unwrap()),
+            5.0
+        );
+        assert_eq!(e2_alloc.rates, vec![13.0, 10.0, 7.0]);
+        assert_eq!(e2_tuple, tuple(&[3.0, 0.0, 0.0]));
+
+        // E1 sends 5 units/s of lt; E2 admits that and refuses more.
+        let mut e1_leases = Leases::new(config().pacing);
+        e1_leases.set(E2, LT, r.amount, at(10) + r.lease, at(10));
+        assert_eq!(e1_leases.active(E2, at(10)), vec![LT]);
+        for _ in 0..5 {
+            assert_eq!(e1_leases.take(E2, LT, 1, at(10)), Take::Granted);
+            assert_eq!(e2_res.admit(E1, LT, 1, at(10)), Admission::Accepted);
+        }
+        assert!(matches!(e1_leases.take(E2, LT, 1, at(10)), Take::Wait(_)));
+        assert_eq!(e2_res.admit(E1, LT, 1, at(10)), Admission::OverRate);
+        // A fifth of a second later, one more unit has accrued.
+        assert_eq!(e2_res.admit(E1, LT, 1, at(210)), Admission::Accepted);
+        assert_eq!(
+            e2_res.admit(E1, ClassId(0), 1, at(210)),
+            Admission::NoReservation
+        );
+    }
+
+    #[test]
+    fn a_renewal_replaces_the_reservation_instead_of_adding_to_it() {
+        let mut res = Reservations::new(E2, config());
+        assert_eq!(
+            res.grant(E1, LT, 6.0, Duration::ZERO, at(0), 10.0).amount,
+            6.0
+        );
+        let again = res.grant(E1, LT, 6.0, Duration::ZERO, at(100), 10.0);
+        assert_eq!(again.amount, 6.0);
+        assert_eq!(again.shift, None, "nothing grew");
+        assert_eq!(res.reserved(), 6.0);
+        // Another receiver gets only what is left.
+        assert_eq!(
+            res.grant(3, LT, 6.0, Duration::ZERO, at(100), 10.0).amount,
+            4.0
+        );
+        // A smaller renewal frees room, and needs no shift.
+        let smaller = res.grant(E1, LT, 2.0, Duration::ZERO, at(200), 10.0);
+        assert_eq!((smaller.amount, smaller.shift), (2.0, None));
+        let grown = res.grant(3, LT, 9.0, Duration::ZERO, at(200), 10.0);
+        assert_eq!(grown.amount, 8.0);
+        assert_eq!(grown.shift.map(|g| g.amount), Some(4.0));
+        // Asking for nothing releases.
+        assert_eq!(
+            res.grant(3, LT, 0.0, Duration::ZERO, at(200), 10.0).amount,
+            0.0
+        );
+        assert_eq!(res.reserved_for(3, LT), 0.0);
+        assert_eq!(res.len(), 1);
+    }
+
+    #[test]
+    fn divergent_views_never_overload_the_provider() {
+        // Three receivers each short 6 of lt; one provider with 10 spare.
+        let p: NodeId = 10;
+        let short = [0.0, 0.0, -6.0];
+        let provider = advert(1, &[10.0, 0.0, 0.0], 0);
+        let receivers: [NodeId; 3] = [1, 2, 3];
+        let own = |id: NodeId| advert(1, &short, 100 + id);
+        // R1 hears only the provider; R2 hears everyone; R3 has lost R1
+        // and R2 (their heartbeats are late).
+        let mut views = Vec::new();
+        for (i, &r) in receivers.iter().enumerate() {
+            let mut v = PeerView::new(Duration::from_millis(500));
+            v.observe(p, provider.clone(), at(1000));
+            for &other in &receivers {
+                if other != r && i == 1 {
+                    v.observe(other, own(other), at(1000));
+                }
+                if other != r && i == 2 {
+                    v.observe(other, own(other), at(0));
+                }
+            }
+            views.push(v);
+        }
+        let asks: Vec<Grant> = receivers
+            .iter()
+            .zip(&views)
+            .flat_map(|(&r, v)| decide(Strategy::Pmrfs, r, &own(r), v, at(1000)))
+            .collect();
+        // R1 and R3 each think the spare is theirs: 6 + 6 + R2's share.
+        let asked: f64 = asks.iter().map(|g| g.amount).sum();
+        assert!(asked > 10.0, "the views disagree: {asks:?}");
+
+        let mut res = Reservations::new(p, config());
+        let granted: f64 = asks
+            .iter()
+            .map(|g| {
+                res.grant(
+                    g.receiver,
+                    g.class,
+                    g.amount,
+                    Duration::ZERO,
+                    at(1000),
+                    10.0,
+                )
+                .amount
+            })
+            .sum();
+        assert_eq!(granted, 10.0);
+        assert_eq!(res.reserved(), 10.0);
+    }
+
+    #[test]
+    fn reservations_expire_unless_renewed() {
+        let mut res = Reservations::new(E2, config());
+        res.grant(E1, LT, 4.0, Duration::from_millis(300), at(0), 10.0);
+        res.grant(3, LT, 4.0, Duration::ZERO, at(0), 10.0);
+        assert_eq!(res.admit(E1, LT, 1, at(299)), Admission::Accepted);
+        assert_eq!(res.admit(E1, LT, 1, at(300)), Admission::NoReservation);
+        assert_eq!(res.len(), 1, "admit dropped the expired reservation");
+        // Renewed before its end, a reservation lives on.
+        res.grant(3, LT, 4.0, Duration::ZERO, at(900), 10.0);
+        assert!(res.expire(at(1500)).is_empty());
+        assert_eq!(res.expire(at(1900)), vec![(3, LT, 4.0)]);
+        assert!(res.is_empty());
+        // Expired reservations no longer count against the spare.
+        res.grant(E1, LT, 10.0, Duration::ZERO, at(0), 10.0);
+        assert_eq!(
+            res.grant(3, LT, 5.0, Duration::ZERO, at(500), 10.0).amount,
+            0.0
+        );
+        assert_eq!(
+            res.grant(3, LT, 5.0, Duration::ZERO, at(1000), 10.0).amount,
+            5.0
+        );
+        // A lease longer than the provider's is cut to it.
+        assert_eq!(
+            res.grant(3, LT, 5.0, Duration::from_secs(60), at(1000), 10.0)
+                .lease,
+            Duration::from_secs(1)
+        );
+    }
+
+    #[test]
+    fn the_view_ignores_stale_heartbeats_and_forgets_the_silent() {
+        let mut v = PeerView::new(Duration::from_millis(500));
+        assert_eq!(v.observe(E2, advert(5, &[1.0], 0), at(0)), Observed::Joined);
+        assert_eq!(v.observe(E2, advert(4, &[9.0], 0), at(10)), Observed::Stale);
+        assert_eq!(v.advert(E2).unwrap().tuple, tuple(&[1.0]));
+        assert_eq!(
+            v.observe(E2, advert(6, &[2.0], 0), at(20)),
+            Observed::Updated
+        );
+        assert!(v.is_alive(E2, at(519)));
+        assert!(!v.is_alive(E2, at(520)));
+        assert_eq!(v.alive_count(at(520)), 0);
+        // Gone, then back after a restart with a smaller round.
+        assert_eq!(
+            v.observe(E2, advert(1, &[3.0], 0), at(600)),
+            Observed::Joined
+        );
+        assert_eq!(v.alive(at(600)).count(), 1);
+        assert_eq!(v.last_heard(E2), Some(at(600)));
+        // A dead provider is not matched.
+        let me = advert(1, &[-1.0], 7);
+        assert_eq!(decide(Strategy::Pmrfs, E1, &me, &v, at(600)).len(), 1);
+        assert!(decide(Strategy::Pmrfs, E1, &me, &v, at(1100)).is_empty());
+    }
+
+    #[test]
+    fn leases_pace_sending_and_end() {
+        let pacing = Pacing {
+            burst: Duration::from_millis(100),
+            min_burst: 10.0,
+        };
+        let mut l = Leases::new(pacing);
+        l.set(E2, LT, 1000.0, at(1000), at(0));
+        l.set(E2, ClassId(1), 1000.0, at(1000), at(0));
+        l.set(3, LT, 1000.0, at(1000), at(0));
+        assert_eq!(l.active(E2, at(0)), vec![ClassId(1), LT]);
+        // Depth: 100 ms at 1000/s.
+        assert_eq!(l.take(E2, LT, 100, at(0)), Take::Granted);
+        assert!(matches!(l.take(E2, LT, 10, at(0)), Take::Wait(_)));
+        assert_eq!(l.take(E2, LT, 10, at(10)), Take::Granted);
+        l.end(E2, ClassId(1));
+        assert_eq!(l.active(E2, at(0)), vec![LT]);
+        assert_eq!(l.take(E2, LT, 1, at(1000)), Take::Wait(Duration::MAX));
+        assert_eq!(l.expire(at(1000)), 2);
+        l.set(3, LT, 5.0, at(2000), at(1000));
+        l.set(3, LT, 0.0, at(2000), at(1000));
+        assert!(l.is_empty());
+        l.set(3, LT, 5.0, at(2000), at(1000));
+        l.end_all(3);
+        assert!(!l.has_active(3, at(1000)));
+    }
+
+    #[test]
+    fn in_flight_records_leave_only_when_settled() {
+        let mut f = InFlight::new();
+        for seq in 0..4 {
+            f.sent(record(E1, seq)).unwrap();
+        }
+        assert!(f.sent(record(E1, 2)).is_err(), "same identity twice");
+        assert_eq!(f.bytes(), 4 * record(E1, 0).size());
+        assert!(f.acked((E1, 1)));
+        assert!(!f.acked((E1, 1)), "a repeated ack changes nothing");
+        assert_eq!(f.refused((E1, 3)).map(|r| r.seq), Some(3));
+        let back: Vec<u64> = f.take_all().iter().map(|r| r.seq).collect();
+        assert_eq!(back, vec![0, 2]);
+        assert!(f.is_empty());
+        assert_eq!(f.bytes(), 0);
+    }
+
+    proptest! {
+        #[test]
+        fn a_provider_never_grants_more_than_its_spare(
+            ops in prop::collection::vec(
+                (0u64..5, 0u8..3, -10.0f64..100.0, 0.0f64..100.0, 0u64..400, 0u64..1500),
+                1..80,
+            )
+        ) {
+            let mut res = Reservations::new(99, config());
+            let mut now = Duration::ZERO;
+            for (receiver, class, asked, spare, dt, lease) in ops {
+                now += at(dt);
+                res.expire(now);
+                let others = res.reserved() - res.reserved_for(receiver, ClassId(class));
+                let r = res.grant(receiver, ClassId(class), asked, at(lease), now, spare);
+                prop_assert!(r.amount >= 0.0 && r.amount <= asked.max(0.0) + 1e-9);
+                prop_assert!(
+                    r.amount == 0.0 || others + r.amount <= spare + 1e-9,
+                    "granted {} with {} reserved for others and {} spare", r.amount, others, spare
+                );
+                prop_assert!((res.reserved() - (others + r.amount)).abs() <= 1e-9);
+                prop_assert!(r.lease <= config().lease);
+            }
+        }
+
+        #[test]
+        fn in_flight_loses_and_duplicates_nothing(
+            ops in prop::collection::vec((0u8..4, 0u64..30), 0..200)
+        ) {
+            let mut f = InFlight::new();
+            let mut sent = std::collections::HashSet::new();
+            let mut settled = std::collections::HashSet::new();
+            let mut back = Vec::new();
+            for (op, seq) in ops {
+                match op {
+                    0 => {
+                        if f.sent(record(E1, seq)).is_ok() {
+                            sent.insert(seq);
+                            settled.remove(&seq);
+                        }
+                    }
+                    1 => {
+                        if f.acked((E1, seq)) {
+                            prop_assert!(settled.insert(seq));
+                        }
+                    }
+                    2 => {
+                        if let Some(r) = f.refused((E1, seq)) {
+                            prop_assert!(settled.insert(r.seq));
+                            back.push(r.seq);
+                        }
+                    }
+                    _ => {
+                        for r in f.take_all() {
+                            prop_assert!(settled.insert(r.seq));
+                            back.push(r.seq);
+                        }
+                    }
+                }
+            }
+            // Every identity ever sent is settled exactly once or still held.
+            for seq in &sent {
+                let held = f.records.contains_key(&(E1, *seq));
+                prop_assert!(held != settled.contains(seq), "seq {seq}");
+            }
+            prop_assert_eq!(f.bytes(), f.len() * record(E1, 0).size());
+        }
+    }
+}

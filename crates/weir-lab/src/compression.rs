@@ -1,0 +1,794 @@
+//! `weir-lab compression`: every candidate codec's effective throughput on
+//! emulated links (Dzhagaryan and Milenkovic, Table II), the piping model's
+//! prediction of it, and the codec weir's chooser picks.
+//!
+//! For each link and payload, each codec sends the payload as one
+//! transaction with compression piped into the link: a blocking thread
+//! compresses the payload chunk by chunk with a streaming encoder and hands
+//! over whatever compressed bytes are ready, while the sender puts them on
+//! the wire at the link's rate as they come; the fixed `T_sc` is paid once,
+//! after the last byte (the transaction's acknowledgement). Effective
+//! throughput is uncompressed bytes over that wall-clock.
+//!
+//! The model's side does what weir does online: a [`CompressionChooser`]
+//! table per payload kind is filled by compressing a few samples of the
+//! payload with every candidate (`CR` and `Th_c`), the link is characterised
+//! by the paper's two-transfer probe (two raw transfers of different sizes,
+//! Eq. 5-6), and then [`CompressionChooser::predict`] (Eq. 3 and 19-20) and
+//! [`CompressionChooser::choose`] are asked about the whole payload. The
+//! oracle is the candidate with the best *measured* throughput.
+//!
+//! Payloads, generated deterministically from a seed: `accel-csv`,
+//! timestamped 100 Hz accelerometer rows like the paper's accel.csv
+//! (`2024-05-14 09:00:00.010,0.021,-0.981,0.148`: sitting, walking and
+//! driving spells with sensor noise), and `random`, incompressible bytes.
+//! Each transfer carries the link's rate times `--raw-secs` bytes, so an
+//! uncompressed transfer takes about that long on every link.
+
+use std::io::{self, Write as _};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use weir_core::compression::{ChooserConfig, Codec, CompressionChooser, DEFAULT_CANDIDATES};
+use weir_core::link_estimate::{two_transfer_probe, LinkEstimate};
+
+use crate::link::{Link, LinkSummary};
+use crate::report::{self, BarPanel, Table};
+
+/// 1 MB, the paper's unit (MB/s), not MiB.
+const MB: f64 = 1e6;
+
+/// Compressed chunks the link may hold before the compressor blocks: a
+/// socket send buffer's worth (a few hundred KiB at the default chunk).
+const IN_FLIGHT_CHUNKS: usize = 4;
+
+/// The paper's Table II: best vs raw on the 0.5 MB/s link (xz -0).
+pub const PAPER_BEST_VS_RAW_0_5: f64 = 11.82;
+/// The paper's Table II: best vs raw on the 5 MB/s link (gzip -1).
+pub const PAPER_BEST_VS_RAW_5: f64 = 4.05;
+/// The paper's Table II: best vs gzip -6 on the 0.5 MB/s link.
+pub const PAPER_BEST_VS_GZIP6_0_5: f64 = 1.69;
+/// The paper's Table II: best vs gzip -6 on the 5 MB/s link.
+pub const PAPER_BEST_VS_GZIP6_5: f64 = 7.75;
+
+/// The chooser's pick must reach this share of the oracle's measured
+/// throughput (issue 4).
+pub const GOAL_SHARE_OF_ORACLE: f64 = 0.95;
+
+/// Options of `weir-lab compression`. Unset values take the full-size
+/// defaults, or the `--quick` ones.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Link rates, MB/s (1 MB = 10^6 bytes) [default: 0.5,5, Table II].
+    #[arg(long, value_delimiter = ',')]
+    pub links: Option<Vec<f64>>,
+    /// Fixed time per transaction `T_sc`, ms [default: 100; quick: 10].
+    #[arg(long)]
+    pub t_sc_ms: Option<f64>,
+    /// Size each transfer so that sending it raw takes this many seconds
+    /// on its link [default: 1.5; quick: 0.05].
+    #[arg(long)]
+    pub raw_secs: Option<f64>,
+    /// Candidate codecs, e.g. none,gzip-6,zstd-3 [default: none, gzip
+    /// 1/6/9, zstd 1/3/9/19].
+    #[arg(long, value_delimiter = ',', value_parser = parse_codec)]
+    pub codecs: Option<Vec<Codec>>,
+    /// Bytes per sample the chooser learns from [default: 256 KiB; quick:
+    /// 16 KiB].
+    #[arg(long)]
+    pub sample_bytes: Option<usize>,
+    /// Samples per codec and payload (spread over the payload).
+    #[arg(long, default_value_t = 3)]
+    pub samples: usize,
+    /// Uncompressed bytes the compressor takes at a time.
+    #[arg(long, default_value_t = 64 * 1024)]
+    pub chunk_bytes: usize,
+    /// Transfers per codec and condition; the table shows the mean.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u32,
+    /// Seed of the generated payloads.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Small and fast: for tests and a first look.
+    #[arg(long)]
+    pub quick: bool,
+}
+
+fn parse_codec(s: &str) -> Result<Codec, String> {
+    s.parse().map_err(|e: weir_core::compression::CodecError| e.to_string())
+}
+
+/// A generated payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Payload {
+    /// Timestamped accelerometer CSV rows.
+    AccelCsv,
+    /// Seeded random bytes.
+    Random,
+}
+
+impl Payload {
+    /// Both payloads, in table order.
+    pub const ALL: [Payload; 2] = [Payload::AccelCsv, Payload::Random];
+
+    /// The name in tables, JSON and the chooser's kind.
+    pub fn name(self) -> &'static str {
+        match self {
+            Payload::AccelCsv => "accel-csv",
+            Payload::Random => "random",
+        }
+    }
+
+    /// `bytes` bytes of this payload from `seed`.
+    pub fn generate(self, bytes: usize, seed: u64) -> Vec<u8> {
+        match self {
+            Payload::AccelCsv => accel_csv(bytes, seed),
+            Payload::Random => random_bytes(bytes, seed),
+        }
+    }
+}
+
+/// Deterministic pseudo-random numbers (splitmix64): the payloads must be
+/// the same on every run and every machine.
+#[derive(Debug, Clone)]
+pub struct SplitMix(pub u64);
+
+impl SplitMix {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Normal with standard deviation `sd` (Box–Muller).
+    pub fn normal(&mut self, sd: f64) -> f64 {
+        let u = 1.0 - self.unit();
+        let v = self.unit();
+        sd * (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    }
+}
+
+/// `bytes` seeded random bytes: incompressible.
+pub fn random_bytes(bytes: usize, seed: u64) -> Vec<u8> {
+    let mut rng = SplitMix(seed);
+    let mut out = Vec::with_capacity(bytes + 8);
+    while out.len() < bytes {
+        out.extend_from_slice(&rng.next_u64().to_le_bytes());
+    }
+    out.truncate(bytes);
+    out
+}
+
+/// `bytes` of accelerometer CSV sampled at 100 Hz (values in g, three
+/// decimals, like a chest-belt monitor's export): spells of sitting (still,
+/// tiny noise), walking (about 2 steps/s) and driving (vibration), 20 to
+/// 120 s each. Cut at exactly `bytes`.
+pub fn accel_csv(bytes: usize, seed: u64) -> Vec<u8> {
+    use std::f64::consts::TAU;
+    let mut rng = SplitMix(seed ^ 0xACCE_1C5F);
+    let mut out = Vec::with_capacity(bytes + 64);
+    out.extend_from_slice(b"timestamp,ax,ay,az\n");
+    let mut t_ms: u64 = 9 * 3_600_000;
+    let mut left = 0u32;
+    let mut activity = 0u8;
+    let mut tilt = (0.0, 0.0);
+    let mut step_hz = 1.9;
+    let mut line = String::with_capacity(64);
+    while out.len() < bytes {
+        if left == 0 {
+            activity = (rng.next_u64() % 3) as u8;
+            left = 2_000 + (rng.next_u64() % 10_000) as u32;
+            tilt = (rng.normal(0.05), rng.normal(0.05));
+            step_hz = 1.7 + 0.5 * rng.unit();
+        }
+        left -= 1;
+        let t = t_ms as f64 / 1e3;
+        let (ax, ay, az) = match activity {
+            0 => (
+                0.02 + tilt.0 + rng.normal(0.004),
+                -0.98 + rng.normal(0.004),
+                0.15 + tilt.1 + rng.normal(0.004),
+            ),
+            1 => (
+                0.05 + tilt.0 + 0.25 * (TAU * step_hz * t).sin() + rng.normal(0.04),
+                -0.98 + 0.35 * (2.0 * TAU * step_hz * t + 0.7).sin() + rng.normal(0.05),
+                0.12 + tilt.1 + 0.15 * (TAU * step_hz * t + 1.9).sin() + rng.normal(0.03),
+            ),
+            _ => (
+                0.03 + tilt.0 + 0.05 * (0.2 * t).sin() + rng.normal(0.02),
+                -0.97 + rng.normal(0.02),
+                0.2 + tilt.1 + rng.normal(0.02),
+            ),
+        };
+        let (h, m, s, ms) = (
+            t_ms / 3_600_000 % 24,
+            t_ms / 60_000 % 60,
+            t_ms / 1000 % 60,
+            t_ms % 1000,
+        );
+        line.clear();
+        use std::fmt::Write as _;
+        let _ = writeln!(
+            line,
+            "2024-05-14 {h:02}:{m:02}:{s:02}.{ms:03},{ax:.3},{ay:.3},{az:.3}"
+        );
+        out.extend_from_slice(line.as_bytes());
+        t_ms += 10;
+    }
+    out.truncate(bytes);
+    out
+}
+
+/// A streaming encoder for one codec, whose output can be taken as it is
+/// produced (without flushing, so the ratio is that of one-shot
+/// compression).
+enum Encoder {
+    Raw,
+    Gzip(flate2::write::GzEncoder<Vec<u8>>),
+    Zstd(zstd::stream::write::Encoder<'static, Vec<u8>>),
+}
+
+impl Encoder {
+    fn new(codec: Codec) -> io::Result<Self> {
+        Ok(match codec {
+            Codec::None => Encoder::Raw,
+            Codec::Gzip(level) => Encoder::Gzip(flate2::write::GzEncoder::new(
+                Vec::new(),
+                flate2::Compression::new(level.into()),
+            )),
+            Codec::Zstd(level) => {
+                Encoder::Zstd(zstd::stream::write::Encoder::new(Vec::new(), level.into())?)
+            }
+        })
+    }
+
+    /// Compresses `input`; returns the compressed bytes ready so far.
+    fn push(&mut self, input: &[u8]) -> io::Result<Vec<u8>> {
+        match self {
+            Encoder::Raw => Ok(input.to_vec()),
+            Encoder::Gzip(e) => {
+                e.write_all(input)?;
+                Ok(std::mem::take(e.get_mut()))
+            }
+            Encoder::Zstd(e) => {
+                e.write_all(input)?;
+                Ok(std::mem::take(e.get_mut()))
+            }
+        }
+    }
+
+    /// Ends the stream; returns the last compressed bytes.
+    fn finish(self) -> io::Result<Vec<u8>> {
+        match self {
+            Encoder::Raw => Ok(Vec::new()),
+            Encoder::Gzip(e) => e.finish(),
+            Encoder::Zstd(e) => e.finish(),
+        }
+    }
+}
+
+/// Compresses `data` in one go: compressed size and the time it took.
+pub fn compress_timed(codec: Codec, data: &[u8]) -> io::Result<(u64, Duration)> {
+    let start = std::time::Instant::now();
+    let mut enc = Encoder::new(codec)?;
+    let mut len = enc.push(data)?.len();
+    len += enc.finish()?.len();
+    Ok((len as u64, start.elapsed()))
+}
+
+/// What one piped transfer measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Transfer {
+    /// Start of compression to the end of the transaction.
+    pub wall: Duration,
+    /// Bytes that went on the wire.
+    pub wire_bytes: u64,
+    /// Time the compressor spent compressing (not waiting for the link).
+    pub compress_time: Duration,
+}
+
+/// Sends `data` over `link` as one transaction, compressed with `codec` in
+/// `chunk`-byte steps on a blocking thread, piped into the link.
+pub async fn piped_transfer(
+    data: Arc<Vec<u8>>,
+    codec: Codec,
+    link: Link,
+    chunk: usize,
+) -> anyhow::Result<Transfer> {
+    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(IN_FLIGHT_CHUNKS);
+    let start = Instant::now();
+    let compressor = tokio::task::spawn_blocking(move || -> io::Result<Duration> {
+        let mut busy = Duration::ZERO;
+        let mut enc = Encoder::new(codec)?;
+        for piece in data.chunks(chunk.max(1)) {
+            let t = std::time::Instant::now();
+            let out = enc.push(piece)?;
+            busy += t.elapsed();
+            if !out.is_empty() && tx.blocking_send(out).is_err() {
+                return Err(io::Error::other("the link stopped taking bytes"));
+            }
+        }
+        let t = std::time::Instant::now();
+        let out = enc.finish()?;
+        busy += t.elapsed();
+        if !out.is_empty() && tx.blocking_send(out).is_err() {
+            return Err(io::Error::other("the link stopped taking bytes"));
+        }
+        Ok(busy)
+    });
+    let wire_bytes = link.transact_streaming(&mut rx).await;
+    let wall = start.elapsed();
+    let compress_time = compressor
+        .await
+        .context("the compressor thread panicked")?
+        .with_context(|| format!("{codec} failed"))?;
+    Ok(Transfer {
+        wall,
+        wire_bytes,
+        compress_time,
+    })
+}
+
+/// What the samples said about one codec on one payload.
+#[derive(Debug, Clone, Copy)]
+struct SampleStats {
+    codec: Codec,
+    ratio: f64,
+    compress_bytes_per_sec: f64,
+}
+
+/// Feeds `chooser` with `samples` samples of `sample_bytes` spread over
+/// `data`, for every compressing candidate (what weir's occasional sampling
+/// fills its tables with).
+fn learn(
+    chooser: &mut CompressionChooser,
+    kind: &str,
+    data: &[u8],
+    sample_bytes: usize,
+    samples: usize,
+) -> io::Result<Vec<SampleStats>> {
+    let sample = sample_bytes.clamp(1, data.len().max(1));
+    let n = samples.max(1);
+    let codecs: Vec<Codec> = chooser.candidates().to_vec();
+    for k in 0..n {
+        let span = data.len().saturating_sub(sample);
+        let at = if n > 1 { span * k / (n - 1) } else { 0 };
+        let piece = &data[at..(at + sample).min(data.len())];
+        for &codec in codecs.iter().filter(|c| !c.is_none()) {
+            let (compressed, elapsed) = compress_timed(codec, piece)?;
+            chooser.observe(kind, codec, piece.len() as u64, compressed, elapsed);
+        }
+    }
+    let table = chooser.table(kind);
+    Ok(codecs
+        .iter()
+        .map(|&codec| {
+            let st = table.and_then(|t| t.stats(codec));
+            SampleStats {
+                codec,
+                ratio: st.and_then(|s| s.ratio()).unwrap_or(1.0),
+                compress_bytes_per_sec: st
+                    .and_then(|s| s.compress_bytes_per_sec())
+                    .unwrap_or(f64::INFINITY),
+            }
+        })
+        .collect())
+}
+
+/// One codec in one condition.
+#[derive(Debug, Clone)]
+struct Candidate {
+    codec: Codec,
+    runs: Vec<Transfer>,
+    measured: f64,
+    predicted: Option<f64>,
+}
+
+/// Runs the experiment: returns the table for stdout, the JSON and the SVG.
+pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, String)> {
+    let q = args.quick;
+    let links_mbps = args.links.clone().unwrap_or_else(|| vec![0.5, 5.0]);
+    let t_sc = Duration::from_secs_f64(args.t_sc_ms.unwrap_or(if q { 10.0 } else { 100.0 }) / 1e3);
+    let raw_secs = args.raw_secs.unwrap_or(if q { 0.05 } else { 1.5 });
+    let codecs = args.codecs.clone().unwrap_or_else(|| DEFAULT_CANDIDATES.to_vec());
+    let sample_bytes = args.sample_bytes.unwrap_or(if q { 16 << 10 } else { 256 << 10 });
+    let repeat = args.repeat.max(1) as usize;
+    anyhow::ensure!(
+        !links_mbps.is_empty() && links_mbps.iter().all(|r| r.is_finite() && *r > 0.0),
+        "--links must list positive rates in MB/s, e.g. 0.5,5"
+    );
+    anyhow::ensure!(raw_secs > 0.0, "--raw-secs must be positive");
+    let mut chooser = CompressionChooser::new(ChooserConfig {
+        candidates: codecs.clone(),
+        ..ChooserConfig::default()
+    })
+    .map_err(|errs| {
+        let text: Vec<String> = errs.iter().map(ToString::to_string).collect();
+        anyhow::anyhow!("--codecs: {}", text.join("; "))
+    })?;
+
+    let sizes: Vec<usize> = links_mbps
+        .iter()
+        .map(|r| (r * MB * raw_secs).round().max(1.0) as usize)
+        .collect();
+    let largest = sizes.iter().copied().max().unwrap_or(1);
+    let steps = Payload::ALL.len() + links_mbps.len() + sizes.len() * Payload::ALL.len() * codecs.len() * repeat;
+    let bar = report::progress(steps as u64, "compression");
+
+    // The payloads and what the samples teach the chooser.
+    let mut payloads = Vec::new();
+    let mut learned = Vec::new();
+    for p in Payload::ALL {
+        bar.set_message(format!("generating and sampling {}", p.name()));
+        let seed = args.seed;
+        let data = tokio::task::spawn_blocking(move || p.generate(largest, seed)).await?;
+        let (mut ch, samples, sb, data) = (chooser, args.samples, sample_bytes, Arc::new(data));
+        let d2 = Arc::clone(&data);
+        let (ch, stats) = tokio::task::spawn_blocking(move || {
+            let stats = learn(&mut ch, p.name(), &d2, sb, samples);
+            (ch, stats)
+        })
+        .await?;
+        chooser = ch;
+        learned.push((p, stats.context("compressing a sample")?));
+        payloads.push((p, data));
+        bar.inc(1);
+    }
+
+    // Each link: the two-transfer probe, then every codec on every payload.
+    let mut conditions = Vec::new();
+    for (&rate, &size) in links_mbps.iter().zip(&sizes) {
+        let link = Link {
+            per_transaction: t_sc,
+            bytes_per_sec: rate * MB,
+        };
+        bar.set_message(format!("probing the {rate} MB/s link"));
+        let (small, large) = ((size / 16).max(1) as u64, (size / 4).max(2) as u64);
+        let t0 = Instant::now();
+        link.transact(small).await;
+        let t_small = t0.elapsed();
+        let t0 = Instant::now();
+        link.transact(large).await;
+        let t_large = t0.elapsed();
+        let probe = two_transfer_probe(small, t_small, large, t_large).ok();
+        let estimate: LinkEstimate = probe.unwrap_or_else(|| link.estimate());
+        bar.inc(1);
+
+        for (p, data) in &payloads {
+            let data = Arc::new(data[..size.min(data.len())].to_vec());
+            let mut cands = Vec::new();
+            for &codec in &codecs {
+                bar.set_message(format!("{} at {rate} MB/s: {codec}", p.name()));
+                let mut runs = Vec::new();
+                for _ in 0..repeat {
+                    runs.push(piped_transfer(Arc::clone(&data), codec, link, args.chunk_bytes).await?);
+                    bar.inc(1);
+                }
+                let walls: Vec<f64> = runs.iter().map(|r| r.wall.as_secs_f64()).collect();
+                let measured = data.len() as f64 / report::mean(&walls);
+                let predicted = chooser.predict(p.name(), codec, data.len() as u64, &estimate);
+                cands.push(Candidate {
+                    codec,
+                    runs,
+                    measured,
+                    predicted,
+                });
+            }
+            let choice = chooser.choose(p.name(), data.len() as u64, &estimate);
+            conditions.push((rate, *p, data.len(), link, probe, estimate, cands, choice));
+        }
+    }
+    bar.finish_and_clear();
+
+    // Tables, JSON and the plot.
+    let mbps = |x: f64| x / MB;
+    let mut text = format!(
+        "compression: T_sc {:.0} ms per transfer, raw transfer {:.2} s on each link, chunks of {} B, {} sample(s) of {} B per codec, {} run(s) each\n",
+        t_sc.as_secs_f64() * 1e3,
+        raw_secs,
+        args.chunk_bytes,
+        args.samples,
+        sample_bytes,
+        repeat
+    );
+    let mut samples_table = Table::new(["payload", "codec", "CR", "Th_c MB/s"]);
+    for (p, stats) in &learned {
+        for s in stats.iter().filter(|s| !s.codec.is_none()) {
+            samples_table.row([
+                p.name().to_string(),
+                s.codec.to_string(),
+                format!("{:.2}", s.ratio),
+                format!("{:.1}", mbps(s.compress_bytes_per_sec)),
+            ]);
+        }
+    }
+    text.push_str("\nwhat the samples taught the chooser:\n");
+    text.push_str(&samples_table.render());
+
+    let mut json_conditions = Vec::new();
+    let mut panels = Vec::new();
+    let mut summary = Table::new([
+        "link MB/s",
+        "payload",
+        "chosen",
+        "chosen MB/s",
+        "oracle",
+        "oracle MB/s",
+        "chosen/oracle",
+        "model err %",
+        "best/raw",
+        "best/gzip-6",
+    ]);
+    let mut all_goals = true;
+    let mut none_on_random = true;
+    for (rate, p, bytes, link, probe, estimate, cands, choice) in &conditions {
+        let mut t = Table::new([
+            "codec",
+            "CR",
+            "wire B",
+            "compress ms",
+            "wall ms",
+            "measured MB/s",
+            "predicted MB/s",
+            "error %",
+        ]);
+        let oracle = cands
+            .iter()
+            .max_by(|a, b| a.measured.total_cmp(&b.measured))
+            .expect("at least one codec");
+        let chosen = cands
+            .iter()
+            .find(|c| c.codec == choice.codec)
+            .expect("the chooser picks a candidate");
+        let err = |c: &Candidate| c.predicted.map(|pr| (pr - c.measured) / c.measured * 100.0);
+        let errs: Vec<f64> = cands.iter().filter_map(err).map(f64::abs).collect();
+        let model_error_pct = report::mean(&errs);
+        let raw = cands.iter().find(|c| c.codec.is_none()).map(|c| c.measured);
+        let gzip6 = cands
+            .iter()
+            .find(|c| c.codec == Codec::Gzip(6))
+            .map(|c| c.measured);
+        let share = chosen.measured / oracle.measured;
+        let met = share >= GOAL_SHARE_OF_ORACLE;
+        all_goals &= met;
+        if *p == Payload::Random {
+            none_on_random &= choice.codec.is_none();
+        }
+        let mut json_cands = Vec::new();
+        for c in cands {
+            let wire = report::mean(&c.runs.iter().map(|r| r.wire_bytes as f64).collect::<Vec<_>>());
+            let comp = report::mean(
+                &c.runs
+                    .iter()
+                    .map(|r| r.compress_time.as_secs_f64() * 1e3)
+                    .collect::<Vec<_>>(),
+            );
+            let wall = report::mean(
+                &c.runs
+                    .iter()
+                    .map(|r| r.wall.as_secs_f64() * 1e3)
+                    .collect::<Vec<_>>(),
+            );
+            let mark = match (c.codec == choice.codec, c.codec == oracle.codec) {
+                (true, true) => " (chosen, best)",
+                (true, false) => " (chosen)",
+                (false, true) => " (best)",
+                _ => "",
+            };
+            t.row([
+                format!("{}{mark}", c.codec),
+                format!("{:.2}", *bytes as f64 / wire),
+                format!("{wire:.0}"),
+                format!("{comp:.1}"),
+                format!("{wall:.1}"),
+                format!("{:.3}", mbps(c.measured)),
+                c.predicted.map_or("-".into(), |v| format!("{:.3}", mbps(v))),
+                err(c).map_or("-".into(), |e| format!("{e:+.1}")),
+            ]);
+            json_cands.push(json!({
+                "codec": c.codec.to_string(),
+                "measured_mbps": report::round(mbps(c.measured), 4),
+                "runs_mbps": c.runs.iter().map(|r| report::round(mbps(*bytes as f64 / r.wall.as_secs_f64()), 4)).collect::<Vec<_>>(),
+                "predicted_mbps": c.predicted.map(|v| report::round(mbps(v), 4)),
+                "error_pct": err(c).map(|e| report::round(e, 2)),
+                "wire_bytes": wire.round(),
+                "ratio": report::round(*bytes as f64 / wire, 3),
+                "compress_ms": report::round(comp, 2),
+                "wall_ms": report::round(wall, 2),
+            }));
+        }
+        let best_vs_raw = raw.map(|r| oracle.measured / r);
+        let best_vs_gzip6 = gzip6.map(|g| oracle.measured / g);
+        text.push_str(&format!(
+            "\n{} on {rate} MB/s ({bytes} B; probe: {}):\n",
+            p.name(),
+            match probe {
+                Some(e) => format!(
+                    "{:.3} MB/s, T_sc {:.1} ms",
+                    mbps(e.bytes_per_sec),
+                    e.per_transaction.as_secs_f64() * 1e3
+                ),
+                None => "failed, using the nominal link".into(),
+            }
+        ));
+        text.push_str(&t.render());
+        summary.row([
+            format!("{rate}"),
+            p.name().to_string(),
+            choice.codec.to_string(),
+            format!("{:.3}", mbps(chosen.measured)),
+            oracle.codec.to_string(),
+            format!("{:.3}", mbps(oracle.measured)),
+            format!("{:.1}%", share * 100.0),
+            format!("{model_error_pct:.1}"),
+            best_vs_raw.map_or("-".into(), |v| format!("{v:.2}x")),
+            best_vs_gzip6.map_or("-".into(), |v| format!("{v:.2}x")),
+        ]);
+        json_conditions.push(json!({
+            "link_mbps": rate,
+            "payload": p.name(),
+            "bytes": bytes,
+            "link": link.summary(),
+            "link_estimate": LinkSummary::from(*estimate),
+            "probe_ok": probe.is_some(),
+            "chosen": choice.codec.to_string(),
+            "chosen_mbps": report::round(mbps(chosen.measured), 4),
+            "chosen_predicted_mbps": report::round(mbps(choice.predicted_throughput), 4),
+            "oracle": oracle.codec.to_string(),
+            "oracle_mbps": report::round(mbps(oracle.measured), 4),
+            "chosen_share_of_oracle": report::round(share, 4),
+            "model_error_pct": report::round(model_error_pct, 2),
+            "chosen_model_error_pct": err(chosen).map(|e| report::round(e, 2)),
+            "best_vs_raw": best_vs_raw.map(|v| report::round(v, 3)),
+            "best_vs_gzip6": best_vs_gzip6.map(|v| report::round(v, 3)),
+            "goal_met": met,
+            "candidates": json_cands,
+        }));
+        panels.push(BarPanel {
+            title: format!("{} on {rate} MB/s (chosen {}, best {})", p.name(), choice.codec, oracle.codec),
+            categories: cands.iter().map(|c| c.codec.to_string()).collect(),
+            bars: cands.iter().map(|c| mbps(c.measured)).collect(),
+            dots: cands.iter().map(|c| c.predicted.map(mbps)).collect(),
+            highlight: cands.iter().position(|c| c.codec == choice.codec),
+            best: cands.iter().position(|c| c.codec == oracle.codec),
+        });
+    }
+    text.push_str("\nsummary (paper, Table II, accel.csv: best/raw 11.82x on 0.5 MB/s and 4.05x on 5 MB/s; best/gzip-6 1.69x and 7.75x):\n");
+    text.push_str(&summary.render());
+    text.push_str(&format!(
+        "goals: chosen >= {:.0}% of the oracle everywhere: {}; none on incompressible data: {}\n",
+        GOAL_SHARE_OF_ORACLE * 100.0,
+        if all_goals { "met" } else { "NOT met" },
+        if none_on_random { "met" } else { "NOT met" },
+    ));
+
+    let json = json!({
+        "experiment": "compression",
+        "units": "MB/s, 1 MB = 10^6 bytes (the paper's unit); link_mbps is the link's rate in MB/s",
+        "params": {
+            "links_mbps": links_mbps,
+            "t_sc_ms": report::ms(t_sc),
+            "raw_secs": raw_secs,
+            "codecs": codecs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "sample_bytes": sample_bytes,
+            "samples": args.samples,
+            "chunk_bytes": args.chunk_bytes,
+            "repeat": repeat,
+            "seed": args.seed,
+        },
+        "samples": learned.iter().map(|(p, stats)| json!({
+            "payload": p.name(),
+            "codecs": stats.iter().filter(|s| !s.codec.is_none()).map(|s| json!({
+                "codec": s.codec.to_string(),
+                "ratio": report::round(s.ratio, 3),
+                "compress_mbps": report::round(mbps(s.compress_bytes_per_sec), 2),
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "conditions": json_conditions,
+        "paper": {
+            "best_vs_raw_0_5": PAPER_BEST_VS_RAW_0_5,
+            "best_vs_raw_5": PAPER_BEST_VS_RAW_5,
+            "best_vs_gzip6_0_5": PAPER_BEST_VS_GZIP6_0_5,
+            "best_vs_gzip6_5": PAPER_BEST_VS_GZIP6_5,
+        },
+        "goals": {
+            "chosen_share_of_oracle_at_least": GOAL_SHARE_OF_ORACLE,
+            "chosen_within_goal_everywhere": all_goals,
+            "none_on_incompressible": none_on_random,
+        },
+    });
+    let svg = report::bar_panels_svg(
+        "Effective throughput per codec: bars measured (orange: weir's pick), dots the piping model",
+        "MB/s",
+        &panels,
+        Payload::ALL.len(),
+    )?;
+    Ok((text, json, svg))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read as _;
+
+    #[test]
+    fn payloads_are_deterministic_and_sized() {
+        let a = accel_csv(10_000, 7);
+        assert_eq!(a.len(), 10_000);
+        assert_eq!(a, accel_csv(10_000, 7));
+        assert_ne!(a, accel_csv(10_000, 8));
+        let text = std::str::from_utf8(&a).unwrap();
+        let mut lines = text.lines();
+        assert_eq!(lines.next(), Some("timestamp,ax,ay,az"));
+        let row: Vec<&str> = lines.next().unwrap().split(',').collect();
+        assert_eq!(row.len(), 4);
+        assert!(row[0].starts_with("2024-05-14 09:00:00.000"));
+        assert!(row[2].parse::<f64>().unwrap() < -0.5, "gravity on y: {row:?}");
+        let r = random_bytes(1001, 3);
+        assert_eq!(r.len(), 1001);
+        assert_eq!(r, random_bytes(1001, 3));
+    }
+
+    #[test]
+    fn csv_compresses_and_random_does_not() {
+        let csv = accel_csv(200_000, 1);
+        let rnd = random_bytes(200_000, 1);
+        let (c, _) = compress_timed(Codec::Zstd(3), &csv).unwrap();
+        assert!(c * 2 < csv.len() as u64, "csv ratio {}", csv.len() as f64 / c as f64);
+        let (r, _) = compress_timed(Codec::Gzip(6), &rnd).unwrap();
+        assert!(r >= rnd.len() as u64, "random shrank to {r}");
+    }
+
+    fn streamed(codec: Codec, data: &[u8], chunk: usize) -> Vec<u8> {
+        let mut enc = Encoder::new(codec).unwrap();
+        let mut out = Vec::new();
+        for piece in data.chunks(chunk) {
+            out.extend(enc.push(piece).unwrap());
+        }
+        out.extend(enc.finish().unwrap());
+        out
+    }
+
+    #[test]
+    fn streamed_output_decodes_to_the_input() {
+        let data = accel_csv(300_000, 2);
+        let gz = streamed(Codec::Gzip(6), &data, 10_000);
+        let mut back = Vec::new();
+        flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut back).unwrap();
+        assert_eq!(back, data);
+        let zs = streamed(Codec::Zstd(3), &data, 10_000);
+        assert_eq!(zstd::stream::decode_all(&zs[..]).unwrap(), data);
+        assert_eq!(streamed(Codec::None, &data, 10_000), data);
+        // Same size as one-shot compression: nothing was flushed early.
+        let (one_shot, _) = compress_timed(Codec::Zstd(3), &data).unwrap();
+        assert_eq!(zs.len() as u64, one_shot);
+    }
+
+    #[tokio::test]
+    async fn piped_transfer_sends_what_was_compressed() {
+        let data = Arc::new(accel_csv(100_000, 3));
+        let link = Link {
+            per_transaction: Duration::from_millis(1),
+            bytes_per_sec: 1e9,
+        };
+        let raw = piped_transfer(Arc::clone(&data), Codec::None, link, 8192)
+            .await
+            .unwrap();
+        assert_eq!(raw.wire_bytes, 100_000);
+        let z = piped_transfer(data, Codec::Zstd(1), link, 8192).await.unwrap();
+        assert!(z.wire_bytes < 50_000, "{z:?}");
+        assert!(z.wall >= Duration::from_millis(1));
+    }
+}

@@ -1,0 +1,89 @@
+//! weir-lab: the papers' experiments, run in one process over an emulated
+//! uplink, with weir's own models making the decisions.
+//!
+//! Each experiment prints a table on stdout, writes `<experiment>.json` and
+//! `<experiment>.svg` to `--out`, and shows a progress bar on stderr while
+//! it runs (hidden when stderr is not a terminal). docs/lab.md describes the
+//! experiments and their results.
+//!
+//! # Layout
+//! - `link`: the emulated uplink (fixed time per transaction plus bytes over
+//!   the bandwidth), whole transactions or piped chunks.
+//! - `batching`: buffer-aided relaying's 50-record job (Li et al., Fig. 10)
+//!   and the batch plan of weir's fitted model.
+//! - `compression`: every codec's effective throughput per link and payload
+//!   (Dzhagaryan and Milenkovic, Table II), the piping model's prediction
+//!   and the chooser's pick.
+//! - `report`: tables, JSON files, SVG plots, progress bars.
+
+mod batching;
+mod compression;
+mod link;
+mod report;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+/// Command line of weir-lab.
+#[derive(Debug, Parser)]
+#[command(name = "weir-lab", version, about = "Reproduce the papers' experiments with weir's models over an emulated link")]
+struct Cli {
+    /// Directory for `<experiment>.json` and `<experiment>.svg`.
+    #[arg(long, global = true, default_value = "lab-out")]
+    out: PathBuf,
+    #[command(subcommand)]
+    experiment: Experiment,
+}
+
+/// The experiments.
+#[derive(Debug, Subcommand)]
+enum Experiment {
+    /// Wall-clock of the 50-record job: FIFS, fixed buffers 2..50, and the
+    /// batch plan of weir's fitted model (buffer-aided relaying, Fig. 10).
+    Batching(batching::Args),
+    /// Effective throughput of every codec on 0.5 and 5 MB/s links, the
+    /// piping model's prediction, and the chooser's pick (Table II).
+    Compression(compression::Args),
+}
+
+impl Experiment {
+    fn name(&self) -> &'static str {
+        match self {
+            Experiment::Batching(_) => "batching",
+            Experiment::Compression(_) => "compression",
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("weir-lab: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("weir-lab")
+        .build()
+        .context("cannot start the async runtime")?;
+    let name = cli.experiment.name();
+    let (table, json, svg) = rt.block_on(async {
+        match &cli.experiment {
+            Experiment::Batching(a) => batching::run(a).await,
+            Experiment::Compression(a) => compression::run(a).await,
+        }
+    })?;
+    print!("{table}");
+    let out = report::write_outputs(&cli.out, name, &json, &svg)?;
+    eprintln!("wrote {} and {}", out.json.display(), out.svg.display());
+    Ok(())
+}
