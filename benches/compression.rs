@@ -11,6 +11,8 @@
 //! - `weir_compress`: `weir_proto::compress`, what the egress calls.
 //! - `weir_off_reactor`: the same handed to tokio's blocking pool and
 //!   awaited, as the egress does per batch (adds the hand-off cost).
+//! - `handoff_only`: that hand-off with nothing to compress (throughput
+//!   figures here are per batch of the same size, for comparison).
 //! - `weir_decompress`: `weir_proto::decompress` of the zstd-1 body with
 //!   the default cap, what a consumer runs.
 
@@ -97,6 +99,17 @@ fn zstd_level_1(c: &mut Criterion) {
                 tokio::task::spawn_blocking(move || compress(&body, Encoding::Zstd, LEVEL))
                     .await
                     .unwrap()
+                    .unwrap()
+            })
+        })
+    });
+    // The hand-off alone (an empty closure): what `weir_off_reactor` adds
+    // to `weir_compress`, a fixed cost per batch whatever its size.
+    g.bench_function("handoff_only", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                tokio::task::spawn_blocking(|| black_box(0u8))
+                    .await
                     .unwrap()
             })
         })

@@ -382,6 +382,20 @@ impl Reservations {
             .map_or(0.0, |r| r.rate)
     }
 
+    /// Ends every reservation of `receiver` (it is gone); returns their
+    /// total rate.
+    pub fn release_all(&mut self, receiver: NodeId) -> f64 {
+        let mut freed = 0.0;
+        self.entries.retain(|&(r, _), res| {
+            let keep = r != receiver;
+            if !keep {
+                freed += res.rate;
+            }
+            keep
+        });
+        freed
+    }
+
     /// Whether a forwarded record of `units` (its size) from `receiver` in
     /// `class` may be enqueued at `now`; takes its tokens if so.
     pub fn admit(
@@ -563,6 +577,14 @@ impl Leases {
         self.entries.get(&(provider, class)).map_or(0.0, |l| l.rate)
     }
 
+    /// Every live lease as (provider, class, rate).
+    pub fn iter(&self, now: Duration) -> impl Iterator<Item = (NodeId, ClassId, f64)> + '_ {
+        self.entries
+            .iter()
+            .filter(move |(_, l)| now < l.expires)
+            .map(|(&(p, c), l)| (p, c, l.rate))
+    }
+
     /// Total rate granted to this node by every provider.
     pub fn total(&self) -> f64 {
         self.entries.values().map(|l| l.rate).sum()
@@ -618,10 +640,11 @@ impl InFlight {
         Ok(())
     }
 
-    /// The provider has it: forget it. False for an unknown identity (a
-    /// repeated or stray acknowledgement), which changes nothing.
-    pub fn acked(&mut self, key: RecordKey) -> bool {
-        self.take(key).is_some()
+    /// The provider has it: forget it (returned for accounting). `None`
+    /// for an unknown identity (a repeated or stray acknowledgement), which
+    /// changes nothing.
+    pub fn acked(&mut self, key: RecordKey) -> Option<Record> {
+        self.take(key)
     }
 
     /// The provider refused it: hand it back to be queued here again.
@@ -807,6 +830,8 @@ mod tests {
         );
         assert_eq!(res.reserved_for(3, LT), 0.0);
         assert_eq!(res.len(), 1);
+        assert_eq!(res.release_all(E1), 2.0);
+        assert!(res.is_empty());
     }
 
     #[test]
@@ -953,8 +978,8 @@ mod tests {
         }
         assert!(f.sent(record(E1, 2)).is_err(), "same identity twice");
         assert_eq!(f.bytes(), 4 * record(E1, 0).size());
-        assert!(f.acked((E1, 1)));
-        assert!(!f.acked((E1, 1)), "a repeated ack changes nothing");
+        assert!(f.acked((E1, 1)).is_some());
+        assert!(f.acked((E1, 1)).is_none(), "a repeated ack changes nothing");
         assert_eq!(f.refused((E1, 3)).map(|r| r.seq), Some(3));
         let back: Vec<u64> = f.take_all().iter().map(|r| r.seq).collect();
         assert_eq!(back, vec![0, 2]);
@@ -1004,7 +1029,7 @@ mod tests {
                         }
                     }
                     1 => {
-                        if f.acked((E1, seq)) {
+                        if f.acked((E1, seq)).is_some() {
                             prop_assert!(settled.insert(seq));
                         }
                     }

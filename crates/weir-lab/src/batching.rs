@@ -33,12 +33,12 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use weir_core::batching::{
-    BatchPlan, BatchSizer, BatchingConfig, ClassTraffic, LatencyLine, PlanReason,
-    ReferencePolicy,
+    BatchPlan, BatchSizer, BatchingConfig, ClassTraffic, LatencyLine, PlanReason, ReferencePolicy,
 };
 use weir_core::link_estimate::{two_transfer_probe, LinkEstimate, LinkEstimator};
 
 use crate::link::{Link, LinkSummary};
+use crate::relay;
 use crate::report::{self, HLine, LineChart, Mark, Series, Table};
 
 /// Batch sizes of the warm-up: six distinct sizes give the fits 15
@@ -48,6 +48,10 @@ pub const WARMUP_SIZES: [u32; 6] = [1, 2, 4, 8, 16, 32];
 
 /// Records in the paper's job (Fig. 10).
 pub const PAPER_JOB_RECORDS: u32 = 50;
+
+/// Quiet time between jobs through the relay: a few PBTT windows, so each
+/// job starts as a fresh burst would, on plans made from a quiet window.
+pub const RELAY_PAUSE: Duration = Duration::from_millis(500);
 
 /// The paper's measured job (Fig. 10): FIFS wall-clock, ms.
 pub const PAPER_FIFS_MS: f64 = 7694.0;
@@ -77,16 +81,22 @@ impl std::str::FromStr for Sizes {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("batch sizes `{s}`: use a range such as 2..50 or a list such as 2,5,10");
+        let bad =
+            || format!("batch sizes `{s}`: use a range such as 2..50 or a list such as 2,5,10");
         let num = |t: &str| t.trim().parse::<u32>().ok().filter(|n| *n >= 1);
         let sizes: Vec<u32> = if let Some((a, b)) = s.split_once("..") {
-            let (a, b) = (num(a).ok_or_else(bad)?, num(b.trim_start_matches('=')).ok_or_else(bad)?);
+            let (a, b) = (
+                num(a).ok_or_else(bad)?,
+                num(b.trim_start_matches('=')).ok_or_else(bad)?,
+            );
             if a > b {
                 return Err(bad());
             }
             (a..=b).collect()
         } else {
-            s.split(',').map(|t| num(t).ok_or_else(bad)).collect::<Result<_, _>>()?
+            s.split(',')
+                .map(|t| num(t).ok_or_else(bad))
+                .collect::<Result<_, _>>()?
         };
         if sizes.is_empty() {
             return Err(bad());
@@ -134,6 +144,9 @@ pub struct Args {
     /// Emulated links run at once (they only sleep).
     #[arg(long, default_value_t = 8)]
     pub jobs: usize,
+    /// Skip the runs through weir's own relay (App, scheduler, egress).
+    #[arg(long)]
+    pub no_relay: bool,
     /// Small and fast: for tests and a first look.
     #[arg(long)]
     pub quick: bool,
@@ -155,7 +168,9 @@ pub struct Job {
 impl Args {
     fn job(&self) -> anyhow::Result<(Job, Vec<u32>)> {
         let q = self.quick;
-        let records = self.records.unwrap_or(if q { 20 } else { PAPER_JOB_RECORDS });
+        let records = self
+            .records
+            .unwrap_or(if q { 20 } else { PAPER_JOB_RECORDS });
         let record_bytes = self.record_bytes.unwrap_or(1400);
         let interval_ms = self.interval_ms.unwrap_or(if q { 2.0 } else { 10.0 });
         let tx_ms = self.transaction_ms.unwrap_or(if q { 20.0 } else { 148.0 });
@@ -389,17 +404,19 @@ pub fn fit_model(
     };
 
     let arr = &fifs.arrivals;
-    anyhow::ensure!(arr.len() >= 2, "the FIFS run needs at least two records to measure a rate");
+    anyhow::ensure!(
+        arr.len() >= 2,
+        "the FIFS run needs at least two records to measure a rate"
+    );
     let span = (arr[arr.len() - 1] - arr[0]).as_secs_f64();
     let arrival_rate = if span > 0.0 {
         (arr.len() - 1) as f64 / span
     } else {
         f64::INFINITY
     };
-    let (records, bytes) = fifs
-        .transactions
-        .iter()
-        .fold((0u64, 0u64), |(r, b), t| (r + t.records as u64, b + t.bytes));
+    let (records, bytes) = fifs.transactions.iter().fold((0u64, 0u64), |(r, b), t| {
+        (r + t.records as u64, b + t.bytes)
+    });
     let mean_record_bytes = bytes as f64 / records.max(1) as f64;
 
     let upload = sizer.upload_line(mean_record_bytes, &link);
@@ -466,7 +483,8 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
     let (job, sizes) = args.job()?;
     let bound = Duration::from_millis(args.bound_ms);
     let repeat = args.repeat as usize;
-    let total = 2 + repeat * (1 + sizes.len()) + repeat - 1;
+    let relay_runs = if args.no_relay { 0 } else { 1 + repeat };
+    let total = 2 + repeat * (1 + sizes.len()) + repeat - 1 + relay_runs;
     let bar = report::progress(total as u64, "batching");
 
     // Phase 1: the warm-up and the first FIFS run, which the model learns
@@ -477,7 +495,11 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
     };
     let first = run_all(
         vec![
-            ("warm-up".into(), warmup_job, Closing::Sizes(WARMUP_SIZES.to_vec())),
+            (
+                "warm-up".into(),
+                warmup_job,
+                Closing::Sizes(WARMUP_SIZES.to_vec()),
+            ),
             ("fifs".into(), job, Closing::Sizes(vec![1])),
         ],
         args.jobs,
@@ -499,6 +521,30 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
         runs.push(("weir".to_string(), job, Closing::Plan(model.plan)));
     }
     let mut results = run_all(runs, args.jobs, &bar).await?;
+
+    // Phase 3: the same job through weir's relay: a first job on its
+    // priors, then `repeat` more once it has learned from its own traffic.
+    let relay = if args.no_relay {
+        None
+    } else {
+        bar.set_message("weir's relay");
+        let r = relay::Relay::start(&std::env::temp_dir(), &job.link, bound).await?;
+        let first = r
+            .run_job(job.records, job.record_bytes, job.interval)
+            .await?;
+        bar.inc(1);
+        let mut later = Vec::new();
+        for _ in 0..repeat {
+            tokio::time::sleep(RELAY_PAUSE).await;
+            later.push(
+                r.run_job(job.records, job.record_bytes, job.interval)
+                    .await?,
+            );
+            bar.inc(1);
+        }
+        r.stop().await?;
+        Some((first, later))
+    };
     bar.finish_and_clear();
     results.push(("fifs".into(), fifs0.clone()));
 
@@ -540,7 +586,10 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
     ]);
     for (s, _, m) in &series {
         t.row([
-            format!("fixed buffer{}", if *s == best_batch { " (best)" } else { "" }),
+            format!(
+                "fixed buffer{}",
+                if *s == best_batch { " (best)" } else { "" }
+            ),
             s.to_string(),
             job.records.div_ceil(*s).to_string(),
             format!("{m:.0}"),
@@ -558,6 +607,26 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
         format!("{chosen_ms:.0}"),
         format!("{speedup:.2}x"),
     ]);
+    let relay_ms = relay.as_ref().map(|(first, later)| {
+        let runs: Vec<f64> = later.iter().map(|r| report::ms(r.wall)).collect();
+        (report::ms(first.wall), report::mean(&runs), runs)
+    });
+    if let (Some((first, later)), Some((first_ms, ms, _))) = (&relay, &relay_ms) {
+        t.row([
+            "relay, first job (weir's priors)".to_string(),
+            "-".into(),
+            first.batches.len().to_string(),
+            format!("{first_ms:.0}"),
+            format!("{:.2}x", fifs_ms / first_ms),
+        ]);
+        t.row([
+            "relay (weir's scheduler)".to_string(),
+            "-".into(),
+            later.first().map_or(0, |r| r.batches.len()).to_string(),
+            format!("{ms:.0}"),
+            format!("{:.2}x", fifs_ms / ms),
+        ]);
+    }
     t.row([
         "paper: FIFS".to_string(),
         "1".into(),
@@ -610,6 +679,27 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
         (chosen_ms / best_ms - 1.0) * 100.0,
     ));
 
+    if let (Some((first, later)), Some((first_ms, ms, _))) = (&relay, &relay_ms) {
+        text.push_str(&format!(
+            "relay (weir's App, file egress behind the same link): first job {first_ms:.0} ms in batches {:?}; \
+             later jobs {ms:.0} ms ({:.2}x FIFS) in batches {:?}\n",
+            first.batches,
+            fifs_ms / ms,
+            later.first().map(|r| r.batches.clone()).unwrap_or_default(),
+        ));
+    }
+    let relay_json = match (&relay, &relay_ms) {
+        (Some((first, later)), Some((first_ms, ms, runs))) => json!({
+            "first_ms": first_ms,
+            "first_batches": first.batches,
+            "ms": report::round(*ms, 1),
+            "runs_ms": runs,
+            "batches": later.iter().map(|r| r.batches.clone()).collect::<Vec<_>>(),
+            "speedup": report::round(fifs_ms / ms, 3),
+            "pause_between_jobs_ms": report::ms(RELAY_PAUSE),
+        }),
+        _ => serde_json::Value::Null,
+    };
     let json = json!({
         "experiment": "batching",
         "params": {
@@ -659,6 +749,7 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
         "best_ms": report::round(best_ms, 1),
         "speedup": report::round(speedup, 3),
         "best_speedup": report::round(fifs_ms / best_ms, 3),
+        "relay": relay_json,
         "paper": {
             "fifs_ms": PAPER_FIFS_MS,
             "batched_ms": PAPER_BATCHED_MS,
@@ -693,6 +784,13 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
             paper: false,
         }],
     };
+    if let Some((_, ms, _)) = &relay_ms {
+        chart.hlines.push(HLine {
+            name: format!("weir's relay {ms:.0} ms ({:.1}x)", fifs_ms / ms),
+            y: *ms,
+            paper: false,
+        });
+    }
     // The paper's numbers belong on the plot of the paper's job only.
     if job.records == PAPER_JOB_RECORDS {
         chart.hlines.push(HLine {
@@ -799,6 +897,11 @@ mod tests {
         assert!(m.plan.batches(), "{:?}", m.plan);
         assert_eq!(m.plan.target_records, 29);
         let chosen = run_job(job, Closing::Plan(m.plan)).await;
-        assert!(chosen.wall * 4 < fifs.wall, "{:?} vs {:?}", chosen.wall, fifs.wall);
+        assert!(
+            chosen.wall * 4 < fifs.wall,
+            "{:?} vs {:?}",
+            chosen.wall,
+            fifs.wall
+        );
     }
 }

@@ -77,7 +77,8 @@ pub struct Args {
     /// 1/6/9, zstd 1/3/9/19].
     #[arg(long, value_delimiter = ',', value_parser = parse_codec)]
     pub codecs: Option<Vec<Codec>>,
-    /// Bytes per sample the chooser learns from [default: 256 KiB; quick:
+    /// Bytes per sample the chooser learns from [default: 1 MiB, larger
+    /// than zstd's small-input parameter tables, like the transfers; quick:
     /// 16 KiB].
     #[arg(long)]
     pub sample_bytes: Option<usize>,
@@ -99,7 +100,8 @@ pub struct Args {
 }
 
 fn parse_codec(s: &str) -> Result<Codec, String> {
-    s.parse().map_err(|e: weir_core::compression::CodecError| e.to_string())
+    s.parse()
+        .map_err(|e: weir_core::compression::CodecError| e.to_string())
 }
 
 /// A generated payload.
@@ -232,8 +234,9 @@ pub fn accel_csv(bytes: usize, seed: u64) -> Vec<u8> {
 }
 
 /// A streaming encoder for one codec, whose output can be taken as it is
-/// produced (without flushing, so the ratio is that of one-shot
-/// compression).
+/// produced (without flushing, so the output is that of one-shot
+/// compression: zstd is told the input size, as weir's one-shot
+/// `zstd::bulk::compress` of a batch is).
 enum Encoder {
     Raw,
     Gzip(flate2::write::GzEncoder<Vec<u8>>),
@@ -241,7 +244,7 @@ enum Encoder {
 }
 
 impl Encoder {
-    fn new(codec: Codec) -> io::Result<Self> {
+    fn new(codec: Codec, input_len: u64) -> io::Result<Self> {
         Ok(match codec {
             Codec::None => Encoder::Raw,
             Codec::Gzip(level) => Encoder::Gzip(flate2::write::GzEncoder::new(
@@ -249,7 +252,10 @@ impl Encoder {
                 flate2::Compression::new(level.into()),
             )),
             Codec::Zstd(level) => {
-                Encoder::Zstd(zstd::stream::write::Encoder::new(Vec::new(), level.into())?)
+                let mut e = zstd::stream::write::Encoder::new(Vec::new(), level.into())?;
+                e.set_pledged_src_size(Some(input_len))?;
+                e.include_contentsize(true)?;
+                Encoder::Zstd(e)
             }
         })
     }
@@ -279,13 +285,15 @@ impl Encoder {
     }
 }
 
-/// Compresses `data` in one go: compressed size and the time it took.
-pub fn compress_timed(codec: Codec, data: &[u8]) -> io::Result<(u64, Duration)> {
+/// Compresses `data` as weir's egress compresses a batch (weir-proto's
+/// one-shot `compress`): compressed size and the time it took.
+pub fn compress_timed(codec: Codec, data: &[u8]) -> anyhow::Result<(u64, Duration)> {
+    let Some((encoding, level)) = weir::egress::compress::wire_encoding(codec) else {
+        return Ok((data.len() as u64, Duration::ZERO));
+    };
     let start = std::time::Instant::now();
-    let mut enc = Encoder::new(codec)?;
-    let mut len = enc.push(data)?.len();
-    len += enc.finish()?.len();
-    Ok((len as u64, start.elapsed()))
+    let out = weir_proto::compress(data, encoding, level)?;
+    Ok((out.len() as u64, start.elapsed()))
 }
 
 /// What one piped transfer measured.
@@ -311,7 +319,7 @@ pub async fn piped_transfer(
     let start = Instant::now();
     let compressor = tokio::task::spawn_blocking(move || -> io::Result<Duration> {
         let mut busy = Duration::ZERO;
-        let mut enc = Encoder::new(codec)?;
+        let mut enc = Encoder::new(codec, data.len() as u64)?;
         for piece in data.chunks(chunk.max(1)) {
             let t = std::time::Instant::now();
             let out = enc.push(piece)?;
@@ -358,7 +366,7 @@ fn learn(
     data: &[u8],
     sample_bytes: usize,
     samples: usize,
-) -> io::Result<Vec<SampleStats>> {
+) -> anyhow::Result<Vec<SampleStats>> {
     let sample = sample_bytes.clamp(1, data.len().max(1));
     let n = samples.max(1);
     let codecs: Vec<Codec> = chooser.candidates().to_vec();
@@ -392,8 +400,25 @@ fn learn(
 struct Candidate {
     codec: Codec,
     runs: Vec<Transfer>,
+    /// Mean effective throughput, bytes/s.
     measured: f64,
+    /// The model's, bytes/s.
     predicted: Option<f64>,
+    /// What the chooser's samples said about it.
+    sample: Option<SampleStats>,
+}
+
+/// One link and payload.
+#[derive(Debug, Clone)]
+struct Condition {
+    rate: f64,
+    payload: Payload,
+    bytes: usize,
+    link: Link,
+    probe: Option<LinkEstimate>,
+    estimate: LinkEstimate,
+    cands: Vec<Candidate>,
+    choice: weir_core::compression::Choice,
 }
 
 /// Runs the experiment: returns the table for stdout, the JSON and the SVG.
@@ -402,19 +427,24 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
     let links_mbps = args.links.clone().unwrap_or_else(|| vec![0.5, 5.0]);
     let t_sc = Duration::from_secs_f64(args.t_sc_ms.unwrap_or(if q { 10.0 } else { 100.0 }) / 1e3);
     let raw_secs = args.raw_secs.unwrap_or(if q { 0.05 } else { 1.5 });
-    let codecs = args.codecs.clone().unwrap_or_else(|| DEFAULT_CANDIDATES.to_vec());
-    let sample_bytes = args.sample_bytes.unwrap_or(if q { 16 << 10 } else { 256 << 10 });
+    let codecs = args
+        .codecs
+        .clone()
+        .unwrap_or_else(|| DEFAULT_CANDIDATES.to_vec());
+    let sample_bytes = args
+        .sample_bytes
+        .unwrap_or(if q { 16 << 10 } else { 1 << 20 });
     let repeat = args.repeat.max(1) as usize;
     anyhow::ensure!(
         !links_mbps.is_empty() && links_mbps.iter().all(|r| r.is_finite() && *r > 0.0),
         "--links must list positive rates in MB/s, e.g. 0.5,5"
     );
     anyhow::ensure!(raw_secs > 0.0, "--raw-secs must be positive");
-    let mut chooser = CompressionChooser::new(ChooserConfig {
+    let config = ChooserConfig {
         candidates: codecs.clone(),
         ..ChooserConfig::default()
-    })
-    .map_err(|errs| {
+    };
+    CompressionChooser::new(config.clone()).map_err(|errs| {
         let text: Vec<String> = errs.iter().map(ToString::to_string).collect();
         anyhow::anyhow!("--codecs: {}", text.join("; "))
     })?;
@@ -424,30 +454,22 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
         .map(|r| (r * MB * raw_secs).round().max(1.0) as usize)
         .collect();
     let largest = sizes.iter().copied().max().unwrap_or(1);
-    let steps = Payload::ALL.len() + links_mbps.len() + sizes.len() * Payload::ALL.len() * codecs.len() * repeat;
+    let conditions_n = sizes.len() * Payload::ALL.len();
+    let steps = Payload::ALL.len() + links_mbps.len() + conditions_n * (1 + codecs.len() * repeat);
     let bar = report::progress(steps as u64, "compression");
 
-    // The payloads and what the samples teach the chooser.
     let mut payloads = Vec::new();
-    let mut learned = Vec::new();
     for p in Payload::ALL {
-        bar.set_message(format!("generating and sampling {}", p.name()));
+        bar.set_message(format!("generating {}", p.name()));
         let seed = args.seed;
         let data = tokio::task::spawn_blocking(move || p.generate(largest, seed)).await?;
-        let (mut ch, samples, sb, data) = (chooser, args.samples, sample_bytes, Arc::new(data));
-        let d2 = Arc::clone(&data);
-        let (ch, stats) = tokio::task::spawn_blocking(move || {
-            let stats = learn(&mut ch, p.name(), &d2, sb, samples);
-            (ch, stats)
-        })
-        .await?;
-        chooser = ch;
-        learned.push((p, stats.context("compressing a sample")?));
-        payloads.push((p, data));
+        payloads.push((p, Arc::new(data)));
         bar.inc(1);
     }
 
-    // Each link: the two-transfer probe, then every codec on every payload.
+    // Each link: the two-transfer probe; then for each payload a fresh
+    // chooser learns from samples taken just before the transfers (so they
+    // see the CPU as the transfers will), and every codec is measured.
     let mut conditions = Vec::new();
     for (&rate, &size) in links_mbps.iter().zip(&sizes) {
         let link = Link {
@@ -466,28 +488,53 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
         let estimate: LinkEstimate = probe.unwrap_or_else(|| link.estimate());
         bar.inc(1);
 
-        for (p, data) in &payloads {
-            let data = Arc::new(data[..size.min(data.len())].to_vec());
+        for (p, full) in &payloads {
+            bar.set_message(format!("{} at {rate} MB/s: sampling", p.name()));
+            let mut chooser = CompressionChooser::new(config.clone()).expect("validated above");
+            let (samples, sb, src) = (args.samples, sample_bytes, Arc::clone(full));
+            let kind = p.name();
+            let (chooser_back, stats) = tokio::task::spawn_blocking(move || {
+                let stats = learn(&mut chooser, kind, &src, sb, samples);
+                (chooser, stats)
+            })
+            .await?;
+            let chooser = chooser_back;
+            let samples = stats.context("compressing a sample")?;
+            bar.inc(1);
+
+            let data = Arc::new(full[..size.min(full.len())].to_vec());
             let mut cands = Vec::new();
             for &codec in &codecs {
                 bar.set_message(format!("{} at {rate} MB/s: {codec}", p.name()));
                 let mut runs = Vec::new();
                 for _ in 0..repeat {
-                    runs.push(piped_transfer(Arc::clone(&data), codec, link, args.chunk_bytes).await?);
+                    runs.push(
+                        piped_transfer(Arc::clone(&data), codec, link, args.chunk_bytes).await?,
+                    );
                     bar.inc(1);
                 }
                 let walls: Vec<f64> = runs.iter().map(|r| r.wall.as_secs_f64()).collect();
                 let measured = data.len() as f64 / report::mean(&walls);
-                let predicted = chooser.predict(p.name(), codec, data.len() as u64, &estimate);
+                let predicted = chooser.predict(kind, codec, data.len() as u64, &estimate);
                 cands.push(Candidate {
                     codec,
                     runs,
                     measured,
                     predicted,
+                    sample: samples.iter().find(|s| s.codec == codec).copied(),
                 });
             }
-            let choice = chooser.choose(p.name(), data.len() as u64, &estimate);
-            conditions.push((rate, *p, data.len(), link, probe, estimate, cands, choice));
+            let choice = chooser.choose(kind, data.len() as u64, &estimate);
+            conditions.push(Condition {
+                rate,
+                payload: *p,
+                bytes: data.len(),
+                link,
+                probe,
+                estimate,
+                cands,
+                choice,
+            });
         }
     }
     bar.finish_and_clear();
@@ -503,20 +550,6 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
         sample_bytes,
         repeat
     );
-    let mut samples_table = Table::new(["payload", "codec", "CR", "Th_c MB/s"]);
-    for (p, stats) in &learned {
-        for s in stats.iter().filter(|s| !s.codec.is_none()) {
-            samples_table.row([
-                p.name().to_string(),
-                s.codec.to_string(),
-                format!("{:.2}", s.ratio),
-                format!("{:.1}", mbps(s.compress_bytes_per_sec)),
-            ]);
-        }
-    }
-    text.push_str("\nwhat the samples taught the chooser:\n");
-    text.push_str(&samples_table.render());
-
     let mut json_conditions = Vec::new();
     let mut panels = Vec::new();
     let mut summary = Table::new([
@@ -533,12 +566,23 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
     ]);
     let mut all_goals = true;
     let mut none_on_random = true;
-    for (rate, p, bytes, link, probe, estimate, cands, choice) in &conditions {
+    for cond in &conditions {
+        let Condition {
+            rate,
+            payload: p,
+            bytes,
+            link,
+            probe,
+            estimate,
+            cands,
+            choice,
+        } = cond;
         let mut t = Table::new([
             "codec",
+            "sample CR",
+            "sample Th_c MB/s",
             "CR",
-            "wire B",
-            "compress ms",
+            "Th_c MB/s",
             "wall ms",
             "measured MB/s",
             "predicted MB/s",
@@ -568,7 +612,12 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
         }
         let mut json_cands = Vec::new();
         for c in cands {
-            let wire = report::mean(&c.runs.iter().map(|r| r.wire_bytes as f64).collect::<Vec<_>>());
+            let wire = report::mean(
+                &c.runs
+                    .iter()
+                    .map(|r| r.wire_bytes as f64)
+                    .collect::<Vec<_>>(),
+            );
             let comp = report::mean(
                 &c.runs
                     .iter()
@@ -587,14 +636,22 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
                 (false, true) => " (best)",
                 _ => "",
             };
+            let sample = c.sample.filter(|_| !c.codec.is_none());
+            // The compressor's own speed in the transfer (not waiting for the
+            // link): what the sample's Th_c tried to foresee.
+            let th_c = (comp > 0.0 && !c.codec.is_none()).then(|| *bytes as f64 / (comp / 1e3));
             t.row([
                 format!("{}{mark}", c.codec),
+                sample.map_or("-".into(), |s| format!("{:.2}", s.ratio)),
+                sample.map_or("-".into(), |s| {
+                    format!("{:.1}", mbps(s.compress_bytes_per_sec))
+                }),
                 format!("{:.2}", *bytes as f64 / wire),
-                format!("{wire:.0}"),
-                format!("{comp:.1}"),
+                th_c.map_or("-".into(), |v| format!("{:.1}", mbps(v))),
                 format!("{wall:.1}"),
                 format!("{:.3}", mbps(c.measured)),
-                c.predicted.map_or("-".into(), |v| format!("{:.3}", mbps(v))),
+                c.predicted
+                    .map_or("-".into(), |v| format!("{:.3}", mbps(v))),
                 err(c).map_or("-".into(), |e| format!("{e:+.1}")),
             ]);
             json_cands.push(json!({
@@ -606,6 +663,9 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
                 "wire_bytes": wire.round(),
                 "ratio": report::round(*bytes as f64 / wire, 3),
                 "compress_ms": report::round(comp, 2),
+                "compress_mbps": th_c.map(|v| report::round(mbps(v), 2)),
+                "sample_ratio": sample.map(|s| report::round(s.ratio, 3)),
+                "sample_compress_mbps": sample.map(|s| report::round(mbps(s.compress_bytes_per_sec), 2)),
                 "wall_ms": report::round(wall, 2),
             }));
         }
@@ -657,7 +717,12 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
             "candidates": json_cands,
         }));
         panels.push(BarPanel {
-            title: format!("{} on {rate} MB/s (chosen {}, best {})", p.name(), choice.codec, oracle.codec),
+            title: format!(
+                "{} on {rate} MB/s (chosen {}, best {})",
+                p.name(),
+                choice.codec,
+                oracle.codec
+            ),
             categories: cands.iter().map(|c| c.codec.to_string()).collect(),
             bars: cands.iter().map(|c| mbps(c.measured)).collect(),
             dots: cands.iter().map(|c| c.predicted.map(mbps)).collect(),
@@ -688,14 +753,6 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
             "repeat": repeat,
             "seed": args.seed,
         },
-        "samples": learned.iter().map(|(p, stats)| json!({
-            "payload": p.name(),
-            "codecs": stats.iter().filter(|s| !s.codec.is_none()).map(|s| json!({
-                "codec": s.codec.to_string(),
-                "ratio": report::round(s.ratio, 3),
-                "compress_mbps": report::round(mbps(s.compress_bytes_per_sec), 2),
-            })).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
         "conditions": json_conditions,
         "paper": {
             "best_vs_raw_0_5": PAPER_BEST_VS_RAW_0_5,
@@ -735,7 +792,10 @@ mod tests {
         let row: Vec<&str> = lines.next().unwrap().split(',').collect();
         assert_eq!(row.len(), 4);
         assert!(row[0].starts_with("2024-05-14 09:00:00.000"));
-        assert!(row[2].parse::<f64>().unwrap() < -0.5, "gravity on y: {row:?}");
+        assert!(
+            row[2].parse::<f64>().unwrap() < -0.5,
+            "gravity on y: {row:?}"
+        );
         let r = random_bytes(1001, 3);
         assert_eq!(r.len(), 1001);
         assert_eq!(r, random_bytes(1001, 3));
@@ -746,13 +806,17 @@ mod tests {
         let csv = accel_csv(200_000, 1);
         let rnd = random_bytes(200_000, 1);
         let (c, _) = compress_timed(Codec::Zstd(3), &csv).unwrap();
-        assert!(c * 2 < csv.len() as u64, "csv ratio {}", csv.len() as f64 / c as f64);
+        assert!(
+            c * 2 < csv.len() as u64,
+            "csv ratio {}",
+            csv.len() as f64 / c as f64
+        );
         let (r, _) = compress_timed(Codec::Gzip(6), &rnd).unwrap();
         assert!(r >= rnd.len() as u64, "random shrank to {r}");
     }
 
     fn streamed(codec: Codec, data: &[u8], chunk: usize) -> Vec<u8> {
-        let mut enc = Encoder::new(codec).unwrap();
+        let mut enc = Encoder::new(codec, data.len() as u64).unwrap();
         let mut out = Vec::new();
         for piece in data.chunks(chunk) {
             out.extend(enc.push(piece).unwrap());
@@ -766,14 +830,18 @@ mod tests {
         let data = accel_csv(300_000, 2);
         let gz = streamed(Codec::Gzip(6), &data, 10_000);
         let mut back = Vec::new();
-        flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut back).unwrap();
+        flate2::read::GzDecoder::new(&gz[..])
+            .read_to_end(&mut back)
+            .unwrap();
         assert_eq!(back, data);
         let zs = streamed(Codec::Zstd(3), &data, 10_000);
         assert_eq!(zstd::stream::decode_all(&zs[..]).unwrap(), data);
         assert_eq!(streamed(Codec::None, &data, 10_000), data);
-        // Same size as one-shot compression: nothing was flushed early.
+        // About the size of weir's one-shot compression: nothing was
+        // flushed early.
         let (one_shot, _) = compress_timed(Codec::Zstd(3), &data).unwrap();
-        assert_eq!(zs.len() as u64, one_shot);
+        let diff = (zs.len() as f64 - one_shot as f64).abs();
+        assert!(diff <= 0.01 * one_shot as f64, "{} vs {one_shot}", zs.len());
     }
 
     #[tokio::test]
@@ -787,7 +855,9 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(raw.wire_bytes, 100_000);
-        let z = piped_transfer(data, Codec::Zstd(1), link, 8192).await.unwrap();
+        let z = piped_transfer(data, Codec::Zstd(1), link, 8192)
+            .await
+            .unwrap();
         assert!(z.wire_bytes < 50_000, "{z:?}");
         assert!(z.wall >= Duration::from_millis(1));
     }

@@ -14,11 +14,14 @@
 //! - `compression`: every codec's effective throughput per link and payload
 //!   (Dzhagaryan and Milenkovic, Table II), the piping model's prediction
 //!   and the chooser's pick.
+//! - `relay`: a job through weir's own `App` (scheduler, batch plans, file
+//!   egress behind the emulated link).
 //! - `report`: tables, JSON files, SVG plots, progress bars.
 
 mod batching;
 mod compression;
 mod link;
+mod relay;
 mod report;
 
 use std::path::PathBuf;
@@ -29,7 +32,11 @@ use clap::{Parser, Subcommand};
 
 /// Command line of weir-lab.
 #[derive(Debug, Parser)]
-#[command(name = "weir-lab", version, about = "Reproduce the papers' experiments with weir's models over an emulated link")]
+#[command(
+    name = "weir-lab",
+    version,
+    about = "Reproduce the papers' experiments with weir's models over an emulated link"
+)]
 struct Cli {
     /// Directory for `<experiment>.json` and `<experiment>.svg`.
     #[arg(long, global = true, default_value = "lab-out")]

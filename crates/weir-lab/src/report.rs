@@ -152,11 +152,10 @@ pub fn write_outputs(
 /// A progress bar on stderr; indicatif hides it when stderr is not a
 /// terminal, so logs and CI output stay clean.
 pub fn progress(len: u64, what: &str) -> ProgressBar {
-    let style = ProgressStyle::with_template(
-        "{prefix:>12} [{bar:40}] {pos}/{len} {elapsed:>4} {wide_msg}",
-    )
-    .expect("static template")
-    .progress_chars("=> ");
+    let style =
+        ProgressStyle::with_template("{prefix:>12} [{bar:40}] {pos}/{len} {elapsed:>4} {wide_msg}")
+            .expect("static template")
+            .progress_chars("=> ");
     let bar = ProgressBar::new(len).with_style(style);
     bar.set_prefix(what.to_string());
     bar
@@ -254,7 +253,10 @@ pub fn line_chart_svg(c: &LineChart) -> anyhow::Result<String> {
         for (i, s) in c.series.iter().enumerate() {
             let color = PALETTE[i % PALETTE.len()];
             chart
-                .draw_series(LineSeries::new(s.points.iter().copied(), color.stroke_width(2)))
+                .draw_series(LineSeries::new(
+                    s.points.iter().copied(),
+                    color.stroke_width(2),
+                ))
                 .map_err(plot_err)?
                 .label(&s.name)
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
@@ -287,7 +289,8 @@ pub fn line_chart_svg(c: &LineChart) -> anyhow::Result<String> {
             } else {
                 (HPos::Left, 10)
             };
-            let font = TextStyle::from(("sans-serif", 14).into_font()).pos(Pos::new(h, VPos::Bottom));
+            let font =
+                TextStyle::from(("sans-serif", 14).into_font()).pos(Pos::new(h, VPos::Bottom));
             chart
                 .draw_series(std::iter::once(
                     EmptyElement::at((m.x, m.y))
@@ -338,15 +341,18 @@ pub fn bar_panels_svg(
     let rows = panels.len().div_ceil(cols).max(1);
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, (WIDTH, 80 + 360 * rows as u32))
-            .into_drawing_area();
+        let root =
+            SVGBackend::with_string(&mut svg, (WIDTH, 80 + 360 * rows as u32)).into_drawing_area();
         root.fill(&WHITE).map_err(plot_err)?;
-        let root = root
-            .titled(title, ("sans-serif", 20))
-            .map_err(plot_err)?;
+        let root = root.titled(title, ("sans-serif", 20)).map_err(plot_err)?;
         for (area, p) in root.split_evenly((rows, cols)).iter().zip(panels) {
             let n = p.categories.len().max(1);
-            let (_, top) = bounds(p.bars.iter().copied().chain(p.dots.iter().flatten().copied()));
+            let (_, top) = bounds(
+                p.bars
+                    .iter()
+                    .copied()
+                    .chain(p.dots.iter().flatten().copied()),
+            );
             let top = if top > 0.0 { top * 1.2 } else { 1.0 };
             let mut chart = ChartBuilder::on(area)
                 .caption(&p.title, ("sans-serif", 16))
@@ -386,10 +392,9 @@ pub fn bar_panels_svg(
                 .map_err(plot_err)?;
             chart
                 .draw_series(
-                    p.dots
-                        .iter()
-                        .enumerate()
-                        .filter_map(|(i, d)| d.map(|v| Circle::new((i as f64, v), 4, BLACK.filled()))),
+                    p.dots.iter().enumerate().filter_map(|(i, d)| {
+                        d.map(|v| Circle::new((i as f64, v), 4, BLACK.filled()))
+                    }),
                 )
                 .map_err(plot_err)?;
             if let Some(i) = p.best {
@@ -462,9 +467,9 @@ mod tests {
 
     #[test]
     fn rounding_helpers() {
-        assert_eq!(round(3.14159, 2), 3.14);
+        assert_eq!(round(1.23456, 2), 1.23);
         assert_eq!(round(-2.5, 0), -3.0);
-        assert_eq!(ms(Duration::from_micros(1234_56)), 123.5);
+        assert_eq!(ms(Duration::from_micros(123_456)), 123.5);
         assert_eq!(mean(&[1.0, 2.0, 6.0]), 3.0);
         assert!(mean(&[]).is_nan());
         assert_eq!(bounds([3.0, f64::NAN, -1.0].into_iter()), (-1.0, 3.0));
@@ -514,9 +519,15 @@ mod tests {
             highlight: Some(2),
             best: Some(2),
         };
-        let svg = bar_panels_svg("effective throughput", "MB/s", &[panel.clone(), panel], 2)
-            .unwrap();
-        for text in ["effective throughput", "csv @ 0.5 MB/s", "gzip-1", "zstd-3", "best"] {
+        let svg =
+            bar_panels_svg("effective throughput", "MB/s", &[panel.clone(), panel], 2).unwrap();
+        for text in [
+            "effective throughput",
+            "csv @ 0.5 MB/s",
+            "gzip-1",
+            "zstd-3",
+            "best",
+        ] {
             assert!(svg.contains(text), "{text} missing");
         }
     }

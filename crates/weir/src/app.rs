@@ -52,6 +52,9 @@ pub struct App {
     pub grpc_addr: Option<SocketAddr>,
     /// Where the admin listener is bound.
     pub admin_addr: Option<SocketAddr>,
+    /// Peering, when `[peering]` is configured (its address, status, and a
+    /// kill switch for failure experiments).
+    pub peering: Option<crate::peer::PeeringHandle>,
     /// The shared ingress handle (tests and the lab enqueue through it).
     pub ingress: Arc<IngressHandle>,
     stop: CancellationToken,
@@ -158,6 +161,17 @@ impl App {
             ),
         };
 
+        // Peering binds before the scheduler starts: the scheduler publishes
+        // its PBTT state to it, and stops only once peering has handed back
+        // every record it lent to a peer.
+        let mut peering = match &cfg.peering {
+            Some(p) => Some(crate::peer::Peering::bind(p.clone()).await?),
+            None => None,
+        };
+        let scheduler_stop = peering
+            .as_ref()
+            .map_or_else(|| stop.clone(), |p| p.scheduler_stop());
+
         let params = SchedulerParams {
             scheme,
             window: cfg.scheduler.window,
@@ -178,11 +192,12 @@ impl App {
             scheduler::Feedback {
                 link: link_rx,
                 delivered: delivered_rx,
+                peer: peering.as_mut().and_then(|p| p.scheduler_port()),
             },
             Arc::clone(&ingress),
             tx,
             ready,
-            stop.clone(),
+            scheduler_stop,
             abort.clone(),
         ));
 
@@ -232,6 +247,16 @@ impl App {
                 }
             });
         }
+        let peering = match peering {
+            Some(p) => Some(p.start(
+                scheme,
+                Arc::clone(&ingress),
+                stop.clone(),
+                abort.clone(),
+                &listeners,
+            )?),
+            None => None,
+        };
         listeners.close();
         tracing::info!(
             node = cfg.node.id,
@@ -239,12 +264,14 @@ impl App {
             mqtt = ?mqtt_addr,
             grpc = ?grpc_addr,
             admin = ?admin_addr,
+            peering = ?peering.as_ref().map(|p| p.local_addr()),
             "weir started"
         );
         Ok(App {
             mqtt_addr,
             grpc_addr,
             admin_addr,
+            peering,
             ingress,
             stop,
             abort,

@@ -11,6 +11,8 @@
 //! - [`scheduler`]: the PBTT window loop and the drain into batches.
 //! - [`egress`]: batch encoding, the retrying delivery loop, the AMQP and
 //!   file sinks and the emulated uplink.
+//! - [`peer`]: peering with other weir nodes: heartbeats, decentralised
+//!   JANUS redirection, and forwarding of overflow (docs/peering.md).
 //! - [`metrics`]: Prometheus metrics; [`admin`] serves them over HTTP.
 //! - [`telemetry`] sets up logging.
 
@@ -20,5 +22,6 @@ pub mod config;
 pub mod egress;
 pub mod ingress;
 pub mod metrics;
+pub mod peer;
 pub mod scheduler;
 pub mod telemetry;

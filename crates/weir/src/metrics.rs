@@ -51,6 +51,8 @@ pub struct Metrics {
     compression_predicted: Gauge<f64, AtomicU64>,
     link_bandwidth: Gauge<f64, AtomicU64>,
     link_transaction: Gauge<f64, AtomicU64>,
+    /// Peering (`weir_peer_*`).
+    pub peer: crate::peer::PeerMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -86,6 +88,7 @@ impl Metrics {
             compression_predicted: Gauge::default(),
             link_bandwidth: Gauge::default(),
             link_transaction: Gauge::default(),
+            peer: crate::peer::PeerMetrics::new(classes),
             registry: Registry::default(),
         };
         registry.register(
@@ -168,6 +171,7 @@ impl Metrics {
             "Online estimate of the uplink's fixed per-transaction time T_sc",
             m.link_transaction.clone(),
         );
+        m.peer.register(&mut registry);
         Metrics { registry, ..m }
     }
 

@@ -18,7 +18,9 @@ use weir_core::drain::{BatchLimits, Drain, Drainer};
 use weir_core::janus::allocator::ClassLoad;
 use weir_core::janus::pbtt::{Pbtt, PbttConfig};
 use weir_core::janus::scheme::Scheme;
+use weir_core::janus::Grant;
 use weir_core::link_estimate::LinkEstimate;
+use weir_core::peer::BandwidthState;
 
 use crate::egress::{Delivered, LinkReady, OutBatch};
 use crate::ingress::IngressHandle;
@@ -56,11 +58,38 @@ pub struct Feedback {
     pub link: tokio::sync::watch::Receiver<LinkEstimate>,
     /// Completed transactions, for the per-class batch sizers.
     pub delivered: mpsc::Receiver<Delivered>,
+    /// Peering, when configured.
+    pub peer: Option<PeerPort>,
+}
+
+/// The scheduler's side of peering (docs/peering.md): it publishes its PBTT
+/// state for the heartbeats, and moves the grants this node made as a
+/// provider into its allocation (JANUS Fig. 4).
+#[derive(Debug)]
+pub struct PeerPort {
+    /// The tuple and allocation after every window and every applied grant.
+    pub state: tokio::sync::watch::Sender<BandwidthState>,
+    /// Grants made as a provider, for `Pbtt::apply_grant`.
+    pub shifts: mpsc::Receiver<Grant>,
+}
+
+impl PeerPort {
+    fn publish(&self, pbtt: &Pbtt) {
+        self.state.send_replace(BandwidthState {
+            tuple: pbtt.tuple().clone(),
+            allocation: pbtt.allocation().clone(),
+        });
+    }
 }
 
 /// A capacity change smaller than this fraction is not worth re-allocating
 /// for (the estimate jitters from transaction to transaction).
 const CAPACITY_HYSTERESIS: f64 = 0.05;
+
+/// Weight of one transaction's raw-to-wire byte ratio in its running
+/// average (compression lets the link carry more record bytes than its
+/// wire rate; token buckets count record bytes).
+const COMPRESSION_RATIO_EWMA: f64 = 0.1;
 
 /// Weight of a window's mean record size in its running average.
 const RECORD_SIZE_EWMA: f64 = 0.2;
@@ -201,6 +230,7 @@ pub async fn run(
     let mut planner = (params.adaptive && queues.classes() == classes.len())
         .then(|| Planner::new(classes.len(), params.limits, params.reference.clone()));
     let mut capacity = params.capacity;
+    let mut raw_per_wire = 1.0f64;
     let mut next_window = Instant::now() + params.window;
     let mut batch_seq = params.first_batch_seq;
     let mut stopping = false;
@@ -226,10 +256,26 @@ pub async fn run(
         }
         // Completed transactions refine each class's L_up(s) fit.
         while let Ok(d) = feedback.delivered.try_recv() {
+            if d.bytes > 0 {
+                let ratio = (d.raw_bytes as f64 / d.bytes as f64).max(1.0);
+                raw_per_wire += COMPRESSION_RATIO_EWMA * (ratio - raw_per_wire);
+            }
             if let Some(p) = planner.as_mut() {
                 if let Some(sizer) = p.sizers.get_mut(d.class.index()) {
                     sizer.observe(u32::try_from(d.records).unwrap_or(u32::MAX), d.elapsed);
                 }
+            }
+        }
+        // Reservations granted to peers move spare into their class (Fig. 4).
+        if let (Some(port), Some(p)) = (feedback.peer.as_mut(), pbtt.as_mut()) {
+            let mut moved = 0.0;
+            while let Ok(grant) = port.shifts.try_recv() {
+                moved += p.apply_grant(&grant);
+            }
+            if moved > 0.0 {
+                drainer.set_rates(now(), &p.allocation().rates, capacity);
+                metrics.set_allocation(&p.allocation().rates);
+                port.publish(p);
             }
         }
         if Instant::now() >= next_window {
@@ -254,12 +300,15 @@ pub async fn run(
                     )
                 })
                 .collect();
+            // C_out in record bytes: the wire rate times what compression
+            // currently saves.
+            let record_rate = link.bytes_per_sec * raw_per_wire;
             if params.track_uplink
-                && link.bytes_per_sec.is_finite()
-                && link.bytes_per_sec > 0.0
-                && (link.bytes_per_sec - capacity).abs() > CAPACITY_HYSTERESIS * capacity
+                && record_rate.is_finite()
+                && record_rate > 0.0
+                && (record_rate - capacity).abs() > CAPACITY_HYSTERESIS * capacity
             {
-                capacity = link.bytes_per_sec;
+                capacity = record_rate;
                 match pbtt.as_mut() {
                     Some(p) => match p.set_capacity(capacity) {
                         Ok(()) => drainer.set_rates(now(), &p.allocation().rates, capacity),
@@ -291,6 +340,9 @@ pub async fn run(
                     }
                     Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "PBTT window skipped"),
+                }
+                if let Some(port) = &feedback.peer {
+                    port.publish(p);
                 }
             }
             next_window = (next_window + params.window).max(Instant::now());

@@ -184,6 +184,11 @@ struct LatencyArgs {
     /// How sends are spread over time (both sides alike).
     #[arg(long, value_enum, default_value_t = Pacing::Even)]
     pacing: Pacing,
+    /// Alternate weir and direct this many times (each `--seconds` long)
+    /// and pool the samples, so that noise from other programs on the
+    /// machine falls on both sides alike.
+    #[arg(long, default_value_t = 1)]
+    rounds: u32,
     #[command(flatten)]
     batch: BatchArgs,
 }
@@ -415,8 +420,9 @@ struct ThroughputReport {
     timeline: Vec<TimelinePoint>,
 }
 
-#[derive(Serialize)]
-struct LatencySide {
+/// Latency of one side, percentiles of each leg.
+#[derive(Serialize, Default)]
+struct Breakdown {
     /// Send to consume.
     end_to_end_ms: Percentiles,
     /// Send to weir's ingress timestamp (MQTT hop); weir side only.
@@ -439,6 +445,50 @@ struct LatencySide {
     /// Publish to publisher confirm of each message; direct only.
     #[serde(skip_serializing_if = "Option::is_none")]
     confirm_ms: Option<Percentiles>,
+}
+
+/// The raw measurements of one side within its measured window, kept so
+/// that rounds can be pooled.
+#[derive(Default)]
+struct Raw {
+    via_weir: bool,
+    samples: Vec<Sample>,
+    /// Gaps between consecutive weir batches, microseconds.
+    cycles: Vec<u64>,
+    /// Publish-to-confirm of direct messages, microseconds.
+    confirms: Vec<u64>,
+}
+
+impl Raw {
+    fn extend(&mut self, other: Raw) {
+        self.via_weir |= other.via_weir;
+        self.samples.extend(other.samples);
+        self.cycles.extend(other.cycles);
+        self.confirms.extend(other.confirms);
+    }
+
+    fn breakdown(&self) -> Breakdown {
+        let pick = |f: fn(&Sample) -> u64| Percentiles::of(self.samples.iter().map(f).collect());
+        let weir = self.via_weir;
+        Breakdown {
+            end_to_end_ms: pick(|s| s.consumed_us.saturating_sub(s.send_us)),
+            to_ingress_ms: weir.then(|| pick(|s| s.ingress_us.saturating_sub(s.send_us))),
+            ingress_to_consumer_ms: weir
+                .then(|| pick(|s| s.consumed_us.saturating_sub(s.ingress_us))),
+            queue_wait_ms: weir.then(|| pick(|s| s.created_us.saturating_sub(s.ingress_us))),
+            batch_to_consumer_ms: weir
+                .then(|| pick(|s| s.consumed_us.saturating_sub(s.created_us))),
+            egress_cycle_ms: weir.then(|| Percentiles::of(self.cycles.clone())),
+            confirm_ms: (!weir).then(|| Percentiles::of(self.confirms.clone())),
+        }
+    }
+}
+
+/// One side of one round.
+#[derive(Serialize)]
+struct LatencySide {
+    #[serde(flatten)]
+    latency: Breakdown,
     /// Achieved send rate over the measured part.
     sent_per_sec: f64,
     /// Mean records per AMQP message.
@@ -450,21 +500,33 @@ struct LatencySide {
     integrity: Integrity,
 }
 
+/// One round: weir, then direct.
+#[derive(Serialize, Default)]
+struct LatencyRound {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    weir: Option<LatencySide>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    direct: Option<LatencySide>,
+}
+
 #[derive(Serialize)]
 struct LatencyReport {
     kind: &'static str,
     machine: MachineInfo,
     params: LatencyArgs,
+    /// Through weir, all rounds pooled.
     #[serde(skip_serializing_if = "Option::is_none")]
-    weir: Option<LatencySide>,
+    weir: Option<Breakdown>,
+    /// Straight to RabbitMQ, all rounds pooled.
     #[serde(skip_serializing_if = "Option::is_none")]
-    direct: Option<LatencySide>,
-    /// weir's p99 minus direct p99, ms.
+    direct: Option<Breakdown>,
+    /// weir's p99 minus direct p99 (pooled), ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     added_p99_ms: Option<f64>,
-    /// weir's p50 minus direct p50, ms.
+    /// weir's p50 minus direct p50 (pooled), ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     added_p50_ms: Option<f64>,
+    rounds: Vec<LatencyRound>,
 }
 
 fn mib(kib: u64) -> String {
@@ -573,12 +635,12 @@ fn print_throughput(r: &ThroughputReport) {
 fn print_latency(r: &LatencyReport) {
     let p = &r.params;
     println!(
-        "latency: {}-byte ls records at {:.0}/s ({:?} pacing), QoS 1 vs AMQP confirms; {} s measured after {} s warm-up",
-        p.size, p.rate, p.pacing, p.seconds, p.warmup
+        "latency: {}-byte ls records at {:.0}/s ({:?} pacing), QoS 1 vs AMQP confirms; {} round(s) of {} s measured after {} s warm-up per side",
+        p.size, p.rate, p.pacing, p.rounds, p.seconds, p.warmup
     );
     println!("  machine: {} x {}", r.machine.nproc, r.machine.cpu_model);
     println!(
-        "  {:<28} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8}   (ms)",
+        "  {:<28} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8}   (ms, all rounds)",
         "", "n", "p50", "p90", "p99", "p99.9", "max"
     );
     let row = |name: &str, q: &Percentiles| {
@@ -589,20 +651,17 @@ fn print_latency(r: &LatencyReport) {
     };
     if let Some(w) = &r.weir {
         row("via weir (send -> consume)", &w.end_to_end_ms);
-        if let Some(q) = &w.to_ingress_ms {
-            row("  send -> weir ingress", q);
-        }
-        if let Some(q) = &w.ingress_to_consumer_ms {
-            row("  weir ingress -> consume", q);
-        }
-        if let Some(q) = &w.queue_wait_ms {
-            row("    in class queue", q);
-        }
-        if let Some(q) = &w.batch_to_consumer_ms {
-            row("    batch encoded -> consume", q);
-        }
-        if let Some(q) = &w.egress_cycle_ms {
-            row("  egress cycle (per batch)", q);
+        let legs = [
+            ("  send -> weir ingress", &w.to_ingress_ms),
+            ("  weir ingress -> consume", &w.ingress_to_consumer_ms),
+            ("    in class queue", &w.queue_wait_ms),
+            ("    batch encoded -> consume", &w.batch_to_consumer_ms),
+            ("  egress cycle (per batch)", &w.egress_cycle_ms),
+        ];
+        for (name, q) in legs {
+            if let Some(q) = q {
+                row(name, q);
+            }
         }
     }
     if let Some(d) = &r.direct {
@@ -619,17 +678,33 @@ fn print_latency(r: &LatencyReport) {
             r.added_p50_ms.unwrap_or(f64::NAN)
         );
     }
-    for (name, side) in [("weir", &r.weir), ("direct", &r.direct)] {
-        if let Some(s) = side {
+    for (i, round) in r.rounds.iter().enumerate() {
+        for (name, side) in [("weir", &round.weir), ("direct", &round.direct)] {
+            let Some(s) = side else { continue };
+            let q = &s.latency.end_to_end_ms;
             println!(
-                "  [{name}] sent {:.0}/s, {:.1} records per AMQP message{}",
+                "  round {} {name:<6}: p50 {:.2} p99 {:.2} max {:.2} ms; {:.0}/s, {:.1} rec/msg; CPU weir {:.2}, RabbitMQ {:.2}, tool {:.2}, other {:.2} cores{}; {}",
+                i + 1,
+                q.p50,
+                q.p99,
+                q.max,
                 s.sent_per_sec,
                 s.records_per_message,
+                s.cpu.weir_cores,
+                s.cpu.rabbitmq_cores,
+                s.cpu.tool_threads.values().sum::<f64>(),
+                s.cpu.other_cores,
                 s.weir_rss_mean_kib
-                    .map_or(String::new(), |k| format!(", weir RSS {}", mib(k)))
+                    .map_or(String::new(), |k| format!(", weir RSS {}", mib(k))),
+                if s.integrity.lost == 0 && s.integrity.duplicates == 0 {
+                    format!("all {} arrived once", s.integrity.acked)
+                } else {
+                    format!(
+                        "LOST {} DUPLICATED {} of {}",
+                        s.integrity.lost, s.integrity.duplicates, s.integrity.acked
+                    )
+                }
             );
-            print_cpu(&s.cpu, false);
-            print_integrity(&s.integrity);
         }
     }
 }
@@ -653,9 +728,21 @@ struct Counters {
     consumed: AtomicU64,
     /// AMQP messages seen by the consumer.
     messages: AtomicU64,
+    /// Why the consumer stopped, if it failed (e.g. RabbitMQ restarted by
+    /// another program), so that waits end at once with the reason.
+    consumer_failed: std::sync::Mutex<Option<String>>,
 }
 
 impl Counters {
+    /// Fails if the consumer has.
+    fn check_consumer(&self) -> anyhow::Result<()> {
+        let failed = self.consumer_failed.lock().expect("not poisoned");
+        match failed.as_ref() {
+            Some(why) => bail!("the RabbitMQ consumer failed: {why}"),
+            None => Ok(()),
+        }
+    }
+
     fn get(&self) -> (u64, u64, u64) {
         (
             self.acked.load(Ordering::Relaxed),
@@ -727,6 +814,7 @@ async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<ThroughputR
         next += SAMPLE_EVERY;
         tokio::time::sleep_until(next.min(end)).await;
         weir.check_alive()?;
+        counters.check_consumer()?;
         if publishers.is_finished() {
             publishers.await??;
             bail!("the publishers stopped before the end of the run");
@@ -815,7 +903,7 @@ async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<ThroughputR
         weir_rss_hwm_kib: hwm,
         cpu: CpuReport::between(&first, &last, records, env.clk_tck),
         latency_under_load_ms: Percentiles::of(latencies),
-        egress_cycle_ms: egress_cycles(&consumed.batches, from_us, to_us),
+        egress_cycle_ms: Percentiles::of(egress_cycles(&consumed.batches, from_us, to_us)),
         integrity: consumed.integrity(counters.acked.load(Ordering::Relaxed)),
         timeline,
     })
@@ -824,16 +912,25 @@ async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<ThroughputR
 async fn latency(env: &Env, a: &LatencyArgs) -> anyhow::Result<LatencyReport> {
     ensure!(a.size >= STAMP, "--size must be at least {STAMP} bytes");
     ensure!(a.rate > 0.0, "--rate must be positive");
-    let weir = if a.only != Some(Side::Direct) {
-        Some(latency_via_weir(env, a).await?)
-    } else {
-        None
-    };
-    let direct = if a.only != Some(Side::Weir) {
-        Some(latency_direct(env, a).await?)
-    } else {
-        None
-    };
+    ensure!(a.rounds > 0, "--rounds must be at least 1");
+    let (mut weir_raw, mut direct_raw) = (Raw::default(), Raw::default());
+    let mut rounds = Vec::new();
+    for _ in 0..a.rounds {
+        let mut round = LatencyRound::default();
+        if a.only != Some(Side::Direct) {
+            let (side, raw) = latency_via_weir(env, a).await?;
+            weir_raw.extend(raw);
+            round.weir = Some(side);
+        }
+        if a.only != Some(Side::Weir) {
+            let (side, raw) = latency_direct(env, a).await?;
+            direct_raw.extend(raw);
+            round.direct = Some(side);
+        }
+        rounds.push(round);
+    }
+    let weir = (a.only != Some(Side::Direct)).then(|| weir_raw.breakdown());
+    let direct = (a.only != Some(Side::Weir)).then(|| direct_raw.breakdown());
     let added = |f: fn(&Percentiles) -> f64| match (&weir, &direct) {
         (Some(w), Some(d)) => Some(f(&w.end_to_end_ms) - f(&d.end_to_end_ms)),
         _ => None,
@@ -846,6 +943,7 @@ async fn latency(env: &Env, a: &LatencyArgs) -> anyhow::Result<LatencyReport> {
         added_p50_ms: added(|p| p.p50),
         weir,
         direct,
+        rounds,
     })
 }
 
@@ -872,6 +970,7 @@ where
     loop {
         next += SAMPLE_EVERY;
         tokio::time::sleep_until(next.min(end)).await;
+        counters.check_consumer()?;
         if task.is_finished() {
             task.await??;
             bail!("the publisher stopped before the end of the run");
@@ -893,7 +992,7 @@ where
     Ok((first.context("no warm-up snapshot")?, last, rss, out))
 }
 
-async fn latency_via_weir(env: &Env, a: &LatencyArgs) -> anyhow::Result<LatencySide> {
+async fn latency_via_weir(env: &Env, a: &LatencyArgs) -> anyhow::Result<(LatencySide, Raw)> {
     let name = unique("lat");
     let mut weir = Weir::start(env, &name, &a.batch).await?;
     let counters = Arc::new(Counters::default());
@@ -929,7 +1028,7 @@ async fn latency_via_weir(env: &Env, a: &LatencyArgs) -> anyhow::Result<LatencyS
     let consumed = consumer.stop().await?;
     weir.stop(env.keep).await?;
     Ok(side_report(
-        &consumed,
+        consumed,
         &counters,
         &first,
         &last,
@@ -940,12 +1039,24 @@ async fn latency_via_weir(env: &Env, a: &LatencyArgs) -> anyhow::Result<LatencyS
         } else {
             rss.iter().sum::<u64>() / rss.len() as u64
         }),
-        None,
+        Vec::new(),
     ))
 }
 
-async fn latency_direct(env: &Env, a: &LatencyArgs) -> anyhow::Result<LatencySide> {
+async fn latency_direct(env: &Env, a: &LatencyArgs) -> anyhow::Result<(LatencySide, Raw)> {
     let queue = unique("direct.q");
+    let out = latency_direct_on(env, a, &queue).await;
+    // Also after a failure, so that no queue is left filling up.
+    delete_topology(&env.amqp, &queue, None).await;
+    out
+}
+
+async fn latency_direct_on(
+    env: &Env,
+    a: &LatencyArgs,
+    queue: &str,
+) -> anyhow::Result<(LatencySide, Raw)> {
+    let queue = queue.to_string();
     let counters = Arc::new(Counters::default());
     let consumer = Consumer::start(
         env.amqp.clone(),
@@ -968,6 +1079,7 @@ async fn latency_direct(env: &Env, a: &LatencyArgs) -> anyhow::Result<LatencySid
     let (first, last, _, confirms) = paced_window(a, None, &counters, publish, stop).await?;
     let deadline = Instant::now() + DRAIN_PATIENCE;
     while counters.consumed.load(Ordering::Relaxed) < counters.acked.load(Ordering::Relaxed) {
+        counters.check_consumer()?;
         ensure!(
             Instant::now() < deadline,
             "the consumer did not catch up with the direct publisher"
@@ -976,56 +1088,45 @@ async fn latency_direct(env: &Env, a: &LatencyArgs) -> anyhow::Result<LatencySid
     }
     tokio::time::sleep(LINGER).await;
     let consumed = consumer.stop().await?;
-    delete_topology(&env.amqp, &queue, None).await;
     Ok(side_report(
-        &consumed,
-        &counters,
-        &first,
-        &last,
-        env,
-        false,
-        None,
-        Some(confirms),
+        consumed, &counters, &first, &last, env, false, None, confirms,
     ))
 }
 
+/// One side's report and its raw samples, all within the measured window.
+#[allow(clippy::too_many_arguments)]
 fn side_report(
-    consumed: &Consumed,
+    consumed: Consumed,
     counters: &Counters,
     first: &Snapshot,
     last: &Snapshot,
     env: &Env,
     via_weir: bool,
     weir_rss_mean_kib: Option<u64>,
-    confirms: Option<Vec<(u64, u64)>>,
-) -> LatencySide {
+    confirms: Vec<(u64, u64)>,
+) -> (LatencySide, Raw) {
     let (from_us, to_us) = (unix_us_at(first.at), unix_us_at(last.at));
-    let window: Vec<&Sample> = consumed
-        .samples
-        .iter()
-        .filter(|s| s.send_us >= from_us && s.send_us < to_us)
-        .collect();
-    let pick = |f: fn(&Sample) -> u64| Percentiles::of(window.iter().map(|s| f(s)).collect());
+    let inside = |sent_us: u64| sent_us >= from_us && sent_us < to_us;
+    let integrity = consumed.integrity(counters.acked.load(Ordering::Relaxed));
+    let raw = Raw {
+        via_weir,
+        cycles: egress_cycles(&consumed.batches, from_us, to_us),
+        samples: consumed
+            .samples
+            .into_iter()
+            .filter(|s| inside(s.send_us))
+            .collect(),
+        confirms: confirms
+            .into_iter()
+            .filter(|(sent, _)| inside(*sent))
+            .map(|(_, took)| took)
+            .collect(),
+    };
     let records = (last.consumed - first.consumed) as f64;
     let messages = (last.messages - first.messages) as f64;
-    LatencySide {
-        end_to_end_ms: pick(|s| s.consumed_us.saturating_sub(s.send_us)),
-        to_ingress_ms: via_weir.then(|| pick(|s| s.ingress_us.saturating_sub(s.send_us))),
-        ingress_to_consumer_ms: via_weir
-            .then(|| pick(|s| s.consumed_us.saturating_sub(s.ingress_us))),
-        queue_wait_ms: via_weir.then(|| pick(|s| s.created_us.saturating_sub(s.ingress_us))),
-        batch_to_consumer_ms: via_weir
-            .then(|| pick(|s| s.consumed_us.saturating_sub(s.created_us))),
-        egress_cycle_ms: via_weir.then(|| egress_cycles(&consumed.batches, from_us, to_us)),
-        confirm_ms: confirms.map(|c| {
-            Percentiles::of(
-                c.iter()
-                    .filter(|(sent, _)| *sent >= from_us && *sent < to_us)
-                    .map(|(_, took)| *took)
-                    .collect(),
-            )
-        }),
-        sent_per_sec: window.len() as f64 / last.at.duration_since(first.at).as_secs_f64(),
+    let side = LatencySide {
+        latency: raw.breakdown(),
+        sent_per_sec: raw.samples.len() as f64 / last.at.duration_since(first.at).as_secs_f64(),
         records_per_message: if messages > 0.0 {
             records / messages
         } else {
@@ -1033,21 +1134,20 @@ fn side_report(
         },
         weir_rss_mean_kib,
         cpu: CpuReport::between(first, last, records, env.clk_tck),
-        integrity: consumed.integrity(counters.acked.load(Ordering::Relaxed)),
-    }
+        integrity,
+    };
+    (side, raw)
 }
 
 /// Gaps between consecutive weir batches created in `[from_us, to_us)`.
 /// weir's egress is serial and the queue has one consumer, so consumption
 /// order is creation order.
-fn egress_cycles(batches: &[u64], from_us: u64, to_us: u64) -> Percentiles {
-    Percentiles::of(
-        batches
-            .windows(2)
-            .filter(|w| w[0] >= from_us && w[1] < to_us)
-            .map(|w| w[1].saturating_sub(w[0]))
-            .collect(),
-    )
+fn egress_cycles(batches: &[u64], from_us: u64, to_us: u64) -> Vec<u64> {
+    batches
+        .windows(2)
+        .filter(|w| w[0] >= from_us && w[1] < to_us)
+        .map(|w| w[1].saturating_sub(w[0]))
+        .collect()
 }
 
 /// Waits until the consumer has seen every acknowledged record.
@@ -1059,6 +1159,7 @@ async fn wait_consumed(counters: &Counters, weir: &mut Weir) -> anyhow::Result<(
             return Ok(());
         }
         weir.check_alive()?;
+        counters.check_consumer()?;
         ensure!(
             Instant::now() < deadline,
             "after {DRAIN_PATIENCE:?} the consumer has {consumed} of {acked} acknowledged records (weir log: {})",
@@ -1128,6 +1229,8 @@ struct Weir {
     amqp: String,
     dir: PathBuf,
     log: PathBuf,
+    /// Whether the queue and exchange are deleted already.
+    cleaned: bool,
 }
 
 /// `N` distinct loopback addresses free right now (all held until all are
@@ -1229,6 +1332,7 @@ level = "warn"
             amqp: env.amqp.clone(),
             dir,
             log,
+            cleaned: false,
         };
         let deadline = Instant::now() + START_PATIENCE;
         for addr in [mqtt, admin] {
@@ -1275,6 +1379,7 @@ level = "warn"
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
         delete_topology(&self.amqp, &self.queue, Some(&self.exchange)).await;
+        self.cleaned = true;
         if status.success() && !keep {
             let _ = std::fs::remove_dir_all(&self.dir);
         } else if !status.success() {
@@ -1289,10 +1394,30 @@ level = "warn"
 
 impl Drop for Weir {
     fn drop(&mut self) {
-        // An error path left it running: do not leave an orphan behind.
+        // An error path left it running: leave neither an orphan process
+        // nor a queue filling up behind.
         if let Ok(None) = self.child.try_wait() {
             let _ = self.child.kill();
             let _ = self.child.wait();
+        }
+        if !self.cleaned {
+            let (url, queue, exchange) =
+                (self.amqp.clone(), self.queue.clone(), self.exchange.clone());
+            // Drop may run inside the control runtime, which cannot block
+            // on another future; a short-lived thread with its own can.
+            let _ = std::thread::spawn(move || {
+                if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    rt.block_on(delete_topology(&url, &queue, Some(&exchange)));
+                }
+            })
+            .join();
+            eprintln!(
+                "weir-load: run failed; weir's config and log are in {}",
+                self.dir.display()
+            );
         }
     }
 }
@@ -1871,7 +1996,14 @@ impl Consumer {
         let (ready_tx, ready_rx) = oneshot::channel();
         let done = Box::pin(on_thread("load-con", {
             let stop = stop.clone();
-            move || consume(url, queue, body, counters, stop, ready_tx)
+            move || async move {
+                let out = consume(url, queue, body, Arc::clone(&counters), stop, ready_tx).await;
+                if let Err(e) = &out {
+                    *counters.consumer_failed.lock().expect("not poisoned") =
+                        Some(format!("{e:#}"));
+                }
+                out
+            }
         }));
         let mut consumer = Consumer { stop, done };
         // Cancel safety: both branches only wait; the consumer future is

@@ -122,8 +122,11 @@ pub trait Sink: Send + 'static {
 pub struct Delivered {
     /// The batch's class.
     pub class: ClassId,
-    /// Body bytes sent.
+    /// Body bytes sent (after compression).
     pub bytes: usize,
+    /// Body bytes before compression: `raw_bytes / bytes` is how much more
+    /// record data the link carried than its wire rate.
+    pub raw_bytes: usize,
     /// Records in the batch.
     pub records: usize,
     /// Wall time from the start of the delivery to its confirmation.
@@ -206,6 +209,7 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
             break;
         };
         let mut encoded = encode(node, &classes, &batch);
+        let raw_bytes = encoded.body.len();
         if compressor.enabled() {
             let kind = compressor.kind(&classes, &batch);
             let estimate = *link.borrow();
@@ -255,6 +259,7 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                         let _ = tx.try_send(Delivered {
                             class: encoded.class,
                             bytes: encoded.body.len(),
+                            raw_bytes,
                             records: encoded.records,
                             elapsed,
                         });

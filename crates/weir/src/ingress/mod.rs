@@ -217,6 +217,68 @@ impl IngressHandle {
         }
     }
 
+    /// Enqueues a record that entered weir at another node (a peer
+    /// redirected it), keeping its origin, sequence number and ingress
+    /// time. Never waits: the peer protocol refuses instead, and the sender
+    /// keeps the record. Not counted in `records_accepted`, which counts
+    /// what entered weir here.
+    pub fn try_enqueue_foreign(&self, record: Record) -> Result<(), EnqueueError> {
+        if self.shutdown.is_cancelled() {
+            return Err(EnqueueError::ShuttingDown);
+        }
+        let class = record.class;
+        match self.queues.push(record) {
+            Ok(()) => {
+                self.arrivals.notify_one();
+                Ok(())
+            }
+            Err(PushError::Full(record)) => Err(EnqueueError::Full {
+                record,
+                class: self.class_name(class).to_string(),
+            }),
+            Err(PushError::Oversized(record)) => Err(EnqueueError::Oversized {
+                size: record.size(),
+                class: self.class_name(class).to_string(),
+                limit: self.queues.class(class).capacity().bytes,
+            }),
+        }
+    }
+
+    /// Puts back a record this node took out of its queue for a peer that
+    /// did not acknowledge it (refused, or the stream broke). It was
+    /// acknowledged at ingress, so it goes back even while weir shuts down
+    /// (the scheduler still drains), waiting for room as long as it takes;
+    /// only `abort` gives up, handing the record back.
+    pub async fn requeue(
+        &self,
+        mut record: Record,
+        abort: &CancellationToken,
+    ) -> Result<(), Record> {
+        loop {
+            // Register before pushing, as in `enqueue`.
+            let notified = self.space.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            match self.queues.push(record) {
+                Ok(()) => {
+                    self.arrivals.notify_one();
+                    return Ok(());
+                }
+                Err(PushError::Full(back)) => {
+                    // Cancel safety: both branches only wait; the record is
+                    // held in this frame.
+                    tokio::select! {
+                        _ = &mut notified => record = back,
+                        _ = abort.cancelled() => return Err(back),
+                    }
+                }
+                // It came out of this very queue, so it fits an empty one;
+                // only a queue smaller than the record (never built) refuses.
+                Err(PushError::Oversized(back)) => return Err(back),
+            }
+        }
+    }
+
     /// Resolves after a record has been enqueued since the last call (one
     /// stored permit, so an arrival between two waits is not missed).
     pub async fn arrived(&self) {

@@ -33,6 +33,9 @@ pub struct Seen {
     pub consumed_us: u64,
     /// The AMQP message's content encoding.
     pub encoding: String,
+    /// The node that sent the batch (differs from the record's origin when
+    /// a peer carried it).
+    pub batch_node: u64,
 }
 
 /// Microseconds since the Unix epoch.
@@ -100,6 +103,7 @@ pub async fn consume_until(queue: &str, mut done: impl FnMut(&[Seen]) -> bool) -
                 record,
                 consumed_us,
                 encoding: encoding.clone(),
+                batch_node: batch.node,
             });
         }
         delivery.ack(BasicAckOptions::default()).await.unwrap();

@@ -1,0 +1,522 @@
+//! The calling side of peering: a heartbeat task per peer, the redirection
+//! round (JANUS Algorithm 3 over this node's view, then a Reserve per grant
+//! in which this node receives), and a forwarder per peer that sends the
+//! granted rate of records and takes back whatever the provider does not
+//! acknowledge.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, Endpoint};
+use tonic::Streaming;
+use tracing::{debug, info, warn};
+use weir_core::janus::Grant;
+use weir_core::peer::{decide, InFlight};
+use weir_core::token_bucket::Take;
+use weir_core::{ClassId, NodeId, Record};
+use weir_proto::pb::peer_client::PeerClient;
+use weir_proto::pb::{ForwardAck, ForwardRequest, HeartbeatRequest, RefusalReason, ReserveRequest};
+
+use super::{
+    to_pb, Node, PeerError, FORWARD_BATCH_BYTES, FORWARD_BATCH_RECORDS, FORWARD_DRAIN_TIMEOUT,
+    FORWARD_PIPELINE, FORWARD_POLL, FORWARD_RETRY, MAX_IN_FLIGHT_BYTES, MAX_IN_FLIGHT_RECORDS,
+};
+use crate::config::{PeerConfig, PeeringConfig};
+
+/// One configured peer and a client for it (the channel connects lazily
+/// and reconnects by itself).
+#[derive(Debug, Clone)]
+pub(super) struct Link {
+    id: NodeId,
+    addr: String,
+    client: PeerClient<Channel>,
+}
+
+impl Link {
+    /// A client for `peer`; nothing is connected until the first call.
+    pub(super) fn new(
+        peer: &PeerConfig,
+        cfg: &PeeringConfig,
+        max_message: usize,
+    ) -> Result<Link, PeerError> {
+        let addr = peer.addr.to_string();
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|source| PeerError::Address {
+                id: peer.id,
+                addr: addr.clone(),
+                source,
+            })?
+            .connect_timeout(cfg.dead_after)
+            .tcp_nodelay(true);
+        let client = PeerClient::new(endpoint.connect_lazy())
+            .max_decoding_message_size(max_message)
+            .max_encoding_message_size(max_message);
+        Ok(Link {
+            id: peer.id,
+            addr,
+            client,
+        })
+    }
+}
+
+/// A ticker for `period` that does not burst after a stall.
+fn ticker(period: Duration) -> tokio::time::Interval {
+    let mut t = tokio::time::interval(period);
+    t.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    t
+}
+
+/// Sends this node's state to `link` every heartbeat and takes in the
+/// state of its reply, until weir stops or peering is killed.
+pub(super) async fn heartbeats(node: Arc<Node>, link: Link) {
+    let mut tick = ticker(node.cfg.heartbeat);
+    let mut failing = false;
+    loop {
+        // Cancel safety: every branch only waits.
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = node.stop.cancelled() => return,
+            _ = node.kill.cancelled() => return,
+        }
+        let request = HeartbeatRequest {
+            state: Some(node.state()),
+        };
+        let mut client = link.client.clone();
+        let reply = tokio::time::timeout(node.rpc_timeout(), client.heartbeat(request)).await;
+        let problem = match reply {
+            Ok(Ok(reply)) => match reply.into_inner().state {
+                Some(state) => node.hear(state, Some(link.id)).err(),
+                None => Some(tonic::Status::invalid_argument("reply without a state")),
+            },
+            Ok(Err(status)) => Some(status),
+            Err(_) => Some(tonic::Status::deadline_exceeded("no reply in time")),
+        };
+        match problem {
+            None => failing = false,
+            // A misconfiguration does not fix itself: say so every time,
+            // at error level, so the operator sees it.
+            Some(status) if status.code() == tonic::Code::FailedPrecondition => {
+                tracing::error!(peer = link.id, addr = %link.addr, reason = status.message(), "peer refused");
+            }
+            Some(status) => {
+                if !failing {
+                    debug!(peer = link.id, addr = %link.addr, code = ?status.code(), reason = status.message(), "heartbeat failed");
+                }
+                failing = true;
+            }
+        }
+    }
+}
+
+/// The redirection round, every heartbeat: upkeep of reservations, leases
+/// and liveness, then (when the scheme redirects) the matcher over this
+/// node's view and a Reserve for each grant in which it is the receiver.
+pub(super) async fn rounds(node: Arc<Node>, links: Vec<Link>) {
+    let mut tick = ticker(node.cfg.heartbeat);
+    let mut alive: BTreeSet<NodeId> = BTreeSet::new();
+    loop {
+        // Cancel safety: every branch only waits.
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = node.stop.cancelled() => return,
+            _ = node.kill.cancelled() => return,
+        }
+        let now = node.now();
+        let now_alive: BTreeSet<NodeId> = node.view().alive(now).map(|(id, _)| id).collect();
+        for gone in alive.difference(&now_alive) {
+            info!(peer = gone, "peer gone");
+            node.leases().end_all(*gone);
+            node.reservations().release_all(*gone);
+        }
+        alive = now_alive;
+        upkeep(&node, now, alive.len());
+
+        let Some(strategy) = node.scheme.redirects() else {
+            continue;
+        };
+        let own = node.advert(0);
+        let grants = decide(strategy, node.me, &own, &node.view(), now);
+        debug!(tuple = ?own.tuple.0, backlog = node.ingress.queues().iter().map(|(_, q)| q.bytes()).sum::<usize>(), ?grants, "round");
+        if grants.is_empty() {
+            continue;
+        }
+        let asks = grants.iter().filter_map(|g| {
+            let link = links.iter().find(|l| l.id == g.provider)?;
+            Some(reserve(&node, link, *g))
+        });
+        futures::future::join_all(asks).await;
+        node.leases_changed();
+    }
+}
+
+/// Expires reservations and leases and refreshes the gauges.
+fn upkeep(node: &Node, now: Duration, alive: usize) {
+    let (reservations, reserved) = {
+        let mut r = node.reservations();
+        r.expire(now);
+        (r.len(), r.reserved())
+    };
+    let (leases, leased) = {
+        let mut l = node.leases();
+        if l.expire(now) > 0 {
+            node.leases_changed();
+        }
+        (l.len(), l.total())
+    };
+    let m = node.metrics();
+    m.reservations.set(reservations as i64);
+    m.reserved.set(reserved);
+    m.leases.set(leases as i64);
+    m.leased.set(leased);
+    m.peers_alive.set(alive as i64);
+}
+
+/// Asks `link`'s node to reserve `grant` for this node and records what it
+/// granted as a lease, counted from when the request left (so it ends no
+/// later than the provider's reservation).
+async fn reserve(node: &Node, link: &Link, grant: Grant) {
+    let sent = node.now();
+    let request = ReserveRequest {
+        receiver: node.me,
+        class: node.class_name(grant.class).to_owned(),
+        bytes_per_sec: grant.amount,
+        lease_ms: u64::try_from(node.cfg.lease.as_millis()).unwrap_or(u64::MAX),
+    };
+    let mut client = link.client.clone();
+    match tokio::time::timeout(node.rpc_timeout(), client.reserve(request)).await {
+        Ok(Ok(reply)) => {
+            let reply = reply.into_inner();
+            let expires = sent + Duration::from_millis(reply.lease_ms);
+            debug!(
+                provider = link.id,
+                class = node.class_name(grant.class),
+                asked = grant.amount,
+                granted = reply.granted_bytes_per_sec,
+                "reserved"
+            );
+            node.leases().set(
+                link.id,
+                grant.class,
+                reply.granted_bytes_per_sec,
+                expires,
+                node.now(),
+            );
+        }
+        Ok(Err(status)) => {
+            debug!(provider = link.id, code = ?status.code(), reason = status.message(), "reserve refused");
+        }
+        Err(_) => debug!(provider = link.id, "reserve timed out"),
+    }
+}
+
+/// How a Forward session ended.
+enum End {
+    /// Nothing granted and nothing in flight: wait for a lease.
+    Idle,
+    /// The stream broke or the provider went away.
+    Broken,
+    /// Weir is stopping, or peering was killed.
+    Stopped,
+}
+
+/// Sends `link`'s node the records it granted room for, one Forward stream
+/// at a time, while it grants any.
+pub(super) async fn forwarder(node: Arc<Node>, link: Link) {
+    let mut changed = node.leases_changed.subscribe();
+    loop {
+        while !node.leases().has_active(link.id, node.now()) {
+            // Cancel safety: every branch only waits.
+            tokio::select! {
+                r = changed.changed() => {
+                    if r.is_err() {
+                        return;
+                    }
+                }
+                _ = node.stop.cancelled() => return,
+                _ = node.kill.cancelled() => return,
+            }
+        }
+        match session(&node, &link, &mut changed).await {
+            End::Idle => {}
+            End::Stopped => return,
+            End::Broken => {
+                node.leases().end_all(link.id);
+                // Cancel safety: every branch only waits.
+                tokio::select! {
+                    _ = tokio::time::sleep(FORWARD_RETRY) => {}
+                    _ = node.stop.cancelled() => return,
+                    _ = node.kill.cancelled() => return,
+                }
+            }
+        }
+    }
+}
+
+/// Records taken out of the queues for one provider and not yet settled.
+struct Pump {
+    in_flight: InFlight,
+    /// Per class, a record popped that waits for tokens.
+    held: Vec<Option<Record>>,
+    /// Requests sent and not yet acknowledged.
+    unacked: usize,
+}
+
+impl Pump {
+    fn new(classes: usize) -> Self {
+        Pump {
+            in_flight: InFlight::new(),
+            held: vec![None; classes],
+            unacked: 0,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.in_flight.is_empty() && self.held.iter().all(Option::is_none)
+    }
+
+    /// Everything not settled, to go back to the queues.
+    fn take_all(&mut self) -> Vec<Record> {
+        let mut all = self.in_flight.take_all();
+        all.extend(self.held.iter_mut().filter_map(Option::take));
+        self.unacked = 0;
+        all
+    }
+
+    /// Held records of classes no longer granted.
+    fn take_ungranted(&mut self, granted: &[ClassId]) -> Vec<Record> {
+        self.held
+            .iter_mut()
+            .enumerate()
+            .filter(|(c, _)| !granted.iter().any(|g| g.index() == *c))
+            .filter_map(|(_, h)| h.take())
+            .collect()
+    }
+
+    /// Sends requests while the pipeline, the in-flight caps and the
+    /// leases allow; returns when to look again (tokens, or an empty queue).
+    fn fill(
+        &mut self,
+        node: &Node,
+        link: &Link,
+        granted: &[ClassId],
+        tx: &mpsc::Sender<ForwardRequest>,
+        now: Duration,
+    ) -> (Option<Duration>, Vec<Record>) {
+        let mut wake: Option<Duration> = None;
+        let mut early = |d: Duration| wake = Some(wake.map_or(d, |w: Duration| w.min(d)));
+        let mut twice = Vec::new();
+        let mut popped = false;
+        let queues = node.ingress.queues();
+        while self.unacked < FORWARD_PIPELINE
+            && self.in_flight.len() < MAX_IN_FLIGHT_RECORDS
+            && self.in_flight.bytes() < MAX_IN_FLIGHT_BYTES
+        {
+            let mut records = Vec::new();
+            let mut bytes = 0;
+            {
+                let mut leases = node.leases();
+                'classes: for &class in granted {
+                    let c = class.index();
+                    let queue = queues.class(class);
+                    loop {
+                        if records.len() >= FORWARD_BATCH_RECORDS || bytes >= FORWARD_BATCH_BYTES {
+                            break 'classes;
+                        }
+                        let Some(record) = self.held[c].take().or_else(|| {
+                            let r = queue.pop();
+                            popped |= r.is_some();
+                            r
+                        }) else {
+                            early(FORWARD_POLL);
+                            break;
+                        };
+                        match leases.take(link.id, class, record.size(), now) {
+                            Take::Granted => {
+                                bytes += record.size();
+                                let wire = to_pb(&record, node.class_name(class));
+                                match self.in_flight.sent(record) {
+                                    Ok(()) => records.push(wire),
+                                    Err(same) => twice.push(same),
+                                }
+                            }
+                            Take::Wait(d) => {
+                                self.held[c] = Some(record);
+                                if d != Duration::MAX {
+                                    early(d);
+                                }
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            if records.is_empty() {
+                break;
+            }
+            self.unacked += 1;
+            let request = ForwardRequest {
+                receiver: node.me,
+                records,
+            };
+            // Room is certain (at most FORWARD_PIPELINE requests are
+            // unacknowledged); a closed channel means the stream is ending,
+            // and its records go back when the ack stream says so.
+            if tx.try_send(request).is_err() {
+                break;
+            }
+        }
+        if popped {
+            node.ingress.notify_space();
+        }
+        (wake, twice)
+    }
+
+    /// Settles one ack: accepted records are the provider's now; refused
+    /// ones are returned, to go back to the queues. A refusal for anything
+    /// but a momentary excess of rate ends the lease of its class.
+    fn settle(&mut self, node: &Node, link: &Link, ack: ForwardAck) -> Vec<Record> {
+        self.unacked = self.unacked.saturating_sub(1);
+        // Counted per class once per ack, as on the provider.
+        let mut accepted = vec![0u64; self.held.len()];
+        for id in ack.accepted {
+            if let Some(r) = self.in_flight.acked((id.origin, id.seq)) {
+                if let Some(n) = accepted.get_mut(r.class.index()) {
+                    *n += 1;
+                }
+            }
+        }
+        for (c, n) in accepted.into_iter().enumerate() {
+            if n > 0 {
+                node.metrics().redirected_out(ClassId(c as u8), n);
+            }
+        }
+        let mut back = Vec::new();
+        for refused in ack.refused {
+            let Some(id) = refused.id else { continue };
+            let Some(r) = self.in_flight.refused((id.origin, id.seq)) else {
+                continue;
+            };
+            let reason =
+                RefusalReason::try_from(refused.reason).unwrap_or(RefusalReason::Unspecified);
+            if reason != RefusalReason::OverRate {
+                debug!(provider = link.id, ?reason, "records refused; lease ended");
+                node.leases().end(link.id, r.class);
+            }
+            back.push(r);
+        }
+        back
+    }
+}
+
+/// One Forward stream to `link`: runs until nothing is granted or in
+/// flight, the stream breaks, the provider is seen gone, or weir stops.
+/// Whatever was not acknowledged goes back to the queues before it returns.
+async fn session(node: &Arc<Node>, link: &Link, changed: &mut watch::Receiver<()>) -> End {
+    let (tx, rx) = mpsc::channel::<ForwardRequest>(FORWARD_PIPELINE);
+    let mut client = link.client.clone();
+    let call = tokio::time::timeout(node.rpc_timeout(), client.forward(ReceiverStream::new(rx)));
+    // Cancel safety: dropping the call abandons a stream that has carried
+    // no record yet.
+    let mut acks: Streaming<ForwardAck> = tokio::select! {
+        r = call => match r {
+            Ok(Ok(response)) => response.into_inner(),
+            Ok(Err(status)) => {
+                debug!(provider = link.id, code = ?status.code(), reason = status.message(), "forward refused");
+                return End::Broken;
+            }
+            Err(_) => return End::Broken,
+        },
+        _ = node.stop.cancelled() => return End::Stopped,
+        _ = node.kill.cancelled() => return End::Stopped,
+    };
+    debug!(provider = link.id, "forward stream open");
+    let mut pump = Pump::new(node.class_names.len());
+    let mut tx = Some(tx);
+    let mut drain_until: Option<Instant> = None;
+    let end = loop {
+        let now = node.now();
+        let mut wake = None;
+        if let Some(sender) = &tx {
+            if !node.view().is_alive(link.id, now) {
+                info!(
+                    provider = link.id,
+                    "provider gone; taking back its unacknowledged records"
+                );
+                break End::Broken;
+            }
+            if !node.active() {
+                // Half-close: the provider acknowledges what it has read,
+                // then ends the stream.
+                tx = None;
+                drain_until = Some(Instant::now() + FORWARD_DRAIN_TIMEOUT);
+                continue;
+            }
+            let granted = node.leases().active(link.id, now);
+            let ungranted = pump.take_ungranted(&granted);
+            node.requeue(ungranted).await;
+            if granted.is_empty() && pump.is_empty() {
+                break End::Idle;
+            }
+            let (next, twice) = pump.fill(node, link, &granted, sender, now);
+            node.requeue(twice).await;
+            wake = next;
+        } else if pump.in_flight.is_empty() {
+            break End::Stopped;
+        }
+        // With nothing to wait for but acks, look again at the next round.
+        let sleep = tokio::time::sleep(wake.unwrap_or(node.cfg.heartbeat));
+        let drain = async {
+            match drain_until {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        // Cancel safety: `Streaming::message` buffers a partial message
+        // inside `acks`; every other branch only waits.
+        tokio::select! {
+            biased;
+            _ = node.abort.cancelled() => {
+                let lost = pump.take_all().len();
+                if lost > 0 {
+                    node.metrics().abandoned.inc_by(lost as u64);
+                    warn!(provider = link.id, records = lost, "aborting with records lent to a peer unacknowledged");
+                }
+                return End::Stopped;
+            }
+            ack = acks.message() => match ack {
+                Ok(Some(ack)) => {
+                    let back = pump.settle(node, link, ack);
+                    node.requeue(back).await;
+                }
+                Ok(None) => break if tx.is_none() { End::Stopped } else { End::Broken },
+                Err(status) => {
+                    debug!(provider = link.id, code = ?status.code(), reason = status.message(), "forward stream broke");
+                    break if tx.is_none() { End::Stopped } else { End::Broken };
+                }
+            },
+            _ = drain => break End::Stopped,
+            _ = sleep, if tx.is_some() => {}
+            _ = changed.changed(), if tx.is_some() => {}
+            _ = node.stop.cancelled(), if tx.is_some() => {}
+            _ = node.kill.cancelled(), if tx.is_some() => {}
+        }
+    };
+    let back = pump.take_all();
+    if !back.is_empty() {
+        debug!(
+            provider = link.id,
+            records = back.len(),
+            "taking back unacknowledged records"
+        );
+    }
+    node.requeue(back).await;
+    if node.kill.is_cancelled() {
+        End::Stopped
+    } else {
+        end
+    }
+}

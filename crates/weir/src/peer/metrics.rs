@@ -1,0 +1,186 @@
+//! Prometheus metrics of peering (`weir_peer_*`), registered with the rest
+//! of [`crate::metrics::Metrics`].
+
+use std::sync::atomic::{AtomicI64, AtomicU64};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use weir_core::{ClassId, ClassSet};
+
+use crate::metrics::ClassLabel;
+
+/// The `class` and `reason` labels of a refusal.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabel {
+    /// Class name.
+    pub class: String,
+    /// Why (`no_reservation`, `over_rate`, `queue_full`, ...).
+    pub reason: String,
+}
+
+/// Peering metrics: what was redirected each way, what was refused or
+/// taken back, and the reservations and peers in play.
+pub struct PeerMetrics {
+    names: Vec<ClassLabel>,
+    redirected_out: Family<ClassLabel, Counter>,
+    redirected_in: Family<ClassLabel, Counter>,
+    refused: Family<RefusalLabel, Counter>,
+    requeued: Family<ClassLabel, Counter>,
+    /// Reservations this node holds for receivers (as a provider).
+    pub reservations: Gauge<i64, AtomicI64>,
+    /// Their total rate, bytes/s.
+    pub reserved: Gauge<f64, AtomicU64>,
+    /// Rates granted to this node by providers (as a receiver).
+    pub leases: Gauge<i64, AtomicI64>,
+    /// Their total rate, bytes/s.
+    pub leased: Gauge<f64, AtomicU64>,
+    /// Configured peers heard from within `dead_after`.
+    pub peers_alive: Gauge<i64, AtomicI64>,
+    /// Records lost because weir aborted while they were with a peer
+    /// unacknowledged (only past the shutdown deadline).
+    pub abandoned: Counter,
+}
+
+impl std::fmt::Debug for PeerMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerMetrics").finish_non_exhaustive()
+    }
+}
+
+impl PeerMetrics {
+    /// Metrics for these classes, not yet registered.
+    pub fn new(classes: &ClassSet) -> Self {
+        PeerMetrics {
+            names: classes
+                .iter()
+                .map(|(_, c)| ClassLabel {
+                    class: c.name.clone(),
+                })
+                .collect(),
+            redirected_out: Family::default(),
+            redirected_in: Family::default(),
+            refused: Family::default(),
+            requeued: Family::default(),
+            reservations: Gauge::default(),
+            reserved: Gauge::default(),
+            leases: Gauge::default(),
+            leased: Gauge::default(),
+            peers_alive: Gauge::default(),
+            abandoned: Counter::default(),
+        }
+    }
+
+    /// Registers every metric in `registry` (prefix `weir_` comes from it).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "peer_records_redirected_out",
+            "Records a provider acknowledged: this node's overflow now in a peer's queue",
+            self.redirected_out.clone(),
+        );
+        registry.register(
+            "peer_records_redirected_in",
+            "Records from peers enqueued here (as a provider)",
+            self.redirected_in.clone(),
+        );
+        registry.register(
+            "peer_records_refused",
+            "Records from peers refused here, by reason",
+            self.refused.clone(),
+        );
+        registry.register(
+            "peer_records_requeued",
+            "Records a peer refused or never acknowledged, queued here again",
+            self.requeued.clone(),
+        );
+        registry.register(
+            "peer_reservations_active",
+            "Reservations this node holds for receivers",
+            self.reservations.clone(),
+        );
+        registry.register(
+            "peer_reserved_bytes_per_second",
+            "Total rate reserved for receivers",
+            self.reserved.clone(),
+        );
+        registry.register(
+            "peer_leases_active",
+            "Rates providers granted this node",
+            self.leases.clone(),
+        );
+        registry.register(
+            "peer_leased_bytes_per_second",
+            "Total rate providers granted this node",
+            self.leased.clone(),
+        );
+        registry.register(
+            "peers_alive",
+            "Configured peers heard from within dead_after",
+            self.peers_alive.clone(),
+        );
+        registry.register(
+            "peer_records_abandoned",
+            "Records with a peer, unacknowledged, when weir aborted",
+            self.abandoned.clone(),
+        );
+    }
+
+    fn label(&self, class: ClassId) -> &ClassLabel {
+        &self.names[class.index().min(self.names.len().saturating_sub(1))]
+    }
+
+    /// `n` records of `class` acknowledged by a provider.
+    pub fn redirected_out(&self, class: ClassId, n: u64) {
+        self.redirected_out
+            .get_or_create(self.label(class))
+            .inc_by(n);
+    }
+
+    /// Records acknowledged by providers so far, all classes.
+    pub fn redirected_out_total(&self) -> u64 {
+        self.names
+            .iter()
+            .map(|l| self.redirected_out.get_or_create(l).get())
+            .sum()
+    }
+
+    /// `n` records of `class` from a peer enqueued here.
+    pub fn redirected_in(&self, class: ClassId, n: u64) {
+        self.redirected_in
+            .get_or_create(self.label(class))
+            .inc_by(n);
+    }
+
+    /// Records from peers enqueued here so far, all classes.
+    pub fn redirected_in_total(&self) -> u64 {
+        self.names
+            .iter()
+            .map(|l| self.redirected_in.get_or_create(l).get())
+            .sum()
+    }
+
+    /// One record from a peer refused here for `reason`.
+    pub fn refused(&self, class_name: &str, reason: &str) {
+        self.refused
+            .get_or_create(&RefusalLabel {
+                class: class_name.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// One record taken back from a peer and queued here again.
+    pub fn requeued(&self, class: ClassId) {
+        self.requeued.get_or_create(self.label(class)).inc();
+    }
+
+    /// Records taken back so far, all classes.
+    pub fn requeued_total(&self) -> u64 {
+        self.names
+            .iter()
+            .map(|l| self.requeued.get_or_create(l).get())
+            .sum()
+    }
+}

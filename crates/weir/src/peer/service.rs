@@ -1,0 +1,386 @@
+//! The `weir.v1.Peer` server: answers heartbeats with this node's state,
+//! grants reservations from its own spare (the provider is the authority),
+//! and admits forwarded records within each reservation's token bucket,
+//! acknowledging each only once it is in its class queue.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::task::TaskTracker;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::Server;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{debug, info, info_span, warn, Instrument};
+use weir_core::peer::Admission;
+use weir_core::{ClassId, NodeId};
+use weir_proto::pb::peer_server::{Peer, PeerServer};
+use weir_proto::pb::{
+    ForwardAck, ForwardRequest, HeartbeatReply, HeartbeatRequest, RecordId, RefusalReason, Refused,
+    ReserveReply, ReserveRequest,
+};
+
+use super::{from_pb, Node, SHUTDOWN_GRACE};
+use crate::ingress::EnqueueError;
+
+/// Acks buffered per Forward stream: a receiver that stops reading acks
+/// stalls its own stream (the stream task stops reading) after this many.
+const ACK_CHANNEL: usize = 32;
+
+/// Concurrent calls one peer connection may hold open; a peer needs a few
+/// (heartbeat, reserve, one Forward stream).
+const MAX_CONCURRENT_STREAMS: u32 = 64;
+
+/// HTTP/2 keepalive, so a receiver that vanished without closing its
+/// connection frees its stream task.
+const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How long a keepalive ping may go unanswered.
+const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves `weir.v1.Peer` on `listener` until the node stops (then open
+/// calls get [`SHUTDOWN_GRACE`]) or aborts.
+pub(super) async fn serve(listener: TcpListener, node: Arc<Node>, max_message: usize) {
+    let local = listener.local_addr().ok();
+    let streams = TaskTracker::new();
+    let service = PeerServer::new(PeerService {
+        node: Arc::clone(&node),
+        streams: streams.clone(),
+    })
+    .max_decoding_message_size(max_message)
+    .max_encoding_message_size(max_message);
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let signal = node.stop.clone().cancelled_owned();
+    let server = Server::builder()
+        .http2_keepalive_interval(Some(HTTP2_KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(HTTP2_KEEPALIVE_TIMEOUT))
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .add_service(service)
+        .serve_with_incoming_shutdown(incoming, signal);
+    info!(addr = ?local, "peer service listening");
+    tokio::pin!(server);
+    let grace = async {
+        node.stop.cancelled().await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    // Cancel safety: `server` is pinned outside and dropped only when the
+    // grace period is over or weir aborts, which is the point.
+    tokio::select! {
+        done = &mut server => {
+            if let Err(e) = done {
+                warn!(error = %e, "peer service failed");
+            }
+        }
+        _ = grace => warn!(grace = ?SHUTDOWN_GRACE, "peer calls still open after the shutdown grace period; closing anyway"),
+        _ = node.abort.cancelled() => {}
+    }
+    streams.close();
+    if tokio::time::timeout(SHUTDOWN_GRACE, streams.wait())
+        .await
+        .is_err()
+    {
+        warn!(
+            open = streams.len(),
+            "peer stream tasks still running at exit"
+        );
+    }
+    info!("peer service stopped");
+}
+
+/// The service over the shared node state.
+#[derive(Debug)]
+struct PeerService {
+    node: Arc<Node>,
+    streams: TaskTracker,
+}
+
+fn shutting_down() -> Status {
+    Status::unavailable("this node is shutting down; redirect elsewhere")
+}
+
+/// What a killed node answers: nothing, as after a power cut, until weir
+/// stops or aborts.
+async fn silence(node: &Node) -> Status {
+    // Cancel safety: both branches only wait.
+    tokio::select! {
+        _ = node.stop.cancelled() => {}
+        _ = node.abort.cancelled() => {}
+    }
+    shutting_down()
+}
+
+impl PeerService {
+    async fn check_alive(&self) -> Result<(), Status> {
+        if self.node.kill.is_cancelled() {
+            return Err(silence(&self.node).await);
+        }
+        Ok(())
+    }
+
+    fn check_peer(&self, id: NodeId) -> Result<(), Status> {
+        if self.node.is_peer(id) {
+            Ok(())
+        } else {
+            Err(Status::failed_precondition(format!(
+                "node {id} is not in peering.peers of node {}; add it there with its address",
+                self.node.me
+            )))
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Peer for PeerService {
+    async fn heartbeat(
+        &self,
+        request: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatReply>, Status> {
+        self.check_alive().await?;
+        let state = request
+            .into_inner()
+            .state
+            .ok_or_else(|| Status::invalid_argument("HeartbeatRequest carries no state"))?;
+        self.node.hear(state, None)?;
+        Ok(Response::new(HeartbeatReply {
+            state: Some(self.node.state()),
+        }))
+    }
+
+    async fn reserve(
+        &self,
+        request: Request<ReserveRequest>,
+    ) -> Result<Response<ReserveReply>, Status> {
+        self.check_alive().await?;
+        let req = request.into_inner();
+        self.check_peer(req.receiver)?;
+        let class = self.node.class_of(&req.class).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "unknown class {:?} (known: {})",
+                req.class,
+                self.node.class_names.join(", ")
+            ))
+        })?;
+        let now = self.node.now();
+        let spare = self.node.spare();
+        let reserved = self.node.reservations().grant(
+            req.receiver,
+            class,
+            req.bytes_per_sec,
+            Duration::from_millis(req.lease_ms),
+            now,
+            spare,
+        );
+        if let Some(shift) = reserved.shift {
+            // A full channel only delays the shift to the next PBTT window;
+            // the reservation itself stands either way.
+            let _ = self.node.shifts.try_send(shift);
+        }
+        let (count, total) = {
+            let r = self.node.reservations();
+            (r.len(), r.reserved())
+        };
+        let m = self.node.metrics();
+        m.reservations.set(count as i64);
+        m.reserved.set(total);
+        debug!(
+            receiver = req.receiver,
+            class = %req.class,
+            asked = req.bytes_per_sec,
+            granted = reserved.amount,
+            spare,
+            "reserve"
+        );
+        Ok(Response::new(ReserveReply {
+            granted_bytes_per_sec: reserved.amount,
+            lease_ms: u64::try_from(reserved.lease.as_millis()).unwrap_or(u64::MAX),
+        }))
+    }
+
+    type ForwardStream = Pin<Box<dyn Stream<Item = Result<ForwardAck, Status>> + Send>>;
+
+    async fn forward(
+        &self,
+        request: Request<Streaming<ForwardRequest>>,
+    ) -> Result<Response<Self::ForwardStream>, Status> {
+        self.check_alive().await?;
+        let peer = request.remote_addr();
+        let inbound = request.into_inner();
+        let (ack_tx, ack_rx) = mpsc::channel(ACK_CHANNEL);
+        let (end_tx, end_rx) = oneshot::channel();
+        let task = ForwardTask {
+            node: Arc::clone(&self.node),
+            acks: ack_tx,
+        };
+        self.streams.spawn(
+            async move {
+                let end = task.run(inbound).await;
+                // The receiver is gone only if the caller is.
+                let _ = end_tx.send(end);
+            }
+            .instrument(info_span!("peer_forward", peer = ?peer)),
+        );
+        // The final status travels apart from the bounded ack channel, as
+        // in the gRPC ingress.
+        let end = futures::stream::once(end_rx).filter_map(|end| async move {
+            match end {
+                Ok(Ok(())) => None,
+                Ok(Err(status)) => Some(Err(status)),
+                Err(_) => Some(Err(Status::internal(
+                    "the provider's stream task ended unexpectedly; take back unacknowledged records",
+                ))),
+            }
+        });
+        let acks = ReceiverStream::new(ack_rx).map(Ok).chain(end);
+        Ok(Response::new(Box::pin(acks)))
+    }
+}
+
+/// One Forward call: reads a request, admits and enqueues its records, and
+/// sends its ack before reading the next, so acks are in request order.
+struct ForwardTask {
+    node: Arc<Node>,
+    acks: mpsc::Sender<ForwardAck>,
+}
+
+impl ForwardTask {
+    async fn run(self, mut inbound: Streaming<ForwardRequest>) -> Result<(), Status> {
+        let node = &self.node;
+        let mut sender = None;
+        loop {
+            // Cancel safety: `Streaming::message` keeps a partly received
+            // message buffered, so losing the race loses nothing; the other
+            // branches only wait.
+            let next = tokio::select! {
+                biased;
+                _ = node.kill.cancelled() => return Err(silence(node).await),
+                _ = node.stop.cancelled() => return Err(shutting_down()),
+                _ = self.acks.closed() => return Ok(()),
+                next = inbound.message() => next,
+            };
+            let req = match next {
+                Ok(Some(req)) => req,
+                Ok(None) => {
+                    debug!(receiver = ?sender, "forward stream closed by the receiver");
+                    return Ok(());
+                }
+                Err(status) => {
+                    debug!(receiver = ?sender, code = ?status.code(), message = status.message(), "forward stream broken off");
+                    return Err(status);
+                }
+            };
+            if !node.is_peer(req.receiver) {
+                return Err(Status::failed_precondition(format!(
+                    "node {} is not in peering.peers of node {}",
+                    req.receiver, node.me
+                )));
+            }
+            sender = Some(req.receiver);
+            let ack = admit(node, req);
+            if node.kill.is_cancelled() {
+                // Enqueued, never acknowledged: what a crash here would do.
+                return Err(silence(node).await);
+            }
+            // Cancel safety: the send is tried first; a stop while the
+            // receiver does not read acks drops this one, and the receiver
+            // takes those records back (they may then arrive twice).
+            tokio::select! {
+                biased;
+                sent = self.acks.send(ack) => {
+                    if sent.is_err() {
+                        return Ok(());
+                    }
+                }
+                _ = node.kill.cancelled() => return Err(silence(node).await),
+                _ = node.stop.cancelled() => return Err(shutting_down()),
+            }
+        }
+    }
+}
+
+/// Admits one request's records: each within its reservation's bucket goes
+/// into its class queue, with origin and sequence number intact; the rest
+/// are refused with a reason.
+fn admit(node: &Node, req: ForwardRequest) -> ForwardAck {
+    let now = node.now();
+    let receiver = req.receiver;
+    let mut ack = ForwardAck {
+        accepted: Vec::with_capacity(req.records.len()),
+        refused: Vec::new(),
+    };
+    let m = node.metrics();
+    let refuse = |ack: &mut ForwardAck, origin, seq, class: &str, reason: RefusalReason| {
+        m.refused(class, reason_label(reason));
+        ack.refused.push(Refused {
+            id: Some(RecordId { origin, seq }),
+            reason: reason as i32,
+        });
+    };
+    let mut admitted = Vec::with_capacity(req.records.len());
+    {
+        let mut reservations = node.reservations();
+        for r in req.records {
+            let Some(class) = node.class_of(&r.class) else {
+                refuse(&mut ack, r.origin, r.seq, "?", RefusalReason::UnknownClass);
+                continue;
+            };
+            let record = from_pb(r, class);
+            match reservations.admit(receiver, class, record.size(), now) {
+                Admission::Accepted => admitted.push(record),
+                Admission::NoReservation => refuse(
+                    &mut ack,
+                    record.origin,
+                    record.seq,
+                    node.class_name(class),
+                    RefusalReason::NoReservation,
+                ),
+                Admission::OverRate => refuse(
+                    &mut ack,
+                    record.origin,
+                    record.seq,
+                    node.class_name(class),
+                    RefusalReason::OverRate,
+                ),
+            }
+        }
+    }
+    // Counted per class once per request: the metrics families lock and
+    // hash their labels, which per record would show at 50k records/s.
+    let mut accepted = vec![0u64; node.class_names.len()];
+    for record in admitted {
+        let (origin, seq, class) = (record.origin, record.seq, record.class);
+        let reason = match node.ingress.try_enqueue_foreign(record) {
+            Ok(()) => {
+                accepted[class.index()] += 1;
+                ack.accepted.push(RecordId { origin, seq });
+                continue;
+            }
+            Err(EnqueueError::Full { .. }) => RefusalReason::QueueFull,
+            Err(EnqueueError::Oversized { .. }) => RefusalReason::Oversized,
+            Err(EnqueueError::ShuttingDown) => RefusalReason::ShuttingDown,
+        };
+        refuse(&mut ack, origin, seq, node.class_name(class), reason);
+    }
+    for (c, n) in accepted.into_iter().enumerate() {
+        if n > 0 {
+            m.redirected_in(ClassId(c as u8), n);
+        }
+    }
+    ack
+}
+
+/// The metrics label of a refusal reason.
+fn reason_label(reason: RefusalReason) -> &'static str {
+    match reason {
+        RefusalReason::Unspecified => "unspecified",
+        RefusalReason::NoReservation => "no_reservation",
+        RefusalReason::OverRate => "over_rate",
+        RefusalReason::QueueFull => "queue_full",
+        RefusalReason::UnknownClass => "unknown_class",
+        RefusalReason::Oversized => "oversized",
+        RefusalReason::ShuttingDown => "shutting_down",
+    }
+}
