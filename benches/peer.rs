@@ -34,10 +34,10 @@ impl Mix {
 /// A three-class tuple: half the nodes short in one or two classes, half
 /// with spare on the top class (what BWAllocator leaves), as bytes/s.
 fn tuple(mix: &mut Mix) -> BandwidthTuple {
-    if mix.next() % 2 == 0 {
+    if mix.next().is_multiple_of(2) {
         let mut t = vec![0.0; 3];
         t[(mix.next() % 3) as usize] = -mix.range(1e3, 2e6);
-        if mix.next() % 2 == 0 {
+        if mix.next().is_multiple_of(2) {
             t[2] = -mix.range(1e3, 2e6);
         }
         BandwidthTuple(t)

@@ -264,7 +264,15 @@ pub fn line_chart_svg(c: &LineChart) -> anyhow::Result<String> {
                 .draw_series(s.points.iter().map(|&p| Circle::new(p, 3, color.filled())))
                 .map_err(plot_err)?;
         }
-        for (i, h) in c.hlines.iter().enumerate() {
+        // The papers' lines first, so weir's stay visible where they
+        // coincide.
+        let hlines = c
+            .hlines
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| h.paper)
+            .chain(c.hlines.iter().enumerate().filter(|(_, h)| !h.paper));
+        for (i, h) in hlines {
             let color = if h.paper {
                 PAPER_GREY
             } else {
@@ -398,7 +406,8 @@ pub fn bar_panels_svg(
                 )
                 .map_err(plot_err)?;
             if let Some(i) = p.best {
-                let v = p.bars.get(i).copied().unwrap_or(0.0);
+                let dot = p.dots.get(i).copied().flatten().unwrap_or(0.0);
+                let v = p.bars.get(i).copied().unwrap_or(0.0).max(dot);
                 chart
                     .draw_series(std::iter::once(Text::new(
                         "best",

@@ -163,6 +163,11 @@ struct Cluster {
 }
 
 async fn cluster(test: &str) -> Cluster {
+    // Shown when a test fails: what each node's rounds decided.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("weir::peer=debug")
+        .with_test_writer()
+        .try_init();
     let name = unique(test);
     let queue = format!("{name}.q");
     delete_queue(&queue).await;
@@ -223,10 +228,6 @@ async fn offer_all(c: &Cluster) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overflow_is_redirected_ls_meets_its_bound_and_every_record_arrives_once() {
     let _serial = SERIAL.lock().await;
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter("weir::peer=debug")
-        .with_test_writer()
-        .try_init();
     let c = cluster("redirect").await;
     let (expected, consumer) = consumer(&c.queue);
     let offered = offer_all(&c).await;

@@ -140,7 +140,13 @@ pub(super) async fn rounds(node: Arc<Node>, links: Vec<Link>) {
         };
         let own = node.advert(0);
         let grants = decide(strategy, node.me, &own, &node.view(), now);
-        debug!(tuple = ?own.tuple.0, backlog = node.ingress.queues().iter().map(|(_, q)| q.bytes()).sum::<usize>(), ?grants, "round");
+        // Fields are evaluated only when debug logging is on.
+        debug!(
+            tuple = ?own.tuple.0,
+            backlog = node.ingress.queues().iter().map(|(_, q)| q.bytes()).sum::<usize>(),
+            ?grants,
+            "round"
+        );
         if grants.is_empty() {
             continue;
         }
@@ -149,7 +155,6 @@ pub(super) async fn rounds(node: Arc<Node>, links: Vec<Link>) {
             Some(reserve(&node, link, *g))
         });
         futures::future::join_all(asks).await;
-        node.leases_changed();
     }
 }
 
@@ -205,6 +210,8 @@ async fn reserve(node: &Node, link: &Link, grant: Grant) {
                 expires,
                 node.now(),
             );
+            // At once, not after the round's slowest provider answers.
+            node.leases_changed();
         }
         Ok(Err(status)) => {
             debug!(provider = link.id, code = ?status.code(), reason = status.message(), "reserve refused");

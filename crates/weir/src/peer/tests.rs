@@ -323,6 +323,17 @@ async fn the_provider_answers_grants_admits_and_refuses() {
     assert_eq!(queued[0].ingress_us, 1_010);
     assert_eq!(&queued[0].key[..], b"sensors/a");
     assert_eq!(node.peer().redirected_in_total(), queued.len() as u64);
+    let text = node.ingress.metrics().render();
+    for line in [
+        format!(
+            "weir_peer_records_redirected_in_total{{class=\"lt\"}} {}",
+            queued.len()
+        ),
+        "weir_peer_records_refused_total{class=\"ls\",reason=\"no_reservation\"} 1".to_owned(),
+        "weir_peer_reservations_active 2".to_owned(),
+    ] {
+        assert!(text.contains(&line), "{line} not in:\n{text}");
+    }
 
     // Killed: calls go unanswered, as after a power cut, until it stops.
     node.handle.kill();
