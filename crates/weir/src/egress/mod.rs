@@ -248,8 +248,16 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                     if let Some(est) = estimator.as_mut() {
                         est.observe(encoded.body.len() as u64, elapsed);
                         let now = est.estimate();
-                        link.send_replace(now);
                         metrics.set_link(&now);
+                        // Only a window of varied sizes separates T_sc from
+                        // bandwidth; small alike batches (an idle link) say
+                        // little about the bandwidth, and acting on them
+                        // would shrink C_out and the spare a node offers its
+                        // peers. The scheduler keeps the last full fit (or
+                        // the configured prior) until then.
+                        if est.fit_kind() == weir_core::link_estimate::FitKind::Full {
+                            link.send_replace(now);
+                        }
                     }
                     metrics.batches_confirmed.inc();
                     metrics.egress_bytes.inc_by(encoded.body.len() as u64);
