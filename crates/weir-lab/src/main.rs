@@ -14,12 +14,15 @@
 //! - `compression`: every codec's effective throughput per link and payload
 //!   (Dzhagaryan and Milenkovic, Table II), the piping model's prediction
 //!   and the chooser's pick.
+//! - `janus`: the JANUS evaluation, N peering nodes of weir's `App` in
+//!   this process, every scheme (Tables IV, V, Fig. 6).
 //! - `relay`: a job through weir's own `App` (scheduler, batch plans, file
 //!   egress behind the emulated link).
 //! - `report`: tables, JSON files, SVG plots, progress bars.
 
 mod batching;
 mod compression;
+mod janus;
 mod link;
 mod relay;
 mod report;
@@ -54,6 +57,10 @@ enum Experiment {
     /// Effective throughput of every codec on 0.5 and 5 MB/s links, the
     /// piping model's prediction, and the chooser's pick (Table II).
     Compression(compression::Args),
+    /// The JANUS evaluation: N peering nodes over emulated Table III
+    /// uplinks, every scheme; latency, violations, throughput (Tables IV,
+    /// V, Fig. 6).
+    Janus(janus::Args),
 }
 
 impl Experiment {
@@ -61,6 +68,7 @@ impl Experiment {
         match self {
             Experiment::Batching(_) => "batching",
             Experiment::Compression(_) => "compression",
+            Experiment::Janus(_) => "janus",
         }
     }
 }
@@ -87,6 +95,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         match &cli.experiment {
             Experiment::Batching(a) => batching::run(a).await,
             Experiment::Compression(a) => compression::run(a).await,
+            Experiment::Janus(a) => janus::run(a).await,
         }
     })?;
     print!("{table}");

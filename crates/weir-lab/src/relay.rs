@@ -170,7 +170,7 @@ impl Relay {
 }
 
 /// Sum of `weir_records_forwarded_total` over classes in a metrics text.
-fn forwarded_total(text: &str) -> u64 {
+pub fn forwarded_total(text: &str) -> u64 {
     text.lines()
         .filter(|l| l.starts_with("weir_records_forwarded_total"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())

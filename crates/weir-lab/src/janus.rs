@@ -1,0 +1,667 @@
+//! The JANUS evaluation (section VII, Tables IV and V, Fig. 6): N weir
+//! nodes in this process, each an [`App`] with peering on loopback and a
+//! file egress behind an emulated Table III uplink (`[egress.link]
+//! preset`). Busy nodes get `ls` 30, `nm` 300 and `lt` 1k-5k records/s,
+//! idle ones 30 records/s per class; each scheme (Native, QM-only and the
+//! redirection matchers) is run with the same load.
+//!
+//! **Latency** of a record = the modification time of the batch file it
+//! landed in minus its `ingress_us` (stamped by weir when it was enqueued;
+//! redirected records keep it). The file egress writes a batch after the
+//! emulated link's sleep, so the write is the arrival "in the cloud"; the
+//! kernel's file timestamps come from its coarse clock (one jiffy, at most
+//! 4 ms), which is the accuracy of every latency here. Polling the
+//! directories instead would add up to the poll interval and cost CPU the
+//! generators need on a small machine.
+//!
+//! **Throughput** = distinct records whose batch was written during the
+//! load phase, per second of it (Fig. 6 counts records/s out of the
+//! system). After the load the queues drain (bounded by `--drain`) so every
+//! accepted record's latency is counted.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use bytes::Bytes;
+use serde_json::{json, Value};
+use tokio::time::Instant;
+use weir::app::App;
+use weir::ingress::IngressHandle;
+
+use crate::report::{self, round, Table};
+
+/// The class names and their bounds (ms), in urgency order (JANUS's three
+/// queues; bounds from DESIGN.md section 1).
+const CLASSES: [(&str, u64); 3] = [("ls", 100), ("nm", 500), ("lt", 1000)];
+
+/// Every scheme of the paper's comparison, in its table's order.
+const ALL_SCHEMES: [&str; 7] = [
+    "native", "qm-only", "pmrfs", "random", "fcfs", "lrfs", "best-fit",
+];
+
+/// Generator tick: 50 records per tick at 5k/s, coarse enough to cost
+/// little CPU, fine against every class bound.
+const TICK: Duration = Duration::from_millis(10);
+
+/// Most bytes of one batch file the lab decodes.
+const MAX_BATCH_FILE: usize = 64 << 20;
+
+/// How long the nodes may take to see each other before a run starts.
+const PEER_WAIT: Duration = Duration::from_secs(10);
+
+/// Command line of `weir-lab janus`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Schemes to compare.
+    #[arg(long, value_delimiter = ',', default_values_t = ALL_SCHEMES.map(String::from))]
+    pub schemes: Vec<String>,
+    /// Uplink presets (JANUS Table III): wifi, 4g, 3g.
+    #[arg(long, value_delimiter = ',', default_values_t = ["4g".to_string()])]
+    pub networks: Vec<String>,
+    /// `lt` input rates of the busy nodes, records/s (paper: 1000..5000).
+    #[arg(long, value_delimiter = ',', default_values_t = [5000u32])]
+    pub lt_rates: Vec<u32>,
+    /// Edge nodes (paper: 4).
+    #[arg(long, default_value_t = 4)]
+    pub nodes: usize,
+    /// How many of them are busy.
+    #[arg(long, default_value_t = 2)]
+    pub busy: usize,
+    /// `ls` and `nm` input rates of a busy node, records/s.
+    #[arg(long, value_delimiter = ',', default_values_t = [30u32, 300])]
+    pub busy_rates: Vec<u32>,
+    /// Input rate per class of an idle node, records/s.
+    #[arg(long, default_value_t = 30)]
+    pub idle_rate: u32,
+    /// Seconds of load per run.
+    #[arg(long, default_value_t = 10.0)]
+    pub seconds: f64,
+    /// Most seconds to wait for the queues to drain after the load.
+    #[arg(long, default_value_t = 60.0)]
+    pub drain: f64,
+    /// Payload bytes per record (small sensor records; a record is about
+    /// 40 bytes more on the wire).
+    #[arg(long, default_value_t = 480)]
+    pub record_bytes: usize,
+    /// `scheduler.max_batch_bytes` of every node [default: weir's, 64 KiB].
+    #[arg(long)]
+    pub max_batch_bytes: Option<u64>,
+}
+
+/// One node's part of the load.
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    /// Records/s per class, in [`CLASSES`] order.
+    rates: [u32; 3],
+}
+
+/// What one node's generator did.
+#[derive(Debug, Clone, Copy, Default)]
+struct Offered {
+    accepted: [u64; 3],
+    refused: [u64; 3],
+    elapsed: Duration,
+}
+
+/// A scheme x network x rate cell.
+#[derive(Debug, Clone)]
+struct Cell {
+    scheme: String,
+    network: String,
+    lt_rate: u32,
+}
+
+/// Free loopback ports for the peer listeners: each node must know the
+/// others' before any starts.
+fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
+    let listeners = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
+        .context("cannot bind a loopback port")?;
+    listeners
+        .iter()
+        .map(|l| Ok(l.local_addr()?.port()))
+        .collect()
+}
+
+/// weir's config for node `id` (1-based) of `ports.len()`.
+fn config_text(
+    id: usize,
+    ports: &[u16],
+    dir: &Path,
+    scheme: &str,
+    network: &str,
+    max_batch_bytes: Option<u64>,
+) -> anyhow::Result<String> {
+    let profile = weir::egress::link::LinkProfile::preset(network)
+        .with_context(|| format!("unknown network {network:?} (known: wifi, 4g, 3g)"))?;
+    let peers: Vec<String> = (1..=ports.len())
+        .filter(|&p| p != id)
+        .map(|p| format!("{{ id = {p}, addr = \"127.0.0.1:{}\" }}", ports[p - 1]))
+        .collect();
+    let classes: String = CLASSES
+        .iter()
+        .map(|(c, b)| format!("[[class]]\nname = \"{c}\"\nbound = \"{b}ms\"\n"))
+        .collect();
+    let routes: String = CLASSES
+        .iter()
+        .map(|(c, _)| format!("[[classify.route]]\ngrpc = \"{c}\"\nclass = \"{c}\"\n"))
+        .collect();
+    let batch = max_batch_bytes
+        .map(|b| format!("max_batch_bytes = \"{b}B\"\n"))
+        .unwrap_or_default();
+    Ok(format!(
+        r#"
+[node]
+id = {id}
+name = "janus-{id}"
+{classes}
+[classify]
+default_class = "lt"
+{routes}
+[ingress.mqtt]
+enabled = false
+[ingress.grpc]
+listen = "127.0.0.1:0"
+[compression]
+enabled = false
+[egress]
+kind = "file"
+[egress.file]
+dir = "{dir}"
+[egress.link]
+preset = "{network}"
+[peering]
+listen = "127.0.0.1:{port}"
+peers = [{peers}]
+heartbeat = "100ms"
+dead_after = "500ms"
+lease = "1s"
+[scheduler]
+scheme = "{scheme}"
+uplink = "{bw}B/s"
+# The uplink is a fact of the experiment: an idle node's online estimate
+# only sees its own small transactions and would understate its spare.
+track_uplink = false
+{batch}"#,
+        dir = dir.display().to_string().replace('\\', "\\\\").replace('"', "\\\""),
+        port = ports[id - 1],
+        peers = peers.join(", "),
+        bw = profile.bytes_per_sec.round() as u64,
+    ))
+}
+
+/// Offers `load` to `ingress` for `secs` from `epoch`, without waiting for
+/// room: a full queue refuses, as a sensor's forwarder would see.
+async fn generate(
+    ingress: Arc<IngressHandle>,
+    load: Load,
+    epoch: Instant,
+    secs: f64,
+    payload: Bytes,
+) -> Offered {
+    let mut off = Offered::default();
+    let mut due = [0.0f64; 3];
+    let ticks = (secs / TICK.as_secs_f64()).round() as u32;
+    for k in 1..=ticks {
+        tokio::time::sleep_until(epoch + TICK * k).await;
+        for (c, (name, _)) in CLASSES.iter().enumerate() {
+            due[c] += f64::from(load.rates[c]) * TICK.as_secs_f64();
+            while due[c] >= 1.0 {
+                due[c] -= 1.0;
+                let r = ingress.grpc_record(name, payload.clone());
+                match ingress.try_enqueue(r) {
+                    Ok(()) => off.accepted[c] += 1,
+                    Err(_) => off.refused[c] += 1,
+                }
+            }
+        }
+    }
+    off.elapsed = epoch.elapsed();
+    off
+}
+
+/// Records weir has confirmed so far (sum over classes).
+fn forwarded(app: &App) -> u64 {
+    crate::relay::forwarded_total(&app.ingress.metrics().render())
+}
+
+/// One delivered record: class index, latency and when it arrived.
+struct Delivered {
+    class: usize,
+    latency_ms: f64,
+    at_us: u64,
+}
+
+/// Every distinct (origin, seq) in the batch files under `dirs`; returns
+/// them and the number of duplicates.
+fn collect(dirs: &[PathBuf]) -> anyhow::Result<(Vec<Delivered>, u64)> {
+    let mut seen: HashMap<(u64, u64), Delivered> = HashMap::new();
+    let mut dups = 0;
+    for dir in dirs {
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for e in rd {
+            let path = e?.path();
+            if path.extension().is_none_or(|x| x != weir::egress::file::EXTENSION) {
+                continue;
+            }
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let encoding = name.split('.').nth(1).unwrap_or("identity");
+            let mtime = std::fs::metadata(&path)?
+                .modified()?
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_micros() as u64;
+            let body = std::fs::read(&path)?;
+            let batch = weir_proto::decode_batch(&body, encoding, MAX_BATCH_FILE)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            for r in batch.records {
+                let Some(class) = CLASSES.iter().position(|(c, _)| *c == r.class) else {
+                    continue;
+                };
+                let d = Delivered {
+                    class,
+                    latency_ms: mtime.saturating_sub(r.ingress_us) as f64 / 1e3,
+                    at_us: mtime,
+                };
+                match seen.get_mut(&(r.origin, r.seq)) {
+                    Some(old) => {
+                        dups += 1;
+                        if d.at_us < old.at_us {
+                            *old = d;
+                        }
+                    }
+                    None => {
+                        seen.insert((r.origin, r.seq), d);
+                    }
+                }
+            }
+        }
+    }
+    Ok((seen.into_values().collect(), dups))
+}
+
+fn unix_us(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).unwrap_or_default().as_micros() as u64
+}
+
+/// Runs one cell and returns its JSON object.
+async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
+    let n = a.nodes.max(1);
+    let ports = free_ports(n)?;
+    let dirs: Vec<PathBuf> = (1..=n).map(|i| base.join(format!("node-{i}"))).collect();
+    let mut apps = Vec::new();
+    for (i, dir) in dirs.iter().enumerate() {
+        let text = config_text(
+            i + 1,
+            &ports,
+            dir,
+            &cell.scheme,
+            &cell.network,
+            a.max_batch_bytes,
+        )?;
+        let cfg = weir::config::parse(&text, "weir-lab janus config")
+            .map_err(|e| anyhow::anyhow!("the lab's janus config is invalid: {e}"))?;
+        apps.push(
+            App::start(cfg)
+                .await
+                .with_context(|| format!("cannot start node {}", i + 1))?,
+        );
+    }
+    // Heartbeats go round before the load starts, as on a running testbed.
+    let deadline = Instant::now() + PEER_WAIT;
+    while apps
+        .iter()
+        .any(|app| app.peering.as_ref().is_some_and(|p| p.status().alive.len() + 1 < n))
+    {
+        anyhow::ensure!(Instant::now() < deadline, "the nodes never saw each other");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let busy_rates = [
+        a.busy_rates.first().copied().unwrap_or(30),
+        a.busy_rates.get(1).copied().unwrap_or(300),
+        cell.lt_rate,
+    ];
+    let payload = Bytes::from(vec![0x5a; a.record_bytes]);
+    let start_wall = unix_us(SystemTime::now());
+    let epoch = Instant::now();
+    let gens: Vec<_> = apps
+        .iter()
+        .enumerate()
+        .map(|(i, app)| {
+            let rates = if i < a.busy {
+                busy_rates
+            } else {
+                [a.idle_rate; 3]
+            };
+            tokio::spawn(generate(
+                Arc::clone(&app.ingress),
+                Load { rates },
+                epoch,
+                a.seconds,
+                payload.clone(),
+            ))
+        })
+        .collect();
+    let mut offered = Vec::new();
+    for g in gens {
+        offered.push(g.await.context("a generator panicked")?);
+    }
+    let load_end_wall = start_wall + (a.seconds * 1e6) as u64;
+    let accepted: u64 = offered.iter().flat_map(|o| o.accepted).sum();
+    let drain_start = Instant::now();
+    let drain_deadline = drain_start + Duration::from_secs_f64(a.drain);
+    let mut drained = false;
+    while Instant::now() < drain_deadline {
+        if apps.iter().map(forwarded).sum::<u64>() >= accepted {
+            drained = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let drain_ms = drain_start.elapsed().as_secs_f64() * 1e3;
+    let redirected: u64 = apps
+        .iter()
+        .map(|app| app.ingress.metrics().peer.redirected_in_total())
+        .sum();
+    for app in apps {
+        app.shutdown(Duration::from_secs(5)).await;
+    }
+    let (records, duplicates) = collect(&dirs)?;
+    let _ = std::fs::remove_dir_all(base);
+
+    let mut classes = serde_json::Map::new();
+    for (c, (name, bound)) in CLASSES.iter().enumerate() {
+        let lat: Vec<f64> = records
+            .iter()
+            .filter(|r| r.class == c)
+            .map(|r| r.latency_ms)
+            .collect();
+        let mean = report::mean(&lat);
+        let sd = (lat.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / lat.len() as f64).sqrt();
+        let late = lat.iter().filter(|&&x| x > *bound as f64).count();
+        let acc: u64 = offered.iter().map(|o| o.accepted[c]).sum();
+        let refused: u64 = offered.iter().map(|o| o.refused[c]).sum();
+        classes.insert(
+            name.to_string(),
+            json!({
+                "bound_ms": bound,
+                "latency_ms_mean": round(nan0(mean), 1),
+                "latency_ms_sd": round(nan0(sd), 1),
+                "violation_pct": round(nan0(100.0 * late as f64 / lat.len() as f64), 2),
+                "accepted": acc,
+                "refused": refused,
+                "delivered": lat.len(),
+            }),
+        );
+    }
+    let in_load = records.iter().filter(|r| r.at_us <= load_end_wall).count();
+    let input: Vec<Value> = offered
+        .iter()
+        .enumerate()
+        .map(|(i, o)| {
+            let target: u32 = if i < a.busy {
+                busy_rates.iter().sum()
+            } else {
+                a.idle_rate * 3
+            };
+            let secs = o.elapsed.as_secs_f64().max(1e-9);
+            json!({
+                "node": i + 1,
+                "busy": i < a.busy,
+                "target_rps": target,
+                "accepted_rps": round(o.accepted.iter().sum::<u64>() as f64 / secs, 1),
+                "offered_rps": round(
+                    (o.accepted.iter().sum::<u64>() + o.refused.iter().sum::<u64>()) as f64 / secs,
+                    1
+                ),
+                "load_secs": round(secs, 3),
+            })
+        })
+        .collect();
+    Ok(json!({
+        "scheme": cell.scheme,
+        "network": cell.network,
+        "lt_rate": cell.lt_rate,
+        "classes": Value::Object(classes),
+        "throughput_rps": round(in_load as f64 / a.seconds, 1),
+        "accepted": accepted,
+        "delivered": records.len(),
+        "duplicates": duplicates,
+        "redirected": redirected,
+        "drained": drained,
+        "drain_ms": round(drain_ms, 0),
+        "input": input,
+        "paper": paper(&cell.scheme, &cell.network),
+    }))
+}
+
+fn nan0(x: f64) -> f64 {
+    if x.is_finite() {
+        x
+    } else {
+        0.0
+    }
+}
+
+/// JANUS Table IV (5k records/s, seconds) and Table V (4G) for a scheme
+/// and network; Native shares one latency across classes. "pmrfs" is the
+/// paper's "Janus" row.
+fn paper(scheme: &str, network: &str) -> Value {
+    let col = match network {
+        "3g" => 0,
+        "4g" => 1,
+        "wifi" => 2,
+        _ => return Value::Null,
+    };
+    // (ls, nm, lt) mean ± sd in seconds, per network 3G, 4G, WiFi.
+    let t4: [[(f64, f64); 3]; 3] = match scheme {
+        "native" => [
+            [(10.86, 0.12); 3],
+            [(7.52, 0.08); 3],
+            [(7.26, 0.09); 3],
+        ],
+        "qm-only" => [
+            [(1.13, 0.18), (8.51, 0.19), (13.22, 0.14)],
+            [(0.53, 0.07), (4.51, 0.08), (9.69, 0.09)],
+            [(0.41, 0.07), (3.57, 0.06), (8.72, 0.07)],
+        ],
+        "fcfs" => [
+            [(4.75, 0.16), (6.95, 0.14), (7.69, 0.07)],
+            [(1.52, 0.04), (2.29, 0.06), (5.19, 0.11)],
+            [(1.29, 0.03), (2.24, 0.05), (4.63, 0.08)],
+        ],
+        "lrfs" => [
+            [(4.73, 0.07), (6.89, 0.11), (7.77, 0.04)],
+            [(1.48, 0.06), (2.26, 0.04), (5.68, 0.13)],
+            [(1.26, 0.03), (2.19, 0.08), (4.81, 0.09)],
+        ],
+        "best-fit" => [
+            [(4.68, 0.12), (6.83, 0.11), (7.70, 0.03)],
+            [(1.55, 0.04), (2.33, 0.16), (5.04, 0.06)],
+            [(1.30, 0.03), (2.29, 0.12), (4.08, 0.13)],
+        ],
+        "random" => [
+            [(4.81, 0.14), (6.93, 0.07), (7.66, 0.13)],
+            [(1.49, 0.04), (2.30, 0.08), (5.26, 0.17)],
+            [(1.27, 0.03), (2.21, 0.04), (4.41, 0.08)],
+        ],
+        "pmrfs" => [
+            [(4.71, 0.11), (6.54, 0.09), (8.04, 0.05)],
+            [(1.58, 0.08), (2.41, 0.11), (3.53, 0.06)],
+            [(1.32, 0.04), (2.39, 0.03), (3.06, 0.05)],
+        ],
+        _ => return Value::Null,
+    };
+    let t5: Option<[f64; 3]> = match (scheme, network) {
+        ("native", "4g") => Some([17.5, 4.2, 5.7]),
+        ("qm-only", "4g") => Some([0.0, 9.8, 15.5]),
+        ("pmrfs", "4g") => Some([0.0, 6.7, 9.4]),
+        _ => None,
+    };
+    let mut m = serde_json::Map::new();
+    for (c, (name, _)) in CLASSES.iter().enumerate() {
+        let (mean, sd) = t4[col][c];
+        let mut o = json!({"latency_ms_mean": mean * 1e3, "latency_ms_sd": sd * 1e3});
+        if let Some(v) = t5 {
+            o["violation_pct"] = json!(v[c]);
+        }
+        m.insert(name.to_string(), o);
+    }
+    json!({"lt_rate": 5000, "classes": Value::Object(m)})
+}
+
+/// Runs the grid and returns the table, the JSON array and the SVG.
+pub async fn run(a: &Args) -> anyhow::Result<(String, Value, String)> {
+    for s in &a.schemes {
+        anyhow::ensure!(
+            ALL_SCHEMES.contains(&s.as_str()),
+            "unknown scheme {s:?} (known: {})",
+            ALL_SCHEMES.join(", ")
+        );
+    }
+    anyhow::ensure!(a.busy <= a.nodes, "--busy {} > --nodes {}", a.busy, a.nodes);
+    let mut cells = Vec::new();
+    for network in &a.networks {
+        for &lt_rate in &a.lt_rates {
+            for scheme in &a.schemes {
+                cells.push(Cell {
+                    scheme: scheme.clone(),
+                    network: network.clone(),
+                    lt_rate,
+                });
+            }
+        }
+    }
+    let bar = report::progress(cells.len() as u64, "janus");
+    let mut runs = Vec::new();
+    for (k, cell) in cells.iter().enumerate() {
+        bar.set_message(format!("{} {} lt {}/s", cell.scheme, cell.network, cell.lt_rate));
+        let base = std::env::temp_dir().join(format!("weir-lab-janus-{}-{k}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        runs.push(run_cell(a, cell, &base).await?);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let table = table(&runs);
+    let svg = svg(&runs)?;
+    Ok((table, Value::Array(runs), svg))
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(f64::NAN)
+}
+
+/// The results table, then the headline checks per network and rate.
+fn table(runs: &[Value]) -> String {
+    let mut t = Table::new([
+        "scheme", "network", "lt/s", "ls ms", "nm ms", "lt ms", "ls viol", "nm viol", "lt viol",
+        "thr rec/s", "input rec/s", "redirected", "lost",
+    ]);
+    for r in runs {
+        let c = |k: &str, f_: &str| f(&r["classes"][k][f_]);
+        let input: f64 = r["input"]
+            .as_array()
+            .map(|v| v.iter().map(|n| f(&n["accepted_rps"])).sum())
+            .unwrap_or(0.0);
+        let lost = r["accepted"].as_u64().unwrap_or(0) as i64 - r["delivered"].as_u64().unwrap_or(0) as i64;
+        t.row([
+            r["scheme"].as_str().unwrap_or("").to_string(),
+            r["network"].as_str().unwrap_or("").to_string(),
+            r["lt_rate"].to_string(),
+            format!("{:.0} ± {:.0}", c("ls", "latency_ms_mean"), c("ls", "latency_ms_sd")),
+            format!("{:.0} ± {:.0}", c("nm", "latency_ms_mean"), c("nm", "latency_ms_sd")),
+            format!("{:.0} ± {:.0}", c("lt", "latency_ms_mean"), c("lt", "latency_ms_sd")),
+            format!("{:.1}%", c("ls", "violation_pct")),
+            format!("{:.1}%", c("nm", "violation_pct")),
+            format!("{:.1}%", c("lt", "violation_pct")),
+            format!("{:.0}", f(&r["throughput_rps"])),
+            format!("{input:.0}"),
+            r["redirected"].to_string(),
+            lost.to_string(),
+        ]);
+    }
+    let mut out = t.render();
+    // Headline (paper: 4G, 5k/s): PMRFS's ls latency <= 16.6% of Native's,
+    // zero ls violations, throughput >= 1.7x QM-only's, nm/lt violations
+    // below 6.7% / 9.4%.
+    let find = |s: &str, n: &Value, l: &Value| {
+        runs.iter()
+            .find(|r| r["scheme"] == s && &r["network"] == n && &r["lt_rate"] == l)
+    };
+    for r in runs.iter().filter(|r| r["scheme"] == "pmrfs") {
+        let (n, l) = (&r["network"], &r["lt_rate"]);
+        out.push_str(&format!("\nheadline, {} at lt {}/s (paper: 4G, 5000/s):\n", n.as_str().unwrap_or(""), l));
+        if let Some(nat) = find("native", n, l) {
+            let pct = 100.0 * f(&r["classes"]["ls"]["latency_ms_mean"])
+                / f(&nat["classes"]["ls"]["latency_ms_mean"]);
+            out.push_str(&format!("  ls latency vs Native: {pct:.1}% (paper 16.6%, goal <= 16.6%)\n"));
+        }
+        if let Some(qm) = find("qm-only", n, l) {
+            let x = f(&r["throughput_rps"]) / f(&qm["throughput_rps"]);
+            out.push_str(&format!("  throughput vs QM-only: {x:.2}x (paper 1.7x, goal >= 1.7x)\n"));
+        }
+        out.push_str(&format!(
+            "  violations ls/nm/lt: {:.1}% / {:.1}% / {:.1}% (paper 0 / 6.7% / 9.4%)\n",
+            f(&r["classes"]["ls"]["violation_pct"]),
+            f(&r["classes"]["nm"]["violation_pct"]),
+            f(&r["classes"]["lt"]["violation_pct"]),
+        ));
+    }
+    out
+}
+
+/// Per network and rate: mean latency per class per scheme, and
+/// throughput per scheme.
+fn svg(runs: &[Value]) -> anyhow::Result<String> {
+    let mut panels = Vec::new();
+    let mut groups: Vec<(Value, Value)> = Vec::new();
+    for r in runs {
+        let g = (r["network"].clone(), r["lt_rate"].clone());
+        if !groups.contains(&g) {
+            groups.push(g);
+        }
+    }
+    for (n, l) in &groups {
+        let rs: Vec<&Value> = runs
+            .iter()
+            .filter(|r| &r["network"] == n && &r["lt_rate"] == l)
+            .collect();
+        let cats: Vec<String> = rs
+            .iter()
+            .map(|r| r["scheme"].as_str().unwrap_or("").to_string())
+            .collect();
+        for (c, bound) in CLASSES {
+            panels.push(report::BarPanel {
+                title: format!("{c} latency, ms ({} lt {l}/s; dot: paper; bound {bound})", n.as_str().unwrap_or("")),
+                categories: cats.clone(),
+                bars: rs.iter().map(|r| nan0(f(&r["classes"][c]["latency_ms_mean"]))).collect(),
+                dots: rs
+                    .iter()
+                    .map(|r| r["paper"]["classes"][c]["latency_ms_mean"].as_f64())
+                    .collect(),
+                highlight: cats.iter().position(|s| s == "pmrfs"),
+                best: None,
+            });
+        }
+        panels.push(report::BarPanel {
+            title: format!("throughput, records/s ({} lt {l}/s)", n.as_str().unwrap_or("")),
+            categories: cats.clone(),
+            bars: rs.iter().map(|r| nan0(f(&r["throughput_rps"]))).collect(),
+            dots: vec![None; rs.len()],
+            highlight: cats.iter().position(|s| s == "pmrfs"),
+            best: None,
+        });
+    }
+    report::bar_panels_svg(
+        "JANUS evaluation: latency per class and throughput per scheme",
+        "ms or records/s",
+        &panels,
+        2,
+    )
+}
