@@ -16,6 +16,7 @@ use weir_core::compression::Codec;
 
 fn config(test: &str) -> weir::config::Config {
     let name = unique(test);
+    let amqp = amqp_egress(&name);
     let text = format!(
         r#"
 [node]
@@ -32,13 +33,7 @@ transaction_time = "20ms"
 enabled = false
 [ingress.grpc]
 listen = "127.0.0.1:0"
-[egress]
-kind = "amqp"
-[egress.amqp]
-url = "{AMQP_URL}"
-exchange = "{name}.x"
-queue = "{name}.q"
-routing_key = "{name}"
+{amqp}
 [egress.link]
 bandwidth = "4Mbit/s"
 delay = "20ms"

@@ -71,6 +71,7 @@ fn config(name: &str, id: u64, ports: &[u16], overloaded: bool) -> weir::config:
     } else {
         "uplink = \"100Mbit/s\""
     };
+    let amqp = amqp_egress(&name);
     let text = format!(
         r#"
 [node]
@@ -94,13 +95,7 @@ class = "ls"
 enabled = false
 [ingress.grpc]
 listen = "127.0.0.1:0"
-[egress]
-kind = "amqp"
-[egress.amqp]
-url = "{AMQP_URL}"
-exchange = "{name}.x"
-queue = "{name}.q"
-routing_key = "{name}"
+{amqp}
 [peering]
 listen = "127.0.0.1:{port}"
 peers = [{peers}]

@@ -23,6 +23,7 @@ const LS_RECORDS: usize = 8;
 const LS_BOUND_MS: u64 = 1000;
 
 fn config(name: &str) -> weir::config::Config {
+    let amqp = amqp_egress(&name);
     let text = format!(
         r#"
 [node]
@@ -50,13 +51,7 @@ max_batch_bytes = "8KiB"
 enabled = false
 [ingress.grpc]
 listen = "127.0.0.1:0"
-[egress]
-kind = "amqp"
-[egress.amqp]
-url = "{AMQP_URL}"
-exchange = "{name}.x"
-queue = "{name}.q"
-routing_key = "{name}"
+{amqp}
 [egress.link]
 preset = "3g"
 "#

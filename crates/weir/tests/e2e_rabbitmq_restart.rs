@@ -36,6 +36,7 @@ impl Drop for RestartGuard {
 async fn nothing_acknowledged_is_lost_when_rabbitmq_restarts() {
     let name = unique("restart");
     delete_queue(&format!("{name}.q")).await;
+    let amqp = amqp_egress(&name);
     let text = format!(
         r#"
 [node]
@@ -47,13 +48,7 @@ max_batch_records = 50
 listen = "127.0.0.1:0"
 [ingress.grpc]
 enabled = false
-[egress]
-kind = "amqp"
-[egress.amqp]
-url = "{AMQP_URL}"
-exchange = "{name}.x"
-queue = "{name}.q"
-routing_key = "{name}"
+{amqp}
 confirm_timeout = "3s"
 reconnect_backoff_max = "1s"
 "#

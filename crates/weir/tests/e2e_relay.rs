@@ -26,6 +26,7 @@ fn payload(tag: &str, i: usize) -> Bytes {
 
 fn config(test: &str, mqtt: &str) -> weir::config::Config {
     let name = unique(test);
+    let amqp = amqp_egress(&name);
     let text = format!(
         r#"
 [node]
@@ -49,13 +50,7 @@ uplink = "1Gbit/s"
 {mqtt}
 [ingress.grpc]
 listen = "127.0.0.1:0"
-[egress]
-kind = "amqp"
-[egress.amqp]
-url = "{AMQP_URL}"
-exchange = "{name}.x"
-queue = "{name}.q"
-routing_key = "{name}"
+{amqp}
 "#
     );
     weir::config::parse(&text, test).unwrap_or_else(|e| panic!("{e}"))

@@ -19,6 +19,15 @@ pub const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 /// Bounds every wait so that a broken test fails instead of hanging.
 pub const PATIENCE: Duration = Duration::from_secs(90);
 
+/// The `[egress]` section publishing to the test RabbitMQ with exchange
+/// `<name>.x`, queue `<name>.q` and routing key `<name>`; further
+/// `[egress.amqp]` keys may follow it.
+pub fn amqp_egress(name: &str) -> String {
+    format!(
+        "[egress]\nkind = \"amqp\"\n[egress.amqp]\nurl = \"{AMQP_URL}\"\nexchange = \"{name}.x\"\nqueue = \"{name}.q\"\nrouting_key = \"{name}\""
+    )
+}
+
 /// A name unique to this process and `test`.
 pub fn unique(test: &str) -> String {
     format!("weir-e2e-{}-{test}", std::process::id())
