@@ -1,7 +1,6 @@
 //! The JANUS evaluation (section VII, Tables IV and V, Fig. 6): N weir
 //! nodes in this process, each an [`App`] with peering on loopback and a
-//! file egress behind an emulated Table III uplink (`[egress.link]
-//! preset`). Busy nodes get `ls` 30, `nm` 300 and `lt` 1k-5k records/s,
+//! file egress behind an emulated Table III uplink. Busy nodes get `ls` 30, `nm` 300 and `lt` 1k-5k records/s,
 //! idle ones 30 records/s per class; each scheme (Native, QM-only and the
 //! redirection matchers) is run with the same load.
 //!
@@ -13,6 +12,14 @@
 //! 4 ms), which is the accuracy of every latency here. Polling the
 //! directories instead would add up to the poll interval and cost CPU the
 //! generators need on a small machine.
+//!
+//! **The link.** By default the emulated link is busy for the bytes only
+//! (`[egress.link]` with the preset's bandwidth and no delay) and the
+//! preset's delay is added to every record's latency: Table III's delay is
+//! a network latency, with transactions in flight back to back. weir's
+//! `preset` instead holds the link for the delay on every transaction
+//! (`--serial-delay`), under which 50 ms per `ls` batch starves the other
+//! classes on 4G (docs/lab.md).
 //!
 //! **Throughput** = distinct records whose batch was written during the
 //! load phase, per second of it (Fig. 6 counts records/s out of the
@@ -89,6 +96,16 @@ pub struct Args {
     /// `scheduler.max_batch_bytes` of every node [default: weir's, 64 KiB].
     #[arg(long)]
     pub max_batch_bytes: Option<u64>,
+    /// Emulate the Table III delay as weir's `[egress.link] preset` does:
+    /// the link is busy for the delay of every transaction. Without it
+    /// (default) the link is busy for the bytes only and the delay is
+    /// added to every record's latency: a propagation delay with
+    /// transactions in flight back to back, which is what a 4G RTT is.
+    #[arg(long)]
+    pub serial_delay: bool,
+    /// `batching.adaptive` of every node [default: weir's, on].
+    #[arg(long)]
+    pub adaptive_batching: Option<bool>,
 }
 
 /// One node's part of the load.
@@ -127,15 +144,17 @@ fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
         .collect()
 }
 
-/// weir's config for node `id` (1-based) of `ports.len()`.
+/// weir's config for node `id` (1-based) of `ports.len()` in `cell`.
 fn config_text(
     id: usize,
     ports: &[u16],
     dir: &Path,
-    scheme: &str,
-    network: &str,
-    max_batch_bytes: Option<u64>,
+    cell: &Cell,
+    a: &Args,
 ) -> anyhow::Result<String> {
+    let (scheme, network) = (&cell.scheme, &cell.network);
+    let (max_batch_bytes, adaptive, serial_delay) =
+        (a.max_batch_bytes, a.adaptive_batching, a.serial_delay);
     let profile = weir::egress::link::LinkProfile::preset(network)
         .with_context(|| format!("unknown network {network:?} (known: wifi, 4g, 3g)"))?;
     let peers: Vec<String> = (1..=ports.len())
@@ -173,7 +192,7 @@ kind = "file"
 [egress.file]
 dir = "{dir}"
 [egress.link]
-preset = "{network}"
+{link}
 [peering]
 listen = "127.0.0.1:{port}"
 peers = [{peers}]
@@ -186,8 +205,23 @@ uplink = "{bw}B/s"
 # The uplink is a fact of the experiment: an idle node's online estimate
 # only sees its own small transactions and would understate its spare.
 track_uplink = false
-{batch}"#,
-        dir = dir.display().to_string().replace('\\', "\\\\").replace('"', "\\\""),
+{batch}{adaptive}"#,
+        link = if serial_delay {
+            format!("preset = \"{network}\"")
+        } else {
+            format!(
+                "bandwidth = \"{bw}B/s\"\ndelay = \"0ms\"",
+                bw = profile.bytes_per_sec.round() as u64
+            )
+        },
+        adaptive = adaptive
+            .map(|a| format!("[batching]\nadaptive = {a}\n"))
+            .unwrap_or_default(),
+        dir = dir
+            .display()
+            .to_string()
+            .replace('\\', "\\\\")
+            .replace('"', "\\\""),
         port = ports[id - 1],
         peers = peers.join(", "),
         bw = profile.bytes_per_sec.round() as u64,
@@ -238,7 +272,7 @@ struct Delivered {
 
 /// Every distinct (origin, seq) in the batch files under `dirs`; returns
 /// them and the number of duplicates.
-fn collect(dirs: &[PathBuf]) -> anyhow::Result<(Vec<Delivered>, u64)> {
+fn collect(dirs: &[PathBuf], extra_us: u64) -> anyhow::Result<(Vec<Delivered>, u64)> {
     let mut seen: HashMap<(u64, u64), Delivered> = HashMap::new();
     let mut dups = 0;
     for dir in dirs {
@@ -247,7 +281,10 @@ fn collect(dirs: &[PathBuf]) -> anyhow::Result<(Vec<Delivered>, u64)> {
         };
         for e in rd {
             let path = e?.path();
-            if path.extension().is_none_or(|x| x != weir::egress::file::EXTENSION) {
+            if path
+                .extension()
+                .is_none_or(|x| x != weir::egress::file::EXTENSION)
+            {
                 continue;
             }
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
@@ -256,7 +293,8 @@ fn collect(dirs: &[PathBuf]) -> anyhow::Result<(Vec<Delivered>, u64)> {
                 .modified()?
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default()
-                .as_micros() as u64;
+                .as_micros() as u64
+                + extra_us;
             let body = std::fs::read(&path)?;
             let batch = weir_proto::decode_batch(&body, encoding, MAX_BATCH_FILE)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
@@ -297,14 +335,7 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
     let dirs: Vec<PathBuf> = (1..=n).map(|i| base.join(format!("node-{i}"))).collect();
     let mut apps = Vec::new();
     for (i, dir) in dirs.iter().enumerate() {
-        let text = config_text(
-            i + 1,
-            &ports,
-            dir,
-            &cell.scheme,
-            &cell.network,
-            a.max_batch_bytes,
-        )?;
+        let text = config_text(i + 1, &ports, dir, cell, a)?;
         let cfg = weir::config::parse(&text, "weir-lab janus config")
             .map_err(|e| anyhow::anyhow!("the lab's janus config is invalid: {e}"))?;
         apps.push(
@@ -315,10 +346,11 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
     }
     // Heartbeats go round before the load starts, as on a running testbed.
     let deadline = Instant::now() + PEER_WAIT;
-    while apps
-        .iter()
-        .any(|app| app.peering.as_ref().is_some_and(|p| p.status().alive.len() + 1 < n))
-    {
+    while apps.iter().any(|app| {
+        app.peering
+            .as_ref()
+            .is_some_and(|p| p.status().alive.len() + 1 < n)
+    }) {
         anyhow::ensure!(Instant::now() < deadline, "the nodes never saw each other");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -372,7 +404,14 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
     for app in apps {
         app.shutdown(Duration::from_secs(5)).await;
     }
-    let (records, duplicates) = collect(&dirs)?;
+    let extra = if a.serial_delay {
+        Duration::ZERO
+    } else {
+        weir::egress::link::LinkProfile::preset(&cell.network)
+            .map(|p| p.delay)
+            .unwrap_or_default()
+    };
+    let (records, duplicates) = collect(&dirs, extra.as_micros() as u64)?;
     let _ = std::fs::remove_dir_all(base);
 
     let mut classes = serde_json::Map::new();
@@ -438,6 +477,7 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
         "drain_ms": round(drain_ms, 0),
         "input": input,
         "paper": paper(&cell.scheme, &cell.network),
+        "link": if a.serial_delay { "serial-delay" } else { "propagation-delay" },
     }))
 }
 
@@ -461,11 +501,7 @@ fn paper(scheme: &str, network: &str) -> Value {
     };
     // (ls, nm, lt) mean ± sd in seconds, per network 3G, 4G, WiFi.
     let t4: [[(f64, f64); 3]; 3] = match scheme {
-        "native" => [
-            [(10.86, 0.12); 3],
-            [(7.52, 0.08); 3],
-            [(7.26, 0.09); 3],
-        ],
+        "native" => [[(10.86, 0.12); 3], [(7.52, 0.08); 3], [(7.26, 0.09); 3]],
         "qm-only" => [
             [(1.13, 0.18), (8.51, 0.19), (13.22, 0.14)],
             [(0.53, 0.07), (4.51, 0.08), (9.69, 0.09)],
@@ -541,7 +577,10 @@ pub async fn run(a: &Args) -> anyhow::Result<(String, Value, String)> {
     let bar = report::progress(cells.len() as u64, "janus");
     let mut runs = Vec::new();
     for (k, cell) in cells.iter().enumerate() {
-        bar.set_message(format!("{} {} lt {}/s", cell.scheme, cell.network, cell.lt_rate));
+        bar.set_message(format!(
+            "{} {} lt {}/s",
+            cell.scheme, cell.network, cell.lt_rate
+        ));
         let base = std::env::temp_dir().join(format!("weir-lab-janus-{}-{k}", std::process::id()));
         let _ = std::fs::remove_dir_all(&base);
         runs.push(run_cell(a, cell, &base).await?);
@@ -560,8 +599,19 @@ fn f(v: &Value) -> f64 {
 /// The results table, then the headline checks per network and rate.
 fn table(runs: &[Value]) -> String {
     let mut t = Table::new([
-        "scheme", "network", "lt/s", "ls ms", "nm ms", "lt ms", "ls viol", "nm viol", "lt viol",
-        "thr rec/s", "input rec/s", "redirected", "lost",
+        "scheme",
+        "network",
+        "lt/s",
+        "ls ms",
+        "nm ms",
+        "lt ms",
+        "ls viol",
+        "nm viol",
+        "lt viol",
+        "thr rec/s",
+        "input rec/s",
+        "redirected",
+        "lost",
     ]);
     for r in runs {
         let c = |k: &str, f_: &str| f(&r["classes"][k][f_]);
@@ -569,14 +619,27 @@ fn table(runs: &[Value]) -> String {
             .as_array()
             .map(|v| v.iter().map(|n| f(&n["accepted_rps"])).sum())
             .unwrap_or(0.0);
-        let lost = r["accepted"].as_u64().unwrap_or(0) as i64 - r["delivered"].as_u64().unwrap_or(0) as i64;
+        let lost = r["accepted"].as_u64().unwrap_or(0) as i64
+            - r["delivered"].as_u64().unwrap_or(0) as i64;
         t.row([
             r["scheme"].as_str().unwrap_or("").to_string(),
             r["network"].as_str().unwrap_or("").to_string(),
             r["lt_rate"].to_string(),
-            format!("{:.0} ± {:.0}", c("ls", "latency_ms_mean"), c("ls", "latency_ms_sd")),
-            format!("{:.0} ± {:.0}", c("nm", "latency_ms_mean"), c("nm", "latency_ms_sd")),
-            format!("{:.0} ± {:.0}", c("lt", "latency_ms_mean"), c("lt", "latency_ms_sd")),
+            format!(
+                "{:.0} ± {:.0}",
+                c("ls", "latency_ms_mean"),
+                c("ls", "latency_ms_sd")
+            ),
+            format!(
+                "{:.0} ± {:.0}",
+                c("nm", "latency_ms_mean"),
+                c("nm", "latency_ms_sd")
+            ),
+            format!(
+                "{:.0} ± {:.0}",
+                c("lt", "latency_ms_mean"),
+                c("lt", "latency_ms_sd")
+            ),
             format!("{:.1}%", c("ls", "violation_pct")),
             format!("{:.1}%", c("nm", "violation_pct")),
             format!("{:.1}%", c("lt", "violation_pct")),
@@ -596,15 +659,23 @@ fn table(runs: &[Value]) -> String {
     };
     for r in runs.iter().filter(|r| r["scheme"] == "pmrfs") {
         let (n, l) = (&r["network"], &r["lt_rate"]);
-        out.push_str(&format!("\nheadline, {} at lt {}/s (paper: 4G, 5000/s):\n", n.as_str().unwrap_or(""), l));
+        out.push_str(&format!(
+            "\nheadline, {} at lt {}/s (paper: 4G, 5000/s):\n",
+            n.as_str().unwrap_or(""),
+            l
+        ));
         if let Some(nat) = find("native", n, l) {
             let pct = 100.0 * f(&r["classes"]["ls"]["latency_ms_mean"])
                 / f(&nat["classes"]["ls"]["latency_ms_mean"]);
-            out.push_str(&format!("  ls latency vs Native: {pct:.1}% (paper 16.6%, goal <= 16.6%)\n"));
+            out.push_str(&format!(
+                "  ls latency vs Native: {pct:.1}% (paper 16.6%, goal <= 16.6%)\n"
+            ));
         }
         if let Some(qm) = find("qm-only", n, l) {
             let x = f(&r["throughput_rps"]) / f(&qm["throughput_rps"]);
-            out.push_str(&format!("  throughput vs QM-only: {x:.2}x (paper 1.7x, goal >= 1.7x)\n"));
+            out.push_str(&format!(
+                "  throughput vs QM-only: {x:.2}x (paper 1.7x, goal >= 1.7x)\n"
+            ));
         }
         out.push_str(&format!(
             "  violations ls/nm/lt: {:.1}% / {:.1}% / {:.1}% (paper 0 / 6.7% / 9.4%)\n",
@@ -638,9 +709,15 @@ fn svg(runs: &[Value]) -> anyhow::Result<String> {
             .collect();
         for (c, bound) in CLASSES {
             panels.push(report::BarPanel {
-                title: format!("{c} latency, ms ({} lt {l}/s; dot: paper; bound {bound})", n.as_str().unwrap_or("")),
+                title: format!(
+                    "{c} latency, ms ({} lt {l}/s; dot: paper; bound {bound})",
+                    n.as_str().unwrap_or("")
+                ),
                 categories: cats.clone(),
-                bars: rs.iter().map(|r| nan0(f(&r["classes"][c]["latency_ms_mean"]))).collect(),
+                bars: rs
+                    .iter()
+                    .map(|r| nan0(f(&r["classes"][c]["latency_ms_mean"])))
+                    .collect(),
                 dots: rs
                     .iter()
                     .map(|r| r["paper"]["classes"][c]["latency_ms_mean"].as_f64())
@@ -650,7 +727,10 @@ fn svg(runs: &[Value]) -> anyhow::Result<String> {
             });
         }
         panels.push(report::BarPanel {
-            title: format!("throughput, records/s ({} lt {l}/s)", n.as_str().unwrap_or("")),
+            title: format!(
+                "throughput, records/s ({} lt {l}/s)",
+                n.as_str().unwrap_or("")
+            ),
             categories: cats.clone(),
             bars: rs.iter().map(|r| nan0(f(&r["throughput_rps"]))).collect(),
             dots: vec![None; rs.len()],
@@ -664,4 +744,68 @@ fn svg(runs: &[Value]) -> anyhow::Result<String> {
         &panels,
         2,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: Args,
+    }
+
+    #[test]
+    fn every_scheme_and_network_gives_valid_weir_config() {
+        let a = Cli::parse_from(["x"]).a;
+        assert_eq!(a.schemes.len(), 7);
+        assert_eq!(a.networks, ["4g"]);
+        assert_eq!(a.lt_rates, [5000]);
+        let ports = [1000, 1001, 1002, 1003];
+        for scheme in ALL_SCHEMES {
+            for network in ["wifi", "4g", "3g"] {
+                let cell = Cell {
+                    scheme: scheme.into(),
+                    network: network.into(),
+                    lt_rate: 5000,
+                };
+                for serial_delay in [false, true] {
+                    let a = Args {
+                        serial_delay,
+                        ..a.clone()
+                    };
+                    let text = config_text(2, &ports, Path::new("/tmp/x"), &cell, &a).unwrap();
+                    let cfg = weir::config::parse(&text, "test").unwrap_or_else(|e| panic!("{e}"));
+                    assert_eq!(cfg.scheduler.scheme.to_string(), scheme);
+                    assert!(!cfg.scheduler.track_uplink);
+                    let link = cfg.egress.link.unwrap();
+                    assert_eq!(link.delay.is_zero(), !serial_delay);
+                    assert_eq!(
+                        cfg.scheduler.uplink_bytes_per_sec,
+                        link.bandwidth_bytes_per_sec
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_paper_has_every_scheme_on_every_network() {
+        for scheme in ALL_SCHEMES {
+            for network in ["wifi", "4g", "3g"] {
+                let p = paper(scheme, network);
+                assert!(p["classes"]["lt"]["latency_ms_mean"].as_f64().unwrap() > 0.0);
+            }
+        }
+        assert_eq!(
+            paper("pmrfs", "4g")["classes"]["ls"]["latency_ms_mean"],
+            1580.0
+        );
+        assert_eq!(
+            paper("qm-only", "4g")["classes"]["lt"]["violation_pct"],
+            15.5
+        );
+    }
 }
