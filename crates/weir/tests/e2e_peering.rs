@@ -71,7 +71,7 @@ fn config(name: &str, id: u64, ports: &[u16], overloaded: bool) -> weir::config:
     } else {
         "uplink = \"100Mbit/s\""
     };
-    let amqp = amqp_egress(&name);
+    let amqp = amqp_egress(name);
     let text = format!(
         r#"
 [node]

@@ -14,7 +14,11 @@
 //! - `latency`: a paced stream of `ls` records with the send time in the
 //!   payload, through weir, then the same stream published straight to
 //!   RabbitMQ (confirms on, persistent, one message per record); both are
-//!   consumed the same way and compared.
+//!   consumed the same way and compared. `--rounds` alternates the two so
+//!   that noise from other programs on a shared machine falls on both.
+//! - The generated weir config sets only what the figures need (loopback
+//!   listeners, AMQP egress, a 10 Gbit/s uplink so token buckets never
+//!   limit, batch limits); `--set table.key=value` changes anything else.
 //! - The publisher is lean on purpose (rumqttc's MQTT 3.1.1 codec over a
 //!   `TcpStream`, many publishes per write), because weir, RabbitMQ and this
 //!   tool share the machine's cores; the report shows this tool's CPU per
@@ -25,7 +29,11 @@
 //! Every payload starts with the send time (microseconds since the Unix
 //! epoch, little endian) and a load-wide sequence number; the consumer
 //! uses the first for latency and the second to check that every
-//! acknowledged record arrived (and how many arrived twice).
+//! acknowledged record arrived (and how many arrived twice). The rest is
+//! random bytes by default, so that weir's compression gains nothing it
+//! would not gain on real data.
+//!
+//! Results and how to read them: `docs/benchmarks.md`, "Relay figures".
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -112,6 +120,11 @@ struct Cli {
     /// Keep the weir child's config and log directory after a good run.
     #[arg(long, global = true)]
     keep: bool,
+    /// What fills each payload after its 16-byte stamp: random bytes
+    /// (incompressible, the honest case once weir compresses batches) or a
+    /// repeated byte (compresses about 50:1).
+    #[arg(long, global = true, value_enum, default_value_t = PayloadKind::Random)]
+    payload: PayloadKind,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -216,6 +229,12 @@ impl ClassArg {
     }
 }
 
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum PayloadKind {
+    Random,
+    Repetitive,
+}
+
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 enum Pacing {
@@ -236,6 +255,9 @@ enum Side {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if cli.payload == PayloadKind::Random {
+        init_random_filler();
+    }
     let weir_bin = match &cli.weir {
         Some(p) => p.clone(),
         None => std::env::current_exe()
@@ -391,6 +413,8 @@ struct TimelinePoint {
 struct ThroughputReport {
     kind: &'static str,
     machine: MachineInfo,
+    /// Payload filler: `random` or `repetitive`.
+    payload: &'static str,
     params: ThroughputArgs,
     /// Records per second at the consumer over the steady part.
     consumed_per_sec: f64,
@@ -518,6 +542,8 @@ struct LatencyRound {
 struct LatencyReport {
     kind: &'static str,
     machine: MachineInfo,
+    /// Payload filler: `random` or `repetitive`.
+    payload: &'static str,
     params: LatencyArgs,
     /// Through weir, all rounds pooled.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -578,6 +604,11 @@ fn print_cpu(cpu: &CpuReport, per_record: bool) {
     );
 }
 
+/// The `--set` options of a run, for its header line.
+fn settings(set: &[String]) -> String {
+    set.iter().map(|s| format!("; --set {s}")).collect()
+}
+
 fn print_integrity(i: &Integrity) {
     println!(
         "  integrity                      acked {}, consumed {} (unique {}, duplicates {}, lost {})",
@@ -599,9 +630,11 @@ fn print_throughput(r: &ThroughputReport) {
         p.warmup
     );
     println!(
-        "  batch limits {} records / {}; machine: {} x {}",
+        "  batch limits {} records / {}{}; {} payloads; machine: {} x {}",
         p.weir_config.max_batch_records,
         p.weir_config.max_batch_bytes,
+        settings(&p.weir_config.set),
+        r.payload,
         r.machine.nproc,
         r.machine.cpu_model
     );
@@ -646,7 +679,13 @@ fn print_latency(r: &LatencyReport) {
         "latency: {}-byte ls records at {:.0}/s ({:?} pacing), QoS 1 vs AMQP confirms; {} round(s) of {} s measured after {} s warm-up per side",
         p.size, p.rate, p.pacing, p.rounds, p.seconds, p.warmup
     );
-    println!("  machine: {} x {}", r.machine.nproc, r.machine.cpu_model);
+    println!(
+        "  {} payloads{}; machine: {} x {}",
+        r.payload,
+        settings(&p.weir_config.set),
+        r.machine.nproc,
+        r.machine.cpu_model
+    );
     println!(
         "  {:<28} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8}   (ms, all rounds)",
         "", "n", "p50", "p90", "p99", "p99.9", "max"
@@ -884,6 +923,7 @@ async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<ThroughputR
     Ok(ThroughputReport {
         kind: "throughput",
         machine: machine_info(),
+        payload: payload_kind(),
         params: a.clone(),
         consumed_per_sec: records / secs,
         acked_per_sec: d(|s| s.acked) / secs,
@@ -946,6 +986,7 @@ async fn latency(env: &Env, a: &LatencyArgs) -> anyhow::Result<LatencyReport> {
     Ok(LatencyReport {
         kind: "latency",
         machine: machine_info(),
+        payload: payload_kind(),
         params: a.clone(),
         added_p99_ms: added(|p| p.p99),
         added_p50_ms: added(|p| p.p50),
@@ -1800,8 +1841,47 @@ fn stamped(size: usize, seq: u64) -> Bytes {
     let mut p = BytesMut::with_capacity(size);
     p.put_u64_le(now_us());
     p.put_u64_le(seq);
-    p.resize(size, b'.');
+    let fill = size.saturating_sub(STAMP);
+    match FILLER.get() {
+        Some(pool) if pool.len() > fill => {
+            // A different window of the pool per record, so that batches
+            // do not repeat themselves either.
+            let at = (seq as usize).wrapping_mul(251) % (pool.len() - fill);
+            p.extend_from_slice(&pool[at..at + fill]);
+        }
+        _ => p.resize(size, b'.'),
+    }
     p.freeze()
+}
+
+/// Random bytes that payloads are cut from (`--payload random`); unset
+/// means repetitive filler.
+static FILLER: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+
+/// Size of the random pool: far larger than any batch's payload.
+const FILLER_POOL: usize = 1 << 20;
+
+/// The payload filler in use, for reports.
+fn payload_kind() -> &'static str {
+    if FILLER.get().is_some() {
+        "random"
+    } else {
+        "repetitive"
+    }
+}
+
+/// Fills [`FILLER`] from a fixed-seed xorshift, so runs are comparable.
+fn init_random_filler() {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let pool = (0..FILLER_POOL / 8)
+        .flat_map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()
+        })
+        .collect();
+    let _ = FILLER.set(pool);
 }
 
 fn read_stamp(payload: &[u8]) -> Option<(u64, u64)> {
