@@ -23,7 +23,7 @@ const LS_RECORDS: usize = 8;
 const LS_BOUND_MS: u64 = 1000;
 
 fn config(name: &str) -> weir::config::Config {
-    let amqp = amqp_egress(&name);
+    let amqp = amqp_egress(name);
     let text = format!(
         r#"
 [node]
