@@ -32,6 +32,7 @@ fn sensor_body() -> Bytes {
     let (mut x, mut y) = (123i64, -9876i64);
     let mut records = Vec::new();
     let mut batch = pb::Batch {
+        padding: Default::default(),
         node: 1,
         batch_seq: 1,
         created_us: 1_763_800_000_000_000,

@@ -331,6 +331,7 @@ mod tests {
 
     fn batch() -> pb::Batch {
         pb::Batch {
+            padding: Default::default(),
             node: 7,
             batch_seq: 3,
             created_us: 1,
@@ -348,6 +349,7 @@ mod tests {
     /// A batch of sensor-CSV rows, as compressible as real telemetry.
     fn sensor_batch(rows: usize) -> pb::Batch {
         pb::Batch {
+            padding: Default::default(),
             node: 1,
             batch_seq: 9,
             created_us: 2,

@@ -39,6 +39,21 @@ enum Command {
     },
     /// Print the embedded default config (a commented starting point).
     PrintDefaultConfig,
+    /// Measure the uplink once: two transfer sizes through the configured
+    /// egress give its bandwidth and fixed per-transaction time (piping
+    /// paper Eq. 5-6). Probe batches carry no records.
+    ProbeLink {
+        /// TOML config file (its egress and emulated link are probed);
+        /// the embedded defaults without it.
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// Padding bytes of the small transfer.
+        #[arg(long, default_value_t = 1024)]
+        small: u64,
+        /// Padding bytes of the large transfer.
+        #[arg(long, default_value_t = 256 * 1024)]
+        large: u64,
+    },
     /// Print the records of a batch (a batch file, or an AMQP message body
     /// on stdin with `-`).
     Decode {
@@ -139,6 +154,48 @@ fn main() -> ExitCode {
                 ExitCode::from(EXIT_RUNTIME)
             }
         },
+        Command::ProbeLink {
+            config,
+            small,
+            large,
+        } => {
+            let cfg = match load(config.as_ref()) {
+                Ok(c) => c,
+                Err(e) => {
+                    report(config.as_ref(), &e);
+                    return ExitCode::from(EXIT_BAD_CONFIG);
+                }
+            };
+            let rt = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("weir probe-link: cannot start the runtime: {e}");
+                    return ExitCode::from(EXIT_RUNTIME);
+                }
+            };
+            match rt.block_on(weir::egress::probe::probe_link(&cfg, small, large)) {
+                Ok(r) => {
+                    println!(
+                        "small {} B in {:.1} ms, large {} B in {:.1} ms",
+                        r.small.0,
+                        r.small.1.as_secs_f64() * 1e3,
+                        r.large.0,
+                        r.large.1.as_secs_f64() * 1e3
+                    );
+                    println!(
+                        "uplink {:.0} bytes/s ({:.3} Mbit/s), per-transaction time {:.1} ms",
+                        r.estimate.bytes_per_sec,
+                        r.estimate.bytes_per_sec * 8.0 / 1e6,
+                        r.estimate.per_transaction.as_secs_f64() * 1e3
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("weir probe-link: {e:#}");
+                    ExitCode::from(EXIT_RUNTIME)
+                }
+            }
+        }
         Command::CheckConfig { file } => match config::load(&file) {
             Ok(_) => {
                 println!("{}: ok", file.display());

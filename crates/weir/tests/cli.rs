@@ -119,6 +119,7 @@ fn sigterm_shuts_down_cleanly_and_batches_decode() {
 
     // `decode` reads a batch file back, raw bytes escaped.
     let batch = weir_proto::pb::Batch {
+        padding: Default::default(),
         node: 5,
         batch_seq: 9,
         created_us: 1,
@@ -159,4 +160,51 @@ fn sigterm_shuts_down_cleanly_and_batches_decode() {
     let out = child.wait_with_output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a weir.v1.Batch"));
+}
+
+#[test]
+fn probe_link_measures_the_emulated_uplink_with_empty_batches() {
+    let dir = tmp("probe");
+    let out_dir = dir.join("out");
+    let file = dir.join("weir.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[ingress.mqtt]\nenabled = false\n[ingress.grpc]\nlisten = \"127.0.0.1:0\"\n[egress.file]\ndir = \"{}\"\n[egress.link]\nbandwidth = \"8Mbit/s\"\ndelay = \"20ms\"\n",
+            out_dir.display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(WEIR)
+        .args([
+            "probe-link",
+            "--config",
+            file.to_str().unwrap(),
+            "--large",
+            "65536",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let uplink: f64 = text
+        .split("uplink ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no uplink figure in {text}"));
+    assert!(uplink > 0.0, "{text}");
+    assert!(text.contains("per-transaction time"), "{text}");
+    // Six probe batches, none carrying a record.
+    let files: Vec<_> = std::fs::read_dir(&out_dir).unwrap().collect();
+    assert_eq!(files.len(), 6);
+    for f in files {
+        let body = std::fs::read(f.unwrap().path()).unwrap();
+        let batch = weir_proto::decode_batch(&body, "identity", 1 << 20).unwrap();
+        assert!(batch.records.is_empty());
+    }
 }

@@ -19,6 +19,7 @@ fn tmp(name: &str) -> std::path::PathBuf {
 
 fn batch() -> pb::Batch {
     pb::Batch {
+        padding: Default::default(),
         node: 7,
         batch_seq: 1,
         created_us: 1,

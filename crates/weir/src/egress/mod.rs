@@ -18,6 +18,7 @@ pub mod amqp;
 pub mod compress;
 pub mod file;
 pub mod link;
+pub mod probe;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -66,6 +67,7 @@ pub struct EncodedBatch {
 /// then compresses it when the chooser says it pays).
 pub fn encode(node: NodeId, classes: &ClassSet, batch: &OutBatch) -> EncodedBatch {
     let pb = pb::Batch {
+        padding: Default::default(),
         node,
         batch_seq: batch.seq,
         created_us: unix_micros(),
