@@ -203,6 +203,16 @@ impl ReferencePolicy {
     }
 }
 
+/// The bound a class's batch plan may use: its latency bound less one full
+/// transaction of `max_batch_bytes` on `link`, the longest a record can wait
+/// behind a less urgent batch already on the link (transactions are
+/// serial), so batching never makes a record late.
+pub fn planning_bound(bound: Duration, link: &LinkEstimate, max_batch_bytes: u64) -> Duration {
+    bound.saturating_sub(secs_to_duration(
+        link.transaction_secs(max_batch_bytes as f64),
+    ))
+}
+
 /// The traffic of one class, as the caller measures it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ClassTraffic {
@@ -508,6 +518,23 @@ mod tests {
 
     /// The paper's testbed as a link: `T_sc` and the per-report slope of
     /// Eq. 3 with its 1.4 KB reports (`B = 1400 B / 5.0393 ms`).
+    #[test]
+    fn planning_bound_leaves_room_for_one_batch_in_flight() {
+        let link = LinkEstimate {
+            bytes_per_sec: 100_000.0,
+            per_transaction: Duration::from_millis(50),
+        };
+        // 10 kB take 100 ms plus 50 ms fixed.
+        assert_eq!(
+            planning_bound(Duration::from_secs(1), &link, 10_000),
+            Duration::from_millis(850)
+        );
+        assert_eq!(
+            planning_bound(Duration::from_millis(100), &link, 10_000),
+            Duration::ZERO
+        );
+    }
+
     fn paper_link() -> LinkEstimate {
         LinkEstimate {
             bytes_per_sec: 1400.0 / 0.0050393,

@@ -64,8 +64,7 @@ impl std::fmt::Debug for Metrics {
 impl Metrics {
     /// Registers every metric for these classes.
     pub fn new(classes: &ClassSet) -> Self {
-        let mut registry = Registry::with_prefix("weir");
-        let m = Metrics {
+        let mut m = Metrics {
             names: classes
                 .iter()
                 .map(|(_, c)| ClassLabel {
@@ -89,90 +88,90 @@ impl Metrics {
             link_bandwidth: Gauge::default(),
             link_transaction: Gauge::default(),
             peer: crate::peer::PeerMetrics::new(classes),
-            registry: Registry::default(),
+            registry: Registry::with_prefix("weir"),
         };
-        registry.register(
+        m.registry.register(
             "records_accepted",
             "Records enqueued at ingress",
             m.accepted.clone(),
         );
-        registry.register(
+        m.registry.register(
             "records_refused",
             "Records refused at ingress (oversized)",
             m.refused.clone(),
         );
-        registry.register(
+        m.registry.register(
             "records_backpressured",
             "Pushes that found their class queue full and waited",
             m.backpressured.clone(),
         );
-        registry.register(
+        m.registry.register(
             "records_dropped",
             "QoS 0 records dropped because their queue was full (qos0_when_full = drop)",
             m.dropped.clone(),
         );
-        registry.register(
+        m.registry.register(
             "records_forwarded",
             "Records confirmed by the egress",
             m.forwarded.clone(),
         );
-        registry.register(
+        m.registry.register(
             "class_allocated_bytes_per_second",
             "Outbound rate BWAllocator gives each class",
             m.allocated.clone(),
         );
-        registry.register(
+        m.registry.register(
             "class_queued_records",
             "Records waiting in each class queue",
             m.queued.clone(),
         );
-        registry.register(
+        m.registry.register(
             "batches_confirmed",
             "Batches confirmed by the egress",
             m.batches_confirmed.clone(),
         );
-        registry.register(
+        m.registry.register(
             "batches_republished",
             "Batches published again after a failure",
             m.batches_republished.clone(),
         );
-        registry.register(
+        m.registry.register(
             "egress_bytes",
             "Bytes of batch bodies confirmed by the egress",
             m.egress_bytes.clone(),
         );
-        registry.register(
+        m.registry.register(
             "protocol_errors",
             "Ingress connections or requests refused as malformed",
             m.protocol_errors.clone(),
         );
-        registry.register(
+        m.registry.register(
             "batches_encoded",
             "Batches encoded for the egress, by the codec of the body sent (none when compression did not shrink it)",
             m.encoded.clone(),
         );
-        registry.register(
+        m.registry.register(
             "compression_samples",
             "Batches compressed with a codec not in use, to refresh its ratio and speed",
             m.compression_samples.clone(),
         );
-        registry.register(
+        m.registry.register(
             "compression_predicted_bytes_per_second",
             "Piping-model effective throughput (uncompressed bytes/s) predicted for the codec chosen for the last batch",
             m.compression_predicted.clone(),
         );
-        registry.register(
+        m.registry.register(
             "link_bandwidth_bytes_per_second",
             "Online estimate of the uplink bandwidth Th_up from completed transactions",
             m.link_bandwidth.clone(),
         );
-        registry.register(
+        m.registry.register(
             "link_transaction_seconds",
             "Online estimate of the uplink's fixed per-transaction time T_sc",
             m.link_transaction.clone(),
         );
-        m.peer.register(&mut registry);
-        Metrics { registry, ..m }
+        m.peer.register(&mut m.registry);
+        m
     }
 
     fn label(&self, class: ClassId) -> &ClassLabel {

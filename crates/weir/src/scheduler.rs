@@ -13,7 +13,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use weir_core::batching::{BatchPlan, BatchSizer, BatchingConfig, ClassTraffic, ReferencePolicy};
+use weir_core::batching::{
+    planning_bound, BatchPlan, BatchSizer, BatchingConfig, ClassTraffic, ReferencePolicy,
+};
 use weir_core::drain::{BatchLimits, Drain, Drainer};
 use weir_core::janus::allocator::ClassLoad;
 use weir_core::janus::pbtt::{Pbtt, PbttConfig};
@@ -123,10 +125,8 @@ impl Planner {
         }
     }
 
-    /// Re-plans every class from the window's arrivals. The bound handed to
-    /// the model is the class bound less one full batch transaction, the
-    /// longest a record can wait behind a less urgent batch already on the
-    /// link, so batching never makes a record late.
+    /// Re-plans every class from the window's arrivals, against
+    /// [`planning_bound`].
     fn replan(
         &mut self,
         classes: &weir_core::ClassSet,
@@ -136,10 +136,6 @@ impl Planner {
         max_batch_bytes: usize,
     ) {
         let t = window.as_secs_f64();
-        let blocking = Duration::from_secs_f64(
-            link.transaction_secs(max_batch_bytes as f64)
-                .clamp(0.0, 3600.0),
-        );
         let single = Duration::from_secs_f64(
             link.transaction_secs(self.mean_size.iter().copied().fold(0.0, f64::max))
                 .clamp(0.0, 3600.0),
@@ -158,7 +154,7 @@ impl Planner {
             let traffic = ClassTraffic {
                 arrival_rate: records as f64 / t,
                 mean_record_bytes: self.mean_size[i],
-                latency_bound: c.bound.saturating_sub(blocking),
+                latency_bound: planning_bound(c.bound, link, max_batch_bytes as u64),
                 reference: self.reference.reference(rank, c.bound, single),
             };
             self.plans[i] = self.sizers[i].plan(&traffic, link);

@@ -88,6 +88,28 @@ async fn mqtt_publish(port: u16, client_id: &str, topics: &[(String, String)]) -
     acks
 }
 
+/// Publishes `PER_SOURCE` QoS 1 records on a topic of each class (routed
+/// by `config`) to the broker on `port`, checks every one was acknowledged,
+/// and returns the (payload tag, class) pairs to expect.
+async fn mqtt_publish_three_classes(port: u16, name: &str, prefix: &str) -> Vec<(String, String)> {
+    let topics = [
+        (format!("{name}/ls/a"), "ls"),
+        (format!("{name}/nm/b"), "nm"),
+        (format!("{name}/other"), "lt"),
+    ];
+    let tagged: Vec<(String, String)> = topics
+        .iter()
+        .map(|(t, _)| (t.clone(), format!("{prefix}-{t}")))
+        .collect();
+    let acks = mqtt_publish(port, &format!("{name}-pub"), &tagged).await;
+    assert_eq!(acks, topics.len() * PER_SOURCE);
+    tagged
+        .into_iter()
+        .zip(topics)
+        .map(|((_, tag), (_, class))| (tag, class.to_string()))
+        .collect()
+}
+
 async fn grpc_publish(addr: std::net::SocketAddr) -> Vec<(String, String)> {
     let mut client = IngressClient::connect(format!("http://{addr}"))
         .await
@@ -152,22 +174,7 @@ async fn mqtt_listen_and_grpc_three_classes_reach_rabbitmq_exactly_once() {
     let mqtt = app.mqtt_addr.unwrap();
     let grpc = app.grpc_addr.unwrap();
 
-    let topics = vec![
-        (format!("{name}/ls/a"), "ls".to_string()),
-        (format!("{name}/nm/b"), "nm".to_string()),
-        (format!("{name}/other"), "lt".to_string()),
-    ];
-    let tagged: Vec<(String, String)> = topics
-        .iter()
-        .map(|(t, _)| (t.clone(), format!("mqtt-{t}")))
-        .collect();
-    let acks = mqtt_publish(mqtt.port(), &format!("{name}-pub"), &tagged).await;
-    assert_eq!(acks, 3 * PER_SOURCE);
-    let mut expected: Vec<(String, String)> = tagged
-        .iter()
-        .zip(&topics)
-        .map(|((_, tag), (_, class))| (tag.clone(), class.clone()))
-        .collect();
+    let mut expected = mqtt_publish_three_classes(mqtt.port(), &name, "mqtt").await;
     expected.extend(grpc_publish(grpc).await);
 
     let total = expected.len() * PER_SOURCE;
@@ -200,22 +207,7 @@ async fn mqtt_subscribe_mode_through_mosquitto_reaches_rabbitmq_exactly_once() {
     // Let weir's subscription land before publishing.
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let topics = vec![
-        (format!("{name}/ls/a"), "ls".to_string()),
-        (format!("{name}/nm/b"), "nm".to_string()),
-        (format!("{name}/other"), "lt".to_string()),
-    ];
-    let tagged: Vec<(String, String)> = topics
-        .iter()
-        .map(|(t, _)| (t.clone(), format!("sub-{t}")))
-        .collect();
-    let acks = mqtt_publish(1883, &format!("{name}-pub"), &tagged).await;
-    assert_eq!(acks, 3 * PER_SOURCE);
-    let expected: Vec<(String, String)> = tagged
-        .iter()
-        .zip(&topics)
-        .map(|((_, tag), (_, class))| (tag.clone(), class.clone()))
-        .collect();
+    let expected = mqtt_publish_three_classes(1883, &name, "sub").await;
     let total = expected.len() * PER_SOURCE;
     let all = consume_until(&format!("{name}.q"), |s| s.len() >= total).await;
     app.shutdown(Duration::from_secs(30)).await;
