@@ -75,6 +75,14 @@ impl Experiment {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // weir's own logs, for looking inside a run: off unless RUST_LOG asks
+    // (e.g. `RUST_LOG=weir::peer=debug`), on stderr beside the progress bar.
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_default_env() {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -9,10 +9,25 @@
 //!
 //! The node's [`BandwidthTuple`] is refreshed every window either way, since
 //! it is what the node piggybacks on its heartbeat (Section V-B1). When the
-//! allocation is kept, no bound is broken, so the node asks for nothing
-//! (shortages are reported as 0: in the paper only BWAllocator issues
-//! `BWRequest`), and it offers whatever each class holds beyond its Eq. 22
-//! demand.
+//! allocation is kept, the node asks for nothing (in the paper only
+//! BWAllocator issues `BWRequest`) and offers whatever each class holds
+//! beyond its Eq. 22 demand.
+//!
+//! Two readings of the paper, both measured in the JANUS lab (docs/lab.md):
+//! - **`V_c` in Eq. 22 is the class's output rate** `tp_c = min(s_c/t, V_c)`
+//!   (Eq. 2; Section III-B: "output rate is referred to as the outbound
+//!   throughput"), not the rate allocated to it. With the allocated rate,
+//!   Eq. 22 reads `V_c (1 - t/delta_c) + ...`, so an idle class "needs" most
+//!   of whatever it was given: an idle node with an even split advertised
+//!   0.95 of its 2.25 MB/s spare, and a busy node's `nm` kept 0.66 MB/s it
+//!   never used while `lt` was short.
+//! - **A projected shortage reallocates too.** Algorithm 1 reallocates when
+//!   Eq. 1's delay estimate breaks a bound; that estimate ignores arrivals
+//!   beyond the window, so a class whose input outruns its rate only trips
+//!   it once its backlog alone takes `delta_c` to clear, i.e. once its
+//!   records are already late. PBTT also reallocates when some class's
+//!   Eq. 22 demand exceeds its allocation, which is the same test one
+//!   window ahead; a node whose classes all fit still keeps its allocation.
 
 use std::time::Duration;
 
@@ -21,6 +36,11 @@ use crate::class::ClassSet;
 use super::allocator::{check_capacity, check_window, fit_within};
 use super::redirect::{apply_grant, Grant};
 use super::{non_negative, Allocation, BandwidthTuple, BwAllocator, ClassLoad, JanusError};
+
+/// A class's Eq. 22 demand may exceed its allocation by this fraction
+/// before PBTT reallocates for it: measurement noise of one window does not
+/// reshuffle the rates.
+pub const PROJECTED_SLACK: f64 = 0.01;
 
 /// Fixed parameters of one node's PBTT.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -50,8 +70,8 @@ pub struct PbttDecision {
     /// `tp_c = min(s_c / t, V_c)` of Eq. 2-3, units per second, under the
     /// allocation the window ran with.
     pub throughput: Vec<f64>,
-    /// `bw_c` of Eq. 22 (clamped to `>= 0`) against the allocation the
-    /// window ran with.
+    /// `bw_c` of Eq. 22 (clamped to `>= 0`) with `V_c` = `tp_c`, the
+    /// class's output rate over the window.
     pub demand: Vec<f64>,
 }
 
@@ -131,17 +151,21 @@ impl Pbtt {
             throughput.push((s / t).min(v));
         }
 
-        let reallocated = violated.iter().any(|&v| v);
-        let demand;
+        // Eq. 22 against what each class actually put out (see the module
+        // docs).
+        let demand = self.allocator.demands(loads, t, &throughput)?;
+        let projected_short = demand
+            .iter()
+            .zip(&self.allocation.rates)
+            .any(|(bw, v)| *bw > v * (1.0 + PROJECTED_SLACK));
+        let reallocated = projected_short || violated.iter().any(|&v| v);
         if reallocated {
             let r = self
                 .allocator
-                .allocate(loads, t, &self.allocation.rates, self.capacity)?;
+                .allocate_demand(demand.clone(), self.capacity)?;
             self.allocation = r.allocation;
             self.tuple = r.tuple;
-            demand = r.demand;
         } else {
-            demand = self.allocator.demands(loads, t, &self.allocation.rates)?;
             // Within bounds: offer what each class holds beyond its need,
             // ask for nothing.
             self.tuple = BandwidthTuple(
@@ -272,26 +296,81 @@ mod tests {
         assert!((d.delays[0] - 0.06).abs() < 1e-12);
         assert_eq!(d.throughput, vec![0.5, 2.0, 5.0]);
         assert_eq!(d.total_throughput(), 7.5);
-        // Eq. 22: bw_ls = (0.5 - 9.5) / 0.1 + 10 < 0 -> 0; bw_nm = (2 - 8) / 0.5 + 10 = -2 -> 0;
-        // bw_lt = (5 - 5) / 1 + 10 = 10. No request, spare where V exceeds bw.
-        assert_eq!(d.demand, vec![0.0, 0.0, 10.0]);
-        assert_eq!(d.tuple, BandwidthTuple(vec![10.0, 10.0, 0.0]));
+        // Eq. 22 with V_c = tp_c: bw_ls = 0.5 / 0.1 + 0.5 = 5.5; bw_nm = 2 / 0.5 + 2 = 6;
+        // bw_lt = 5 / 1 + 5 = 10, within its 10. No request; spare is V - bw.
+        assert_eq!(d.demand, vec![5.5, 6.0, 10.0]);
+        assert_eq!(d.tuple, BandwidthTuple(vec![4.5, 4.0, 0.0]));
         assert_eq!(p.tuple().shortages().count(), 0);
     }
 
     #[test]
-    fn a_kept_allocation_never_requests() {
+    fn an_idle_class_needs_its_output_not_its_allocation() {
+        // The idle node of the JANUS lab: a large even split, little traffic.
+        let mut p = Pbtt::new(
+            &ClassSet::janus_default(),
+            PbttConfig {
+                window: Duration::from_millis(100),
+                processing_delay: Duration::ZERO,
+                capacity: 3000.0,
+            },
+        )
+        .unwrap();
+        let loads = [ClassLoad::new(10.0, 0.0); 3];
+        let d = p.on_window(&loads).unwrap();
+        assert!(!d.reallocated);
+        // bw_c = Lambda t / delta_c + Lambda: 20, 12 and 11. With the allocated
+        // 1000 as V_c, nm alone would "need" 0.8 * 1000 + 4 = 804.
+        let expected = [20.0, 12.0, 11.0];
+        for (got, want) in d.demand.iter().zip(expected) {
+            assert!((got - want).abs() < 1e-9, "{:?}", d.demand);
+        }
+        assert!((d.tuple.spare_total() - (3000.0 - 43.0)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_projected_shortage_reallocates_before_a_bound_breaks() {
         let mut p = pbtt(30.0);
-        // d_lt = 8 / 10 + 0.01 <= 1, yet Eq. 22 wants (8 + (8 - 10)) / 1 + 10 = 16.
+        // d_lt = 8 / 10 + 0.01 <= 1, yet Eq. 22 wants (8 + 0) / 1 + 8 = 16:
+        // at 10/s the class falls behind by 2 records every second.
         let loads = [
             ClassLoad::default(),
             ClassLoad::default(),
             ClassLoad::new(8.0, 0.0),
         ];
         let d = p.on_window(&loads).unwrap();
-        assert!(!d.reallocated);
-        assert_eq!(d.demand[2], 16.0);
-        assert_eq!(d.tuple.0[2], 0.0);
+        assert_eq!(d.violated, vec![false; 3]);
+        assert!(d.reallocated);
+        assert_eq!(d.demand, vec![0.0, 0.0, 16.0]);
+        // lt gets its 16; the leftover goes to ls (Algorithm 2 line 11).
+        assert_eq!(d.allocation.rates, vec![14.0, 0.0, 16.0]);
+        assert_eq!(d.tuple, BandwidthTuple(vec![14.0, 0.0, 0.0]));
+        // Within the slack, the allocation stands.
+        let loads = [
+            ClassLoad::default(),
+            ClassLoad::default(),
+            ClassLoad::new(8.05, 0.0),
+        ];
+        assert!(!p.on_window(&loads).unwrap().reallocated);
+    }
+
+    #[test]
+    fn a_projected_shortage_beyond_capacity_is_requested() {
+        let mut p = pbtt(12.0);
+        p.allocation.rates = vec![0.0, 0.0, 12.0];
+        // d_lt = 10 / 12 <= 1, but bw_lt = 10 + 10 = 20 > C_out.
+        let loads = [
+            ClassLoad::default(),
+            ClassLoad::default(),
+            ClassLoad::new(10.0, 0.0),
+        ];
+        let d = p.on_window(&loads).unwrap();
+        assert_eq!(d.violated, vec![false; 3]);
+        assert!(d.reallocated);
+        assert_eq!(d.allocation.rates, vec![0.0, 0.0, 12.0]);
+        assert_eq!(
+            d.tuple.shortages().collect::<Vec<_>>(),
+            vec![(ClassId(2), 8.0)]
+        );
     }
 
     #[test]
@@ -306,10 +385,11 @@ mod tests {
         let d = p.on_window(&loads).unwrap();
         assert!(d.reallocated);
         assert_eq!(d.violated, vec![true, false, false]);
-        // bw_ls = (5 + (5 - 10)) / 0.1 + 10 = 10; bw_nm -> 0; bw_lt = 10.
-        assert_eq!(d.demand, vec![10.0, 0.0, 10.0]);
-        assert_eq!(d.allocation.rates, vec![20.0, 0.0, 10.0]);
-        assert_eq!(d.tuple, BandwidthTuple(vec![10.0, 0.0, 0.0]));
+        // bw_ls = 5 / 0.1 + 5 = 55; bw_nm = 2 / 0.5 + 2 = 6; bw_lt = 5 / 1 + 5 = 10.
+        // Strict priority: ls takes all 30, the rest is requested.
+        assert_eq!(d.demand, vec![55.0, 6.0, 10.0]);
+        assert_eq!(d.allocation.rates, vec![30.0, 0.0, 0.0]);
+        assert_eq!(d.tuple, BandwidthTuple(vec![-25.0, -6.0, -10.0]));
         assert_eq!(p.allocation(), &d.allocation);
     }
 
@@ -325,7 +405,8 @@ mod tests {
         assert_eq!(d.delays[0], 0.01);
         assert_eq!(d.delays[1], f64::INFINITY);
         assert!(d.reallocated);
-        // No capacity at all: the whole need, (1 + (1 - 0) * 1) / 0.5 + 0 = 4, is a shortage.
+        // No capacity at all (tp = 0): the whole need, (1 + (1 - 0) * 1) / 0.5 + 0 = 4,
+        // is a shortage.
         assert_eq!(
             d.tuple.shortages().collect::<Vec<_>>(),
             vec![(ClassId(1), 4.0)]
