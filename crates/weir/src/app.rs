@@ -185,6 +185,7 @@ impl App {
             adaptive: cfg.batching.adaptive,
             reference: cfg.batching.reference.clone(),
             track_uplink: cfg.scheduler.track_uplink,
+            mix_classes: cfg.scheduler.mix_classes,
             first_batch_seq: seed,
         };
         let scheduler = tokio::spawn(scheduler::run(

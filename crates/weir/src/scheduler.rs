@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use weir_core::batching::{
     planning_bound, BatchPlan, BatchSizer, BatchingConfig, ClassTraffic, ReferencePolicy,
 };
-use weir_core::drain::{BatchLimits, Drain, Drainer};
+use weir_core::drain::{rider_budget, BatchLimits, Drain, Drainer};
 use weir_core::janus::allocator::ClassLoad;
 use weir_core::janus::pbtt::{Pbtt, PbttConfig};
 use weir_core::janus::scheme::Scheme;
@@ -26,6 +26,10 @@ use weir_core::peer::BandwidthState;
 
 use crate::egress::{Delivered, LinkReady, OutBatch};
 use crate::ingress::IngressHandle;
+
+/// Least rider budget (weir-core `drain::rider_budget`): a few records may
+/// always share an urgent record's transaction, even on a very slow link.
+const RIDER_FLOOR_BYTES: usize = 4096;
 
 /// What the scheduler needs from the config.
 #[derive(Debug, Clone)]
@@ -48,6 +52,8 @@ pub struct SchedulerParams {
     pub reference: Vec<u32>,
     /// Whether `C_out` follows the egress's uplink estimate.
     pub track_uplink: bool,
+    /// Whether batches take riders of other classes (weir-core `drain`).
+    pub mix_classes: bool,
     /// Sequence number of the first batch (seeded from the clock so a
     /// restart does not reuse numbers).
     pub first_batch_seq: u64,
@@ -213,6 +219,17 @@ pub async fn run(
         None => vec![params.capacity / queues.classes() as f64; queues.classes()],
     };
     let mut drainer = Drainer::new(&initial, params.burst_bytes, params.limits, now());
+    drainer.set_mixing(params.mix_classes);
+    // Native's single FIFO has no classes to mix, and no budgets.
+    let per_class = queues.classes() == classes.len();
+    let rider_budgets = |capacity: f64| -> Vec<usize> {
+        classes
+            .iter()
+            .map(|(_, c)| rider_budget(c.bound, capacity, RIDER_FLOOR_BYTES))
+            .filter(|_| per_class)
+            .collect()
+    };
+    drainer.set_rider_budgets(&rider_budgets(params.capacity));
     metrics.set_allocation(&initial);
 
     let mut last_arrived: Vec<(u64, u64)> = queues
@@ -316,6 +333,7 @@ pub async fn run(
                     }
                 }
                 metrics.set_allocation(&drainer.rates());
+                drainer.set_rider_budgets(&rider_budgets(capacity));
                 tracing::debug!(capacity, "C_out follows the uplink estimate");
             }
             if let Some(p) = planner.as_mut() {

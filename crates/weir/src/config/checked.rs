@@ -78,6 +78,9 @@ pub struct SchedulerConfig {
     /// Whether `C_out` follows the online estimate of the uplink bandwidth
     /// (otherwise `uplink` stays fixed).
     pub track_uplink: bool,
+    /// Whether a closing batch takes in records of other classes within
+    /// their tokens (one transaction instead of one per class).
+    pub mix_classes: bool,
     /// Most records in one batch (> 0).
     pub max_batch_records: usize,
     /// Most bytes in one batch (> 0); a single larger record still goes

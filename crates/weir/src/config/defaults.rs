@@ -136,6 +136,10 @@ pub const TRANSACTION_TIME: Duration = Duration::from_millis(50);
 /// The configured uplink is a guess; weir's own transactions say better.
 pub const TRACK_UPLINK: bool = true;
 
+/// A transaction's fixed cost (the confirm's round trip) is paid whatever
+/// it carries: records of other classes ride along within their tokens.
+pub const MIX_CLASSES: bool = true;
+
 /// Buffer-aided relaying pays off whenever its theorems say so; the plan
 /// never lets a record miss its class bound.
 pub const BATCHING_ADAPTIVE: bool = true;

@@ -88,6 +88,7 @@ pub(super) struct RawScheduler {
     pub max_batch_bytes: Option<Written<Size>>,
     pub transaction_time: Option<Written<HumanDuration>>,
     pub track_uplink: Option<bool>,
+    pub mix_classes: Option<bool>,
 }
 
 /// `[batching]`

@@ -644,6 +644,7 @@ fn scheduler(
     Some(SchedulerConfig {
         transaction_time: transaction_time?,
         track_uplink: raw.track_uplink.unwrap_or(d::TRACK_UPLINK),
+        mix_classes: raw.mix_classes.unwrap_or(d::MIX_CLASSES),
         scheme: scheme?,
         window: window?,
         processing_delay: processing_delay?,

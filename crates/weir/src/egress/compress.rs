@@ -104,15 +104,23 @@ impl BatchCompressor {
         self.chooser.is_some()
     }
 
-    /// The payload kind of `batch`: its class name, or with `per = "key"`
-    /// the key of its first record. Batches hold one class but may mix
-    /// keys, so per-key tables are an approximation: a batch is accounted
-    /// to the key that opened it, which is exact for the common case of one
+    /// The payload kind of `batch`: the name of the class holding most of
+    /// its bytes (a mixed batch is mostly the class that filled it), or
+    /// with `per = "key"` the key of its first record. Batches may mix
+    /// keys and classes, so the tables are an approximation: a batch is
+    /// accounted to one kind, which is exact for the common case of one
     /// stream per class and close when a class's keys carry alike payloads.
     pub fn kind<'a>(&self, classes: &'a ClassSet, batch: &'a OutBatch) -> Cow<'a, str> {
         match (self.per, batch.records.first()) {
             (PayloadKind::Key, Some(first)) => String::from_utf8_lossy(&first.key),
-            _ => Cow::Borrowed(classes.get(batch.class).name.as_str()),
+            _ => {
+                let class = batch
+                    .class_runs()
+                    .into_iter()
+                    .max_by_key(|&(_, _, bytes)| bytes)
+                    .map_or(batch.class, |(class, _, _)| class);
+                Cow::Borrowed(classes.get(class).name.as_str())
+            }
         }
     }
 

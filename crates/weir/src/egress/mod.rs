@@ -35,15 +35,35 @@ use weir_proto::{pb, Encoding};
 use crate::ingress::unix_micros;
 use crate::metrics::Metrics;
 
-/// A batch closed by the scheduler: records of one class, oldest first.
+/// A batch closed by the scheduler: records grouped by class, most urgent
+/// first, each class oldest first (one class unless the scheduler mixes
+/// classes, `scheduler.mix_classes`).
 #[derive(Debug, Clone)]
 pub struct OutBatch {
     /// Per-node batch sequence number.
     pub seq: u64,
-    /// The records' class.
+    /// The most urgent class among the records.
     pub class: ClassId,
     /// The records.
     pub records: Vec<Record>,
+}
+
+impl OutBatch {
+    /// Records per class, in the batch's order: `(class, records, bytes)`
+    /// for each run of one class.
+    pub fn class_runs(&self) -> Vec<(ClassId, usize, usize)> {
+        let mut runs: Vec<(ClassId, usize, usize)> = Vec::new();
+        for r in &self.records {
+            match runs.last_mut() {
+                Some((c, n, b)) if *c == r.class => {
+                    *n += 1;
+                    *b += r.size();
+                }
+                _ => runs.push((r.class, 1, r.size())),
+            }
+        }
+        runs
+    }
 }
 
 /// A batch encoded for the wire, as every sink sends it.
@@ -51,7 +71,7 @@ pub struct OutBatch {
 pub struct EncodedBatch {
     /// Per-node batch sequence number.
     pub seq: u64,
-    /// The records' class.
+    /// The most urgent class among the records.
     pub class: ClassId,
     /// Records in the batch.
     pub records: usize,
@@ -211,6 +231,7 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
             break;
         };
         let mut encoded = encode(node, &classes, &batch);
+        let runs = batch.class_runs();
         let raw_bytes = encoded.body.len();
         if compressor.enabled() {
             let kind = compressor.kind(&classes, &batch);
@@ -263,7 +284,9 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                     }
                     metrics.batches_confirmed.inc();
                     metrics.egress_bytes.inc_by(encoded.body.len() as u64);
-                    metrics.forwarded(encoded.class, encoded.records as u64);
+                    for &(class, records, _) in &runs {
+                        metrics.forwarded(class, records as u64);
+                    }
                     if let Some(tx) = &delivered {
                         // Best effort: the estimator may lag, never block egress.
                         let _ = tx.try_send(Delivered {
