@@ -1,5 +1,5 @@
-//! Queue and token-bucket hot paths (issue 2 goals: push+pop of a 256-byte
-//! record at most 100 ns single-threaded).
+//! Queue, token-bucket and drain hot paths (issue 2 goals: push+pop of a
+//! 256-byte record at most 100 ns single-threaded).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
+use weir_core::drain::{BatchLimits, Drain, Drainer};
 use weir_core::queue::{ClassQueue, MultiLevelQueue, QueueCapacity};
 use weir_core::token_bucket::{BucketConfig, Take, TokenBucket};
 use weir_core::{ClassId, Record};
@@ -101,5 +102,42 @@ fn token_bucket(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, push_pop, token_bucket);
+/// Draining a three-class backlog into 64-record batches: per record, what
+/// the scheduler pays to pop, charge tokens and build a batch, per class and
+/// with mixed batches (riders from the other classes).
+fn drain(c: &mut Criterion) {
+    const BATCH: usize = 64;
+    let mut g = c.benchmark_group("drain");
+    g.throughput(Throughput::Elements(BATCH as u64));
+    for mixing in [false, true] {
+        let q = MultiLevelQueue::new(&[CAP, CAP, CAP]);
+        let limits = BatchLimits {
+            max_records: BATCH,
+            max_bytes: 1 << 20,
+        };
+        let mut d = Drainer::new(&[1e12; 3], 1e12, limits, Duration::ZERO);
+        d.set_mixing(mixing);
+        let name = if mixing { "mixed_64" } else { "per_class_64" };
+        let mut k = 0u8;
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                // One batch's worth in, spread over the classes, one out.
+                for _ in 0..BATCH {
+                    k = (k + 1) % 3;
+                    let _ = q.push(record(k));
+                }
+                let mut out = 0;
+                while out < BATCH {
+                    match d.next_batch(Duration::ZERO, 0, &q, None) {
+                        Drain::Batch { records, .. } => out += black_box(records).len(),
+                        other => panic!("{other:?}"),
+                    }
+                }
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, push_pop, token_bucket, drain);
 criterion_main!(benches);

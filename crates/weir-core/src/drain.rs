@@ -300,6 +300,9 @@ struct Fill {
 /// `records` holds runs of `(class, count)` in `runs` order; returns them
 /// with the runs sorted by class, records within a class in their order.
 fn in_priority_order(mut records: Vec<Record>, runs: &[(usize, usize)]) -> Vec<Record> {
+    if runs.windows(2).all(|w| w[0].0 <= w[1].0) {
+        return records;
+    }
     let mut chunks: Vec<(usize, Vec<Record>)> = Vec::with_capacity(runs.len());
     for &(class, n) in runs.iter().rev() {
         let tail = records.split_off(records.len() - n);

@@ -10,7 +10,7 @@
 //! - headers, each a signed 64-bit integer (AMQP type `l`; the only 64-bit
 //!   integer every client reads; a node id above `i64::MAX` shows up
 //!   negative, reinterpret it as unsigned): [`HEADER_NODE`],
-//!   [`HEADER_RECORDS`], [`HEADER_BATCH_SEQ`], [`HEADER_CLASS`] (the class
+//!   [`HEADER_RECORDS`], [`HEADER_BATCH_SEQ`], [`HEADER_CLASS`] (the most urgent class
 //!   index, 0 the most urgent; each record in the body carries its class
 //!   name);
 //! - `message_id` `<node>-<batch seq>`, `timestamp` (seconds),
@@ -73,7 +73,8 @@ pub const HEADER_NODE: &str = "weir-node";
 pub const HEADER_RECORDS: &str = "weir-records";
 /// Header: the per-node batch sequence number.
 pub const HEADER_BATCH_SEQ: &str = "weir-batch-seq";
-/// Header: the batch's class index (0 is the most urgent).
+/// Header: the index of the most urgent class in the batch (0 is the most
+/// urgent; a mixed batch holds others too).
 pub const HEADER_CLASS: &str = "weir-class";
 /// AMQP `app_id` of every message, so mixed queues show who published.
 pub const APP_ID: &str = "weir";
