@@ -264,6 +264,24 @@ struct Reservation {
     flow: Flow,
 }
 
+/// The share of what a provider could lend that it offers: the rest is
+/// headroom for its own classes' bursts, so carrying for peers does not
+/// make the provider short itself (its Eq. 22 demands then turn it into a
+/// receiver, and lent records travel on).
+pub const LEND_SHARE: f64 = 0.9;
+
+/// What a provider can lend: [`LEND_SHARE`] of the spare of its PBTT tuple
+/// (whose demands include the forwarded records it carries) plus what its
+/// reservations carry now ([`Reservations::carried`]), i.e. of the
+/// capacity its own traffic leaves. A node with a shortage lends nothing.
+pub fn lendable(tuple: &BandwidthTuple, carried: f64) -> f64 {
+    if tuple.shortage_total() > 0.0 {
+        0.0
+    } else {
+        LEND_SHARE * (tuple.spare_total() + non_negative(carried))
+    }
+}
+
 /// How often a reservation's admitted rate is re-measured.
 pub const FLOW_WINDOW: Duration = Duration::from_millis(250);
 
@@ -352,22 +370,22 @@ impl Reservations {
     /// the provider's longest); `spare` is what this node can lend now (its
     /// tuple's total spare).
     ///
-    /// Grants `min(asked, spare + flowing - reserved for others)`: the
-    /// receiver's own previous reservation of the class is replaced, not
-    /// added to, so a renewal is judged afresh.
+    /// Grants `min(asked, spare - reserved for others)`: the receiver's own
+    /// previous reservation of the class is replaced, not added to, so a
+    /// renewal is judged afresh.
     ///
-    /// `flowing` is what the reservations are carrying now (each measured
-    /// over [`FLOW_WINDOW`], at most its rate). The provider's spare comes
-    /// from its PBTT tuple, whose Eq. 22 demands already include the
-    /// forwarded records in its queues, so without adding that back every
-    /// reservation would count twice (once as load, once as reserved) and a
-    /// renewal would shrink the grant it renews: measured in the JANUS lab,
-    /// a provider with 2.2 MB/s spare settled near 1 MB/s per receiver. A
-    /// reservation not yet carrying anything is not in the demands and
-    /// counts once, as reserved. So the sum reserved never exceeds the
-    /// capacity the node's own traffic leaves, unless it already did before
-    /// this call (spare can shrink under reservations made earlier; those
-    /// then run out with their leases).
+    /// `spare` is what the node can lend *counting what its reservations
+    /// carry now as lendable* ([`lendable`]): the PBTT tuple's Eq. 22
+    /// demands already include the forwarded records in the provider's
+    /// queues, so its bare spare would count every flowing reservation
+    /// twice (once as load, once as reserved), and a renewal would shrink
+    /// the grant it renews (measured in the JANUS lab: a provider with
+    /// 2.2 MB/s spare settled near 1 MB/s per receiver). A reservation not
+    /// yet carrying anything is not in the demands and counts once, as
+    /// reserved. So the sum reserved never exceeds the capacity the node's
+    /// own traffic leaves, unless it already did before this call (spare
+    /// can shrink under reservations made earlier; those then run out with
+    /// their leases).
     pub fn grant(
         &mut self,
         receiver: NodeId,
@@ -381,12 +399,7 @@ impl Reservations {
         let key = (receiver, class);
         let previous = self.entries.get(&key).map_or(0.0, |r| r.rate);
         let others = non_negative(self.reserved() - previous);
-        let flowing: f64 = self
-            .entries
-            .values_mut()
-            .map(|r| r.flow.rate(now).min(r.rate))
-            .sum();
-        let amount = non_negative(asked).min(non_negative(non_negative(spare) + flowing - others));
+        let amount = non_negative(asked).min(non_negative(non_negative(spare) - others));
         if amount <= MIN_AMOUNT {
             self.entries.remove(&key);
             return Reserved {
@@ -478,6 +491,15 @@ impl Reservations {
             }
             Take::Wait(_) => Admission::OverRate,
         }
+    }
+
+    /// What the reservations carry now: each one's admitted rate over the
+    /// last [`FLOW_WINDOW`], at most its reserved rate.
+    pub fn carried(&mut self, now: Duration) -> f64 {
+        self.entries
+            .values_mut()
+            .map(|r| r.flow.rate(now).min(r.rate))
+            .sum()
     }
 
     /// Releases every reservation whose lease has run out by `now`;
@@ -959,18 +981,23 @@ mod tests {
         for k in 0..6u64 {
             assert_eq!(res.admit(E1, LT, 1, at(k * 166)), Admission::Accepted);
         }
-        // The PBTT tuple now counts that traffic as load: spare 4. Renewing,
-        // E1 still gets its 6 (4 spare + 6 flowing - 0 for others)...
+        // The PBTT tuple now counts that traffic as load: spare 4, but 4 + 6
+        // carried are lendable (less the headroom). Renewing, E1 still gets
+        // its 6...
+        let carried = res.carried(at(900));
+        assert!((carried - 6.0).abs() < 0.1, "{carried}");
+        let spare = lendable(&BandwidthTuple(vec![4.0, 0.0, 0.0]), 6.0);
+        assert!((spare - 9.0).abs() < 1e-9);
         assert_eq!(
-            res.grant(E1, LT, 6.0, Duration::ZERO, at(900), 4.0).amount,
+            res.grant(E1, LT, 6.0, Duration::ZERO, at(900), spare)
+                .amount,
             6.0
         );
         // ...and another receiver only what is left beside E1's 6.
-        assert_eq!(
-            res.grant(3, LT, 9.0, Duration::ZERO, at(900), 4.0).amount,
-            4.0
-        );
-        assert_eq!(res.reserved(), 10.0);
+        assert!((res.grant(3, LT, 9.0, Duration::ZERO, at(900), spare).amount - 3.0).abs() < 1e-9);
+        // A node that is short itself lends nothing.
+        assert_eq!(lendable(&BandwidthTuple(vec![4.0, 0.0, -1.0]), 6.0), 0.0);
+        assert!((res.reserved() - 9.0).abs() < 1e-9);
         // A reservation carrying nothing counts once, as reserved.
         let mut idle = Reservations::new(E2, config());
         idle.grant(E1, LT, 6.0, Duration::ZERO, at(0), 10.0);

@@ -453,10 +453,26 @@ impl Node {
                 *b = 0.0;
             }
         }
+        // Offer what the node carries for peers too (weir-core
+        // `peer::lendable`): the tuple's demands count it as load, and a
+        // receiver renewing its reservation must see it as available, or
+        // every renewal would shrink to the spare beside its own traffic.
+        if t.shortage_total() <= 0.0 {
+            let carried = self.reservations().carried(self.now());
+            let lendable = weir_core::peer::lendable(&t, carried);
+            let spare = t.spare_total();
+            // Scale the spare entries so they sum to what is lendable.
+            if spare > 0.0 {
+                t.0.iter_mut().for_each(|b| *b *= lendable / spare);
+            } else if let Some(top) = t.0.first_mut() {
+                *top = lendable;
+            }
+        }
         t
     }
 
-    /// What this node can lend now: its advertised spare.
+    /// What this node can lend now: its advertised spare, which counts
+    /// what it carries for peers as lendable.
     fn spare(&self) -> f64 {
         self.own_tuple().spare_total()
     }
