@@ -1,6 +1,10 @@
 //! Helpers shared by the end-to-end tests: configs with loopback listeners,
-//! a RabbitMQ consumer that decodes weir batches, unique names.
+//! a RabbitMQ consumer that decodes weir batches, unique names, metrics
+//! scraped from the admin listener; `peering` holds the three-node peering
+//! scenario.
 #![allow(dead_code)]
+
+pub mod peering;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -152,4 +156,38 @@ pub async fn wait_port(addr: std::net::SocketAddr) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The Prometheus text of the admin listener at `addr` (`GET /metrics`).
+pub async fn scrape(addr: std::net::SocketAddr) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr).await?;
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: weir\r\n\r\n")
+        .await?;
+    let mut text = String::new();
+    conn.read_to_string(&mut text).await?;
+    match text.split_once("\r\n\r\n") {
+        // HTTP/1.0: the body is not chunked and ends with the connection.
+        Some((head, body)) if head.starts_with("HTTP/1.0 200") => Ok(body.to_owned()),
+        _ => Err(std::io::Error::other(format!(
+            "unexpected answer from {addr}/metrics: {text}"
+        ))),
+    }
+}
+
+/// The sum of every series of `name` (all label sets) in Prometheus text;
+/// 0 when there is none.
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let value = if rest.starts_with('{') {
+                rest.rsplit_once(' ')?.1
+            } else {
+                rest.strip_prefix(' ')?
+            };
+            value.trim().parse::<f64>().ok()
+        })
+        .sum()
 }
