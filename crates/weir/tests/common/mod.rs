@@ -63,6 +63,9 @@ pub fn now_us() -> u64 {
 /// a duplicate has the chance to show up before a test judges.
 pub const LINGER: Duration = Duration::from_secs(2);
 
+/// How often [`consume_until`] asks `done` again while no message comes.
+const RECHECK: Duration = Duration::from_millis(100);
+
 /// Consumes weir batches from `queue` until `done` says the records seen so
 /// far are enough (then lingers [`LINGER`] for stragglers), or `PATIENCE`
 /// passes; acks every message.
@@ -93,14 +96,20 @@ pub async fn consume_until(queue: &str, mut done: impl FnMut(&[Seen]) -> bool) -
     let mut seen = Vec::new();
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
-        let until = if done(&seen) {
-            tokio::time::Instant::now() + LINGER
+        let now = tokio::time::Instant::now();
+        let lingering = done(&seen);
+        // `done` may also depend on things other than the records (the
+        // test's own progress): look again at least this often.
+        let until = if lingering {
+            now + LINGER
         } else {
-            deadline
+            deadline.min(now + RECHECK)
         };
-        let next = tokio::time::timeout_at(until, consumer.next()).await;
-        let Ok(Some(Ok(delivery))) = next else {
-            break;
+        let delivery = match tokio::time::timeout_at(until, consumer.next()).await {
+            Ok(Some(Ok(delivery))) => delivery,
+            Ok(_) => break,
+            Err(_) if lingering || until >= deadline => break,
+            Err(_) => continue,
         };
         let consumed_us = now_us();
         let encoding = delivery
