@@ -446,6 +446,87 @@ async fn the_provider_answers_grants_admits_and_refuses() {
         .expect("peering stops");
 }
 
+#[tokio::test]
+async fn a_stopping_provider_acknowledges_what_it_holds_before_it_ends_the_stream() {
+    let (peering, ingress) = bind(2, CAPACITY).await;
+    let addr = peering.local_addr();
+    let node = start(
+        peering,
+        ingress,
+        &[(1, "127.0.0.1:9".parse().unwrap())],
+        Duration::from_secs(1),
+    );
+    node.publish(&[1_000_000.0, 0.0, 0.0]);
+    let mut client = PeerClient::connect(format!("http://{addr}")).await.unwrap();
+    let granted = client
+        .reserve(ReserveRequest {
+            receiver: 1,
+            class: "lt".into(),
+            bytes_per_sec: 100_000.0,
+            lease_ms: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(granted.granted_bytes_per_sec, 100_000.0);
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let mut acks = client
+        .forward(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let request = |seqs: &[u64]| ForwardRequest {
+        receiver: 1,
+        records: seqs.iter().map(|&s| wire(1, s, "lt")).collect(),
+        delivery_acks: true,
+    };
+    tx.send(request(&[1, 2])).await.unwrap();
+    let ack = acks.message().await.unwrap().unwrap();
+    assert_eq!(ack.queued.len(), 2, "{ack:?}");
+
+    // Stopping (in weir, ingress and peering share the token): new records
+    // are refused, but the stream stays open for the two it holds.
+    node.ingress.shutdown().cancel();
+    node.stop.cancel();
+    tx.send(request(&[3])).await.unwrap();
+    let ack = acks.message().await.unwrap().unwrap();
+    assert!(ack.queued.is_empty(), "{ack:?}");
+    assert_eq!(
+        ack.refused
+            .iter()
+            .map(|r| (r.id.unwrap().seq, r.reason))
+            .collect::<Vec<_>>(),
+        vec![(3, RefusalReason::ShuttingDown as i32)]
+    );
+    let mut pending = tokio::spawn(async move {
+        let next = acks.message().await;
+        (next, acks)
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!pending.is_finished(), "held records are still owed");
+
+    // Its scheduler and egress run on and deliver them: acknowledged, and
+    // only then does the stream end, as a shutdown.
+    let held = node.queued(LT);
+    assert_eq!(held.len(), 2);
+    node.deliveries.delivered(&held);
+    let (next, mut acks) = tokio::time::timeout(PATIENCE, &mut pending)
+        .await
+        .expect("acknowledged")
+        .unwrap();
+    let ack = next.unwrap().unwrap();
+    let mut delivered: Vec<u64> = ack.delivered.iter().map(|id| id.seq).collect();
+    delivered.sort_unstable();
+    assert_eq!(delivered, vec![1, 2]);
+    let end = acks.message().await.unwrap_err();
+    assert_eq!(end.code(), tonic::Code::Unavailable, "{end}");
+    drop(tx);
+    tokio::time::timeout(PATIENCE, node.tracker.wait())
+        .await
+        .expect("peering stops");
+    assert_eq!(node.peer().held.get(), 0);
+}
+
 /// Fills `node`'s lt queue with `n` records stamped by it.
 fn fill(node: &TestNode, n: usize) {
     for i in 0..n {
