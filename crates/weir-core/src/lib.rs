@@ -27,7 +27,8 @@
 //!   (Dzhagaryan and Milenkovic, Eq. 3, 19-20) over observed codec tables.
 //! - [`peer`]: JANUS redirection without its orchestrator: each node's view
 //!   of its peers, the per-node round decision, provider reservations with
-//!   their token buckets, receiver leases and records in flight.
+//!   their token buckets, receiver leases, records in flight and the
+//!   provider's custody of forwarded records until they are delivered.
 
 pub mod batching;
 pub mod buffer_sizing;

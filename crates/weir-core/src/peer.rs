@@ -19,7 +19,8 @@
 //!    ([`Reserved::shift`]), and admits forwarded records only within a
 //!    token bucket at the granted rate ([`Reservations::admit`]);
 //! 4. sends at most the granted rate ([`Leases`]) and keeps every record it
-//!    sent until the provider acknowledges it ([`InFlight`]).
+//!    sent until the provider acknowledges it ([`InFlight`]); the provider
+//!    acknowledges a record only once it has delivered it ([`Custody`]).
 //!
 //! Why no coordinator is needed: views may be stale or differ between nodes
 //! (a heartbeat lost, a peer seen dead by one node and alive by another),
@@ -694,10 +695,11 @@ pub fn key_of(record: &Record) -> RecordKey {
 }
 
 /// Records sent to a provider and not yet settled. A record leaves only
-/// when the provider acknowledges it (it is in the provider's queue) or
-/// when it is taken back (refused, or the stream broke), so a provider that
-/// dies mid-stream loses nothing: whatever it did not acknowledge is still
-/// here.
+/// when the provider acknowledges it (it has delivered it: the cloud
+/// confirmed it, or a further provider did; see [`Custody`]) or when it is
+/// taken back (refused, or the stream broke), so a provider that dies
+/// mid-stream, even one that had already queued the record, loses nothing:
+/// whatever it did not acknowledge is still here.
 #[derive(Debug, Default)]
 pub struct InFlight {
     records: HashMap<RecordKey, Record>,
@@ -763,6 +765,150 @@ impl InFlight {
     /// Bytes ([`Record::size`]) in flight.
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+}
+
+/// One Forward stream on a provider, as [`Custody`] tells them apart.
+pub type StreamId = u64;
+
+/// Forwarded records a provider holds for the senders that gave them: each
+/// is acknowledged to the stream that sent it only once it has been
+/// delivered (confirmed by the cloud, or by a further provider), so a
+/// provider that dies with records in its queues loses nothing its senders
+/// forgot. The caller holds a record *before* it enqueues it, so that a
+/// delivery racing the enqueue still finds it, and releases a stream's
+/// records when the stream ends (its sender takes them back then).
+///
+/// A record held again by a newer stream (its sender took it back and sent
+/// it again) is owed to the newer stream only: the older one has ended or
+/// will, and its sender no longer waits for it.
+#[derive(Debug, Default)]
+pub struct Custody {
+    /// Undelivered records and the stream each is owed to.
+    held: HashMap<RecordKey, StreamId>,
+    /// Per stream: records held (undelivered) and delivered records whose
+    /// acknowledgement is not yet sent.
+    streams: HashMap<StreamId, Owed>,
+    /// Records delivered and not yet acknowledged, all streams.
+    due: usize,
+}
+
+/// What a provider owes one stream.
+#[derive(Debug, Default)]
+struct Owed {
+    held: usize,
+    delivered: Vec<RecordKey>,
+}
+
+impl Custody {
+    /// Nothing held.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Holds `key` for `stream` until it is delivered.
+    pub fn hold(&mut self, key: RecordKey, stream: StreamId) {
+        if let Some(before) = self.held.insert(key, stream) {
+            self.owed(before).held -= 1;
+            self.tidy(before);
+        }
+        self.owed(stream).held += 1;
+    }
+
+    /// `key` did not make it into the queue after all (refused at enqueue):
+    /// nothing is owed for it. No-op unless `stream` holds it.
+    pub fn unhold(&mut self, key: RecordKey, stream: StreamId) {
+        if self.held.get(&key) == Some(&stream) {
+            self.held.remove(&key);
+            self.owed(stream).held -= 1;
+            self.tidy(stream);
+        }
+    }
+
+    /// These records were delivered: each one held is owed an
+    /// acknowledgement on its stream from now on. Keys not held (this
+    /// node's own records, or a stream that ended) are ignored. Returns
+    /// how many were held.
+    pub fn delivered(&mut self, keys: impl IntoIterator<Item = RecordKey>) -> usize {
+        if self.held.is_empty() {
+            return 0;
+        }
+        let mut n = 0;
+        for key in keys {
+            if let Some(stream) = self.held.remove(&key) {
+                let owed = self.owed(stream);
+                owed.held -= 1;
+                owed.delivered.push(key);
+                n += 1;
+            }
+        }
+        self.due += n;
+        n
+    }
+
+    /// Up to `max` delivered records of `stream` to acknowledge now, in the
+    /// order they were delivered; they are no longer owed.
+    pub fn take_delivered(&mut self, stream: StreamId, max: usize) -> Vec<RecordKey> {
+        let Some(owed) = self.streams.get_mut(&stream) else {
+            return Vec::new();
+        };
+        let n = owed.delivered.len().min(max);
+        let out: Vec<RecordKey> = owed.delivered.drain(..n).collect();
+        self.due -= out.len();
+        self.tidy(stream);
+        out
+    }
+
+    /// True while `stream` is owed anything: records not yet delivered, or
+    /// acknowledgements not yet taken.
+    pub fn owes(&self, stream: StreamId) -> bool {
+        self.streams.contains_key(&stream)
+    }
+
+    /// Records held for `stream`, not yet delivered.
+    pub fn held_by(&self, stream: StreamId) -> usize {
+        self.streams.get(&stream).map_or(0, |o| o.held)
+    }
+
+    /// `stream` ended: its sender takes back what was not acknowledged, so
+    /// nothing is owed to it any more (records still queued here will be
+    /// delivered anyway, and the cloud may see them twice). Returns how
+    /// many records were held or delivered without an acknowledgement.
+    pub fn release(&mut self, stream: StreamId) -> usize {
+        let Some(owed) = self.streams.remove(&stream) else {
+            return 0;
+        };
+        if owed.held > 0 {
+            self.held.retain(|_, s| *s != stream);
+        }
+        self.due -= owed.delivered.len();
+        owed.held + owed.delivered.len()
+    }
+
+    /// Records held, not yet delivered, all streams.
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Records delivered whose acknowledgement is not yet taken, all
+    /// streams.
+    pub fn due(&self) -> usize {
+        self.due
+    }
+
+    fn owed(&mut self, stream: StreamId) -> &mut Owed {
+        self.streams.entry(stream).or_default()
+    }
+
+    /// Forgets a stream once nothing is owed to it.
+    fn tidy(&mut self, stream: StreamId) {
+        if self
+            .streams
+            .get(&stream)
+            .is_some_and(|o| o.held == 0 && o.delivered.is_empty())
+        {
+            self.streams.remove(&stream);
+        }
     }
 }
 
@@ -1108,7 +1254,107 @@ mod tests {
         assert_eq!(f.bytes(), 0);
     }
 
+    #[test]
+    fn custody_acknowledges_on_the_sending_stream_only_after_delivery() {
+        let mut c = Custody::new();
+        for seq in 0..3 {
+            c.hold((E1, seq), 7);
+        }
+        c.hold((E2, 0), 8);
+        assert_eq!(c.held(), 4);
+        assert_eq!(c.held_by(7), 3);
+        assert!(c.take_delivered(7, 10).is_empty(), "nothing delivered yet");
+
+        // A batch with two of stream 7's, one of 8's and one of this
+        // node's own records.
+        assert_eq!(c.delivered([(E1, 2), (E2, 0), (E1, 0), (9, 9)]), 3);
+        assert_eq!(c.due(), 3);
+        assert_eq!(c.take_delivered(7, 1), vec![(E1, 2)]);
+        assert_eq!(c.take_delivered(7, 10), vec![(E1, 0)]);
+        assert!(c.owes(7), "(E1, 1) is still undelivered");
+        assert_eq!(c.delivered([(E1, 2)]), 0, "a second copy owes nothing");
+
+        // Refused at enqueue: nothing owed; another stream's unhold of it
+        // changes nothing.
+        c.unhold((E1, 1), 8);
+        assert_eq!(c.held_by(7), 1);
+        c.unhold((E1, 1), 7);
+        assert!(!c.owes(7));
+
+        // Stream 8 ends before its ack is taken: its sender takes the
+        // record back, nothing stays owed.
+        assert_eq!(c.release(8), 1);
+        assert!(!c.owes(8));
+        assert_eq!((c.held(), c.due()), (0, 0));
+    }
+
+    #[test]
+    fn custody_owes_a_resent_record_to_the_newer_stream() {
+        let mut c = Custody::new();
+        c.hold((E1, 5), 1);
+        // The sender gave up on stream 1 and sent the record again on 2
+        // before this provider saw stream 1 end.
+        c.hold((E1, 5), 2);
+        assert!(!c.owes(1));
+        assert_eq!(c.release(1), 0, "stream 1 is owed nothing");
+        assert_eq!(c.delivered([(E1, 5)]), 1);
+        assert_eq!(c.take_delivered(2, 10), vec![(E1, 5)]);
+        assert_eq!(c.held(), 0);
+    }
+
     proptest! {
+        #[test]
+        fn custody_acknowledges_each_held_record_at_most_once_and_only_after_delivery(
+            ops in prop::collection::vec((0u8..5, 0u64..20, 0u64..3), 0..300)
+        ) {
+            let mut c = Custody::new();
+            // Model: who holds what; what was delivered while held by whom.
+            let mut held: HashMap<u64, u64> = HashMap::new();
+            let mut due: HashMap<u64, Vec<u64>> = HashMap::new();
+            for (op, seq, stream) in ops {
+                match op {
+                    0 | 1 => {
+                        c.hold((E1, seq), stream);
+                        held.insert(seq, stream);
+                    }
+                    2 => {
+                        let n = c.delivered([(E1, seq)]);
+                        match held.remove(&seq) {
+                            Some(s) => {
+                                prop_assert_eq!(n, 1);
+                                due.entry(s).or_default().push(seq);
+                            }
+                            None => prop_assert_eq!(n, 0),
+                        }
+                    }
+                    3 => {
+                        let acked: Vec<u64> =
+                            c.take_delivered(stream, 2).into_iter().map(|k| k.1).collect();
+                        let expected: Vec<u64> = {
+                            let d = due.entry(stream).or_default();
+                            let n = d.len().min(2);
+                            d.drain(..n).collect()
+                        };
+                        prop_assert_eq!(acked, expected);
+                    }
+                    _ => {
+                        let owed = held.values().filter(|&&s| s == stream).count()
+                            + due.get(&stream).map_or(0, Vec::len);
+                        prop_assert_eq!(c.release(stream), owed);
+                        held.retain(|_, s| *s != stream);
+                        due.remove(&stream);
+                    }
+                }
+                prop_assert_eq!(c.held(), held.len());
+                prop_assert_eq!(c.due(), due.values().map(Vec::len).sum::<usize>());
+                for s in 0..3 {
+                    let owed = held.values().any(|&h| h == s)
+                        || due.get(&s).is_some_and(|d| !d.is_empty());
+                    prop_assert_eq!(c.owes(s), owed);
+                }
+            }
+        }
+
         #[test]
         fn a_provider_never_grants_more_than_its_spare(
             ops in prop::collection::vec(

@@ -118,7 +118,16 @@ impl App {
             Arc::clone(&metrics),
         ));
 
-        // Egress first, so nothing is accepted that cannot be sent.
+        // Peering binds first (it accepts nothing until it starts, below):
+        // the egress reports deliveries to it, the scheduler publishes its
+        // PBTT state to it, and the scheduler stops only once peering has
+        // handed back every record it lent to a peer.
+        let mut peering = match &cfg.peering {
+            Some(p) => Some(crate::peer::Peering::bind(p.clone()).await?),
+            None => None,
+        };
+
+        // Egress next, so nothing is accepted that cannot be sent.
         let (tx, rx) = mpsc::channel(EGRESS_CHANNEL);
         let ready: egress::LinkReady = Arc::new(tokio::sync::Semaphore::new(0));
         let link = cfg.egress.link.as_ref().map(|l| LinkProfile {
@@ -136,6 +145,9 @@ impl App {
             classes: cfg.classes.clone(),
             ready: Arc::clone(&ready),
             delivered: Some(delivered_tx),
+            observer: peering
+                .as_ref()
+                .map(|p| p.deliveries() as Arc<dyn egress::DeliveryObserver>),
             compression: cfg.compression.clone(),
             link_prior,
             link: link_tx,
@@ -161,13 +173,6 @@ impl App {
             ),
         };
 
-        // Peering binds before the scheduler starts: the scheduler publishes
-        // its PBTT state to it, and stops only once peering has handed back
-        // every record it lent to a peer.
-        let mut peering = match &cfg.peering {
-            Some(p) => Some(crate::peer::Peering::bind(p.clone()).await?),
-            None => None,
-        };
         let scheduler_stop = peering
             .as_ref()
             .map_or_else(|| stop.clone(), |p| p.scheduler_stop());

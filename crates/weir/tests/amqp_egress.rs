@@ -367,6 +367,7 @@ fn spawn_run(
         classes: cfg.classes.clone(),
         ready: Arc::new(tokio::sync::Semaphore::new(0)),
         delivered: None,
+        observer: None,
         compression: cfg.compression.clone(),
         link_prior,
         link: watch::channel(link_prior).0,

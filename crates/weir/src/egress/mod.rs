@@ -155,6 +155,15 @@ pub struct Delivered {
     pub elapsed: Duration,
 }
 
+/// Told, right after each confirmed transaction, which records it carried:
+/// peering acknowledges records that peers forwarded to this node only then
+/// ([`crate::peer::Deliveries`]). Called on the egress task, so it must
+/// return at once (no waiting, no I/O).
+pub trait DeliveryObserver: std::fmt::Debug + Send + Sync {
+    /// The destination has durably accepted these records.
+    fn delivered(&self, records: &[Record]);
+}
+
 /// First retry delay after a failed delivery.
 const RETRY_INITIAL: Duration = Duration::from_millis(100);
 
@@ -177,6 +186,9 @@ pub struct EgressContext {
     /// Where completed transactions are reported (the scheduler's per-class
     /// batch sizers).
     pub delivered: Option<mpsc::Sender<Delivered>>,
+    /// Told the records of every confirmed batch (peering's delivery
+    /// acknowledgements).
+    pub observer: Option<Arc<dyn DeliveryObserver>>,
     /// Compression settings.
     pub compression: crate::config::CompressionSection,
     /// The uplink estimate weir starts from (configured uplink and
@@ -207,6 +219,7 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
         classes,
         ready,
         delivered,
+        observer,
         compression,
         link_prior,
         link,
@@ -281,6 +294,9 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                         if est.fit_kind() == weir_core::link_estimate::FitKind::Full {
                             link.send_replace(now);
                         }
+                    }
+                    if let Some(o) = &observer {
+                        o.delivered(&batch.records);
                     }
                     metrics.batches_confirmed.inc();
                     metrics.egress_bytes.inc_by(encoded.body.len() as u64);

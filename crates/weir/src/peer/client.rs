@@ -1,8 +1,8 @@
 //! The calling side of peering: a heartbeat task per peer, the redirection
 //! round (JANUS Algorithm 3 over this node's view, then a Reserve per grant
 //! in which this node receives), and a forwarder per peer that sends the
-//! granted rate of records and takes back whatever the provider does not
-//! acknowledge.
+//! granted rate of records, forgets each only once the provider
+//! acknowledges its delivery, and takes back whatever it does not.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -263,12 +263,13 @@ pub(super) async fn forwarder(node: Arc<Node>, link: Link) {
     }
 }
 
-/// Records taken out of the queues for one provider and not yet settled.
+/// Records taken out of the queues for one provider and not yet settled
+/// (not yet answered, or queued at the provider and not yet delivered).
 struct Pump {
     in_flight: InFlight,
     /// Per class, a record popped that waits for tokens.
     held: Vec<Option<Record>>,
-    /// Requests sent and not yet acknowledged.
+    /// Requests sent and not yet answered.
     unacked: usize,
 }
 
@@ -368,6 +369,7 @@ impl Pump {
             let request = ForwardRequest {
                 receiver: node.me,
                 records,
+                delivery_acks: true,
             };
             // Room is certain (at most FORWARD_PIPELINE requests are
             // unacknowledged); a closed channel means the stream is ending,
@@ -382,24 +384,38 @@ impl Pump {
         (wake, twice)
     }
 
-    /// Settles one ack: accepted records are the provider's now; refused
-    /// ones are returned, to go back to the queues. A refusal for anything
-    /// but a momentary excess of rate ends the lease of its class.
+    /// Settles one ack. An answer to a request (it names every record of
+    /// the request) frees a pipeline slot: `queued` records stay in flight
+    /// until their delivery is acknowledged, refused ones are returned, to
+    /// go back to the queues, and a refusal for anything but a momentary
+    /// excess of rate ends the lease of its class. `delivered` records (and
+    /// `accepted` ones, from a provider that answers for records once
+    /// queued) are forgotten; if this node holds any of them for a sender
+    /// of its own (it passed them on), their delivery is that sender's too.
     fn settle(&mut self, node: &Node, link: &Link, ack: ForwardAck) -> Vec<Record> {
-        self.unacked = self.unacked.saturating_sub(1);
+        let answer = !(ack.accepted.is_empty() && ack.queued.is_empty() && ack.refused.is_empty());
+        if answer {
+            self.unacked = self.unacked.saturating_sub(1);
+        }
         // Counted per class once per ack, as on the provider.
-        let mut accepted = vec![0u64; self.held.len()];
-        for id in ack.accepted {
-            if let Some(r) = self.in_flight.acked((id.origin, id.seq)) {
-                if let Some(n) = accepted.get_mut(r.class.index()) {
+        let mut done = vec![0u64; self.held.len()];
+        let mut forgotten = Vec::with_capacity(ack.accepted.len() + ack.delivered.len());
+        for id in ack.accepted.iter().chain(&ack.delivered) {
+            let key = (id.origin, id.seq);
+            if let Some(r) = self.in_flight.acked(key) {
+                if let Some(n) = done.get_mut(r.class.index()) {
                     *n += 1;
                 }
+                forgotten.push(key);
             }
         }
-        for (c, n) in accepted.into_iter().enumerate() {
+        for (c, n) in done.into_iter().enumerate() {
             if n > 0 {
                 node.metrics().redirected_out(ClassId(c as u8), n);
             }
+        }
+        if !forgotten.is_empty() {
+            node.deliveries.delivered_keys(forgotten);
         }
         let mut back = Vec::new();
         for refused in ack.refused {
@@ -420,8 +436,9 @@ impl Pump {
 }
 
 /// One Forward stream to `link`: runs until nothing is granted or in
-/// flight, the stream breaks, the provider is seen gone, or weir stops.
-/// Whatever was not acknowledged goes back to the queues before it returns.
+/// flight (every record sent is acknowledged as delivered), the stream
+/// breaks, the provider is seen gone, or weir stops. Whatever was not
+/// acknowledged goes back to the queues before it returns.
 async fn session(node: &Arc<Node>, link: &Link, changed: &mut watch::Receiver<()>) -> End {
     let (tx, rx) = mpsc::channel::<ForwardRequest>(FORWARD_PIPELINE);
     let mut client = link.client.clone();
@@ -456,8 +473,9 @@ async fn session(node: &Arc<Node>, link: &Link, changed: &mut watch::Receiver<()
                 break End::Broken;
             }
             if !node.active() {
-                // Half-close: the provider acknowledges what it has read,
-                // then ends the stream.
+                // Half-close: the provider answers what it has read,
+                // acknowledges each queued record once delivered, then
+                // ends the stream.
                 tx = None;
                 drain_until = Some(Instant::now() + FORWARD_DRAIN_TIMEOUT);
                 continue;

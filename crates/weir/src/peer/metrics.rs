@@ -39,6 +39,9 @@ pub struct PeerMetrics {
     pub leased: Gauge<f64, AtomicU64>,
     /// Configured peers heard from within `dead_after`.
     pub peers_alive: Gauge<i64, AtomicI64>,
+    /// Records peers forwarded here and not yet acknowledged to them
+    /// (undelivered, or delivered with the acknowledgement on its way).
+    pub held: Gauge<i64, AtomicI64>,
     /// Records lost because weir aborted while they were with a peer
     /// unacknowledged (only past the shutdown deadline).
     pub abandoned: Counter,
@@ -69,6 +72,7 @@ impl PeerMetrics {
             leases: Gauge::default(),
             leased: Gauge::default(),
             peers_alive: Gauge::default(),
+            held: Gauge::default(),
             abandoned: Counter::default(),
         }
     }
@@ -77,7 +81,7 @@ impl PeerMetrics {
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "peer_records_redirected_out",
-            "Records a provider acknowledged: this node's overflow now in a peer's queue",
+            "Records a provider acknowledged as delivered: this node's overflow the cloud has through a peer",
             self.redirected_out.clone(),
         );
         registry.register(
@@ -116,6 +120,11 @@ impl PeerMetrics {
             self.leased.clone(),
         );
         registry.register(
+            "peer_records_held",
+            "Records peers forwarded here, not yet acknowledged to them as delivered",
+            self.held.clone(),
+        );
+        registry.register(
             "peers_alive",
             "Configured peers heard from within dead_after",
             self.peers_alive.clone(),
@@ -131,14 +140,14 @@ impl PeerMetrics {
         &self.names[class.index().min(self.names.len().saturating_sub(1))]
     }
 
-    /// `n` records of `class` acknowledged by a provider.
+    /// `n` records of `class` a provider acknowledged as delivered.
     pub fn redirected_out(&self, class: ClassId, n: u64) {
         self.redirected_out
             .get_or_create(self.label(class))
             .inc_by(n);
     }
 
-    /// Records acknowledged by providers so far, all classes.
+    /// Records providers acknowledged as delivered so far, all classes.
     pub fn redirected_out_total(&self) -> u64 {
         self.names
             .iter()

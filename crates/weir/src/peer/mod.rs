@@ -6,17 +6,20 @@
 //! nodes fail.
 //!
 //! Wiring (what [`crate::app::App`] does): [`Peering::bind`] the listener
-//! before the scheduler starts; give the scheduler
+//! before the egress and the scheduler start; give the egress
+//! [`Peering::deliveries`] (it reports every confirmed batch there, and
+//! records forwarded to this node are acknowledged to their senders only
+//! then); give the scheduler
 //! [`Peering::scheduler_port`] (it publishes its PBTT tuple there and
 //! applies provider grants) and [`Peering::scheduler_stop`] as its stop
 //! token (so it keeps draining until every record lent to a peer is
 //! settled); then [`Peering::start`] the tasks.
 //!
 //! # Layout
-//! - this file: [`Peering`], [`PeeringHandle`], the shared node state,
-//!   record conversions and [`PeerError`].
+//! - this file: [`Peering`], [`PeeringHandle`], [`Deliveries`], the shared
+//!   node state, record conversions and [`PeerError`].
 //! - `service.rs`: the tonic server: heartbeats answered, reservations
-//!   granted, forwarded records admitted and acknowledged.
+//!   granted, forwarded records admitted, and acknowledged once delivered.
 //! - `client.rs`: the heartbeat task per peer, the redirection round, and
 //!   the forwarder per peer that sends granted traffic.
 //! - `metrics.rs`: [`PeerMetrics`].
@@ -44,12 +47,14 @@ use tracing::{info, warn};
 use weir_core::janus::scheme::Scheme;
 use weir_core::janus::{BandwidthTuple, Grant};
 use weir_core::peer::{
-    Advert, BandwidthState, Leases, Observed, Pacing, PeerView, ReservationConfig, Reservations,
+    key_of, Advert, BandwidthState, Custody, Leases, Observed, Pacing, PeerView, RecordKey,
+    ReservationConfig, Reservations,
 };
 use weir_core::{ClassId, NodeId, Record};
 use weir_proto::pb;
 
 use crate::config::PeeringConfig;
+use crate::egress::DeliveryObserver;
 use crate::ingress::{unix_micros, IngressHandle};
 use crate::scheduler::PeerPort;
 
@@ -64,25 +69,46 @@ pub const FORWARD_BATCH_RECORDS: usize = 512;
 /// reason; a single larger record still goes alone.
 pub const FORWARD_BATCH_BYTES: usize = 256 * 1024;
 
-/// `ForwardRequest`s sent and not yet acknowledged, per provider: enough to
-/// keep a loopback or LAN link busy while acks travel back.
+/// `ForwardRequest`s sent and not yet answered (admitted or refused), per
+/// provider: enough to keep a loopback or LAN link busy while answers
+/// travel back (16 x 256 KiB per round trip). Answers come at admission,
+/// not delivery, so this does not grow with the provider's queueing.
 pub const FORWARD_PIPELINE: usize = 16;
 
-/// Records lent to one provider and not yet acknowledged: bounds what a
-/// provider that dies takes back to the sender's queue at once.
-pub const MAX_IN_FLIGHT_RECORDS: usize = 8192;
+/// Records lent to one provider and not yet acknowledged as delivered. A
+/// record stays in flight for a round trip plus the provider's queueing,
+/// batching and confirm, which PBTT keeps within the class bound (about
+/// 1 s for the classes worth redirecting); at the 1-3 MB/s a provider
+/// typically grants, 1 s at 3 MB/s of ~96-byte records is about 32k
+/// records. When the cap binds the receiver forwards less and keeps the
+/// rest queued at home (safe, less effective). It also bounds what a dead
+/// provider hands back at once, and what a lost acknowledgement can
+/// duplicate.
+pub const MAX_IN_FLIGHT_RECORDS: usize = 32 * 1024;
 
-/// Bytes lent to one provider and not yet acknowledged.
-pub const MAX_IN_FLIGHT_BYTES: usize = 4 * 1024 * 1024;
+/// Bytes lent to one provider and not yet acknowledged as delivered: 8 MiB
+/// covers 2.7 s at 3 MB/s (a class bound of queueing and confirm at the
+/// provider, with room), and 1.5 s at the 5.4 MB/s an idle node with a
+/// 100 Mbit/s uplink advertises at most (see docs/peering.md).
+pub const MAX_IN_FLIGHT_BYTES: usize = 8 * 1024 * 1024;
 
 /// How often a forwarder with a live lease looks at an empty class queue:
 /// the scheduler owns the queue's arrival signal, and 5 ms is nothing
 /// against the bounds of classes worth redirecting.
 pub const FORWARD_POLL: Duration = Duration::from_millis(5);
 
-/// At shutdown, how long a forwarder waits for acknowledgements of what it
-/// already sent before taking those records back into its queue.
+/// At shutdown, how long a forwarder waits for delivery acknowledgements of
+/// what it already sent before taking those records back into its queue
+/// (where they may then be delivered twice): several class bounds of
+/// queueing and confirm at the provider.
 pub const FORWARD_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// At a provider's shutdown, how long its Forward streams stay open for the
+/// delivery acknowledgements of records it holds for their senders (its
+/// scheduler keeps sending meanwhile); what is still undelivered then is
+/// taken back by the senders and may arrive twice. Shorter than
+/// [`SHUTDOWN_GRACE`], after which the server closes its connections.
+pub const CUSTODY_GRACE: Duration = Duration::from_secs(4);
 
 /// After a Forward stream broke, the pause before the next one: a round
 /// (the default heartbeat), so a provider that is restarting is not
@@ -149,6 +175,7 @@ pub struct Peering {
     port: Option<PeerPort>,
     shifts: mpsc::Sender<Grant>,
     scheduler_stop: CancellationToken,
+    deliveries: Arc<Deliveries>,
 }
 
 /// Grants waiting for the scheduler to move them into its allocation; a
@@ -183,7 +210,15 @@ impl Peering {
             }),
             shifts,
             scheduler_stop: CancellationToken::new(),
+            deliveries: Arc::new(Deliveries::new()),
         })
+    }
+
+    /// Where the egress reports the records of every confirmed batch
+    /// ([`crate::egress::EgressContext::observer`]): records peers forwarded
+    /// here are acknowledged to them only once reported.
+    pub fn deliveries(&self) -> Arc<Deliveries> {
+        Arc::clone(&self.deliveries)
     }
 
     /// Where the peer service listens.
@@ -250,6 +285,8 @@ impl Peering {
             requesting_since_us: AtomicU64::new(0),
             scheme_warned: Mutex::new(HashSet::new()),
             epoch: Instant::now(),
+            deliveries: self.deliveries,
+            next_stream: AtomicU64::new(1),
             cfg: self.cfg,
             ingress,
             stop,
@@ -323,14 +360,15 @@ impl PeeringHandle {
     }
 
     /// Makes this node's peering die on the spot, silently, as peers see a
-    /// node after a power cut or a partition (no connection reset, no
-    /// answers): every call hangs until weir stops, records enqueued but
-    /// not yet acknowledged are never acknowledged (their senders take them
-    /// back once the node is gone from their view, so the cloud may see
-    /// them twice), and this node stops heartbeating and forwarding (taking
-    /// its own lent records back). The rest of the node (ingress,
-    /// scheduler, egress) runs on, so what it did acknowledge is still
-    /// delivered.
+    /// node cut off by a partition (no connection reset, no answers): every
+    /// call hangs until weir stops, records forwarded here are never
+    /// acknowledged (their senders take them back once the node is gone
+    /// from their view), and this node stops heartbeating and forwarding
+    /// (taking its own lent records back). The rest of the node (ingress,
+    /// scheduler, egress) runs on and delivers what it holds, so the cloud
+    /// sees those forwarded records twice. A crashed process is the other
+    /// case: it delivers nothing more, and its senders' copies are the only
+    /// ones.
     pub fn kill(&self) {
         warn!(node = self.node.me, "peering killed");
         self.node.kill.cancel();
@@ -376,9 +414,58 @@ pub(crate) struct Node {
     /// Peers already warned about for running another scheme.
     scheme_warned: Mutex<HashSet<NodeId>>,
     epoch: Instant,
+    /// Forwarded records held for their senders until delivered.
+    deliveries: Arc<Deliveries>,
+    /// Number of the next Forward stream served.
+    next_stream: AtomicU64,
     stop: CancellationToken,
     kill: CancellationToken,
     abort: CancellationToken,
+}
+
+/// Records peers forwarded to this node, held for them until this node has
+/// delivered them ([`Custody`]), and the signal that wakes the Forward
+/// stream tasks to acknowledge deliveries. The egress reports each
+/// confirmed batch here ([`DeliveryObserver`]); so does this node's own
+/// forwarder when a further provider acknowledges delivery of a record this
+/// node passed on.
+#[derive(Debug)]
+pub struct Deliveries {
+    custody: Mutex<Custody>,
+    /// Bumped whenever a held record is delivered.
+    changed: watch::Sender<()>,
+}
+
+impl Deliveries {
+    fn new() -> Self {
+        Deliveries {
+            custody: Mutex::new(Custody::new()),
+            changed: watch::Sender::new(()),
+        }
+    }
+
+    fn custody(&self) -> MutexGuard<'_, Custody> {
+        lock(&self.custody)
+    }
+
+    /// These records were delivered; wakes the streams owed them.
+    fn delivered_keys(&self, keys: impl IntoIterator<Item = RecordKey>) {
+        if self.custody().delivered(keys) > 0 {
+            self.changed.send_replace(());
+        }
+    }
+
+    /// Records held for peers and not yet acknowledged (delivered or not).
+    fn owed(&self) -> usize {
+        let c = self.custody();
+        c.held() + c.due()
+    }
+}
+
+impl DeliveryObserver for Deliveries {
+    fn delivered(&self, records: &[Record]) {
+        self.delivered_keys(records.iter().map(key_of));
+    }
 }
 
 /// Locks a mutex whose data stays consistent even if a holder panicked
@@ -568,6 +655,11 @@ impl Node {
             info!(peer = state.node, "peer up");
         }
         Ok(observed)
+    }
+
+    /// Refreshes the gauge of records held for peers.
+    fn update_held(&self) {
+        self.metrics().held.set(self.deliveries.owed() as i64);
     }
 
     /// Wakes the forwarders after leases changed.

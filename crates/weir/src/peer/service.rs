@@ -1,9 +1,13 @@
 //! The `weir.v1.Peer` server: answers heartbeats with this node's state,
 //! grants reservations from its own spare (the provider is the authority),
-//! and admits forwarded records within each reservation's token bucket,
-//! acknowledging each only once it is in its class queue.
+//! and admits forwarded records within each reservation's token bucket.
+//! Each request is answered at once (every record queued or refused); each
+//! queued record is acknowledged again, on the stream that sent it, once
+//! this node has delivered it ([`super::Deliveries`]): only then may its
+//! sender forget it.
 
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +20,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, info_span, warn, Instrument};
-use weir_core::peer::Admission;
+use weir_core::peer::{Admission, StreamId};
 use weir_core::{ClassId, NodeId};
 use weir_proto::pb::peer_server::{Peer, PeerServer};
 use weir_proto::pb::{
@@ -24,12 +28,20 @@ use weir_proto::pb::{
     ReserveReply, ReserveRequest,
 };
 
-use super::{from_pb, Node, SHUTDOWN_GRACE};
+use super::{from_pb, Node, CUSTODY_GRACE, SHUTDOWN_GRACE};
 use crate::ingress::EnqueueError;
 
-/// Acks buffered per Forward stream: a receiver that stops reading acks
-/// stalls its own stream (the stream task stops reading) after this many.
+/// Acks buffered per Forward stream (answers to requests and delivery
+/// acknowledgements): a receiver that stops reading acks stalls its own
+/// stream (the stream task stops reading requests) after this many. The
+/// delivery acknowledgements pending meanwhile pile up in the custody, not
+/// here, and go out together.
 const ACK_CHANNEL: usize = 32;
+
+/// Most records one delivery acknowledgement names: ~15 bytes each on the
+/// wire, so a message stays near 120 KiB, far below the message limit,
+/// while one message still covers a second of a fast reservation.
+const DELIVERED_PER_ACK: usize = 8192;
 
 /// Concurrent calls one peer connection may hold open; a peer needs a few
 /// (heartbeat, reserve, one Forward stream).
@@ -211,9 +223,11 @@ impl Peer for PeerService {
         let inbound = request.into_inner();
         let (ack_tx, ack_rx) = mpsc::channel(ACK_CHANNEL);
         let (end_tx, end_rx) = oneshot::channel();
+        let stream = self.node.next_stream.fetch_add(1, Ordering::Relaxed);
         let task = ForwardTask {
             node: Arc::clone(&self.node),
             acks: ack_tx,
+            stream,
         };
         self.streams.spawn(
             async move {
@@ -221,7 +235,7 @@ impl Peer for PeerService {
                 // The receiver is gone only if the caller is.
                 let _ = end_tx.send(end);
             }
-            .instrument(info_span!("peer_forward", peer = ?peer)),
+            .instrument(info_span!("peer_forward", peer = ?peer, stream)),
         );
         // The final status travels apart from the bounded ack channel, as
         // in the gRPC ingress.
@@ -239,54 +253,118 @@ impl Peer for PeerService {
     }
 }
 
-/// One Forward call: reads a request, admits and enqueues its records, and
-/// sends its ack before reading the next, so acks are in request order.
+/// One Forward call: reads requests and answers each (admitted records
+/// queued, the rest refused) before reading the next, so answers are in
+/// request order; between them, acknowledges the records of this stream
+/// that this node has delivered. Ends once the receiver has half-closed and
+/// nothing more is owed to it; at shutdown, once nothing is owed (or after
+/// [`CUSTODY_GRACE`]).
 struct ForwardTask {
     node: Arc<Node>,
     acks: mpsc::Sender<ForwardAck>,
+    stream: StreamId,
+}
+
+/// Releases a stream's custody when its task ends, however it ends: the
+/// receiver takes back whatever was not acknowledged.
+struct Release<'a> {
+    node: &'a Node,
+    stream: StreamId,
+}
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        let owed = self.node.deliveries.custody().release(self.stream);
+        if owed > 0 {
+            debug!(
+                records = owed,
+                "forward stream ended with records unacknowledged; their sender takes them back"
+            );
+        }
+        self.node.update_held();
+    }
 }
 
 impl ForwardTask {
     async fn run(self, mut inbound: Streaming<ForwardRequest>) -> Result<(), Status> {
         let node = &self.node;
+        let _release = Release {
+            node,
+            stream: self.stream,
+        };
+        let mut delivered = node.deliveries.changed.subscribe();
         let mut sender = None;
+        let mut reading = true;
+        let grace = async {
+            node.stop.cancelled().await;
+            tokio::time::sleep(CUSTODY_GRACE).await;
+        };
+        tokio::pin!(grace);
         loop {
-            // Cancel safety: `Streaming::message` keeps a partly received
-            // message buffered, so losing the race loses nothing; the other
-            // branches only wait.
-            let next = tokio::select! {
-                biased;
-                _ = node.kill.cancelled() => return Err(silence(node).await),
-                _ = node.stop.cancelled() => return Err(shutting_down()),
-                _ = self.acks.closed() => return Ok(()),
-                next = inbound.message() => next,
-            };
-            let req = match next {
-                Ok(Some(req)) => req,
-                Ok(None) => {
-                    debug!(receiver = ?sender, "forward stream closed by the receiver");
-                    return Ok(());
+            let stopping = node.stop.is_cancelled();
+            if (!reading || stopping) && !node.deliveries.custody().owes(self.stream) {
+                if reading {
+                    // Stopping: nothing is owed to this receiver any more;
+                    // what it sends from now on goes back to it.
+                    return Err(shutting_down());
                 }
-                Err(status) => {
-                    debug!(receiver = ?sender, code = ?status.code(), message = status.message(), "forward stream broken off");
-                    return Err(status);
-                }
-            };
-            if !node.is_peer(req.receiver) {
-                return Err(Status::failed_precondition(format!(
-                    "node {} is not in peering.peers of node {}",
-                    req.receiver, node.me
-                )));
+                debug!(receiver = ?sender, "forward stream closed by the receiver");
+                return Ok(());
             }
-            sender = Some(req.receiver);
-            let ack = admit(node, req);
+            let ack = match self.delivered_ack() {
+                Some(ack) => ack,
+                None => {
+                    // Cancel safety: `Streaming::message` keeps a partly
+                    // received message buffered, and `changed` only marks
+                    // the version seen, so losing a race loses nothing; the
+                    // other branches only wait.
+                    tokio::select! {
+                        biased;
+                        _ = node.kill.cancelled() => return Err(silence(node).await),
+                        _ = node.abort.cancelled() => return Err(shutting_down()),
+                        _ = self.acks.closed() => return Ok(()),
+                        _ = &mut grace => return Err(self.gave_up()),
+                        _ = node.stop.cancelled(), if !stopping => continue,
+                        changed = delivered.changed() => {
+                            if changed.is_err() {
+                                return Err(shutting_down());
+                            }
+                            continue;
+                        }
+                        next = inbound.message(), if reading => match next {
+                            Ok(Some(req)) => {
+                                if !node.is_peer(req.receiver) {
+                                    return Err(Status::failed_precondition(format!(
+                                        "node {} is not in peering.peers of node {}",
+                                        req.receiver, node.me
+                                    )));
+                                }
+                                sender = Some(req.receiver);
+                                admit(node, req, self.stream)
+                            }
+                            Ok(None) => {
+                                // Half-closed: no more requests, but the
+                                // records held for it are still owed.
+                                reading = false;
+                                continue;
+                            }
+                            Err(status) => {
+                                debug!(receiver = ?sender, code = ?status.code(), message = status.message(), "forward stream broken off");
+                                return Err(status);
+                            }
+                        },
+                    }
+                }
+            };
             if node.kill.is_cancelled() {
-                // Enqueued, never acknowledged: what a crash here would do.
+                // Enqueued or delivered, never acknowledged: what a crash
+                // here would do.
                 return Err(silence(node).await);
             }
-            // Cancel safety: the send is tried first; a stop while the
-            // receiver does not read acks drops this one, and the receiver
-            // takes those records back (they may then arrive twice).
+            // Cancel safety: the send is tried first; an abort, a kill or
+            // the end of the grace while the receiver does not read acks
+            // drops this one, and the receiver takes those records back
+            // (they may then arrive twice).
             tokio::select! {
                 biased;
                 sent = self.acks.send(ack) => {
@@ -295,22 +373,53 @@ impl ForwardTask {
                     }
                 }
                 _ = node.kill.cancelled() => return Err(silence(node).await),
-                _ = node.stop.cancelled() => return Err(shutting_down()),
+                _ = node.abort.cancelled() => return Err(shutting_down()),
+                _ = &mut grace => return Err(self.gave_up()),
             }
         }
+    }
+
+    /// The next delivery acknowledgement due on this stream, if any.
+    fn delivered_ack(&self) -> Option<ForwardAck> {
+        let keys = self
+            .node
+            .deliveries
+            .custody()
+            .take_delivered(self.stream, DELIVERED_PER_ACK);
+        if keys.is_empty() {
+            return None;
+        }
+        self.node.update_held();
+        Some(ForwardAck {
+            delivered: keys
+                .into_iter()
+                .map(|(origin, seq)| RecordId { origin, seq })
+                .collect(),
+            ..ForwardAck::default()
+        })
+    }
+
+    /// The shutdown grace is over with records still owed to this stream.
+    fn gave_up(&self) -> Status {
+        let held = self.node.deliveries.custody().held_by(self.stream);
+        warn!(
+            records = held,
+            grace = ?CUSTODY_GRACE,
+            "shutting down with records forwarded here not yet delivered; their sender takes them back (the cloud may see them twice)"
+        );
+        shutting_down()
     }
 }
 
 /// Admits one request's records: each within its reservation's bucket goes
 /// into its class queue, with origin and sequence number intact; the rest
-/// are refused with a reason.
-fn admit(node: &Node, req: ForwardRequest) -> ForwardAck {
+/// are refused with a reason. With `delivery_acks` set, each queued record
+/// is held for `stream` until delivered (and answered as `queued`);
+/// without it (an older receiver), answered as `accepted`.
+fn admit(node: &Node, req: ForwardRequest, stream: StreamId) -> ForwardAck {
     let now = node.now();
     let receiver = req.receiver;
-    let mut ack = ForwardAck {
-        accepted: Vec::with_capacity(req.records.len()),
-        refused: Vec::new(),
-    };
+    let mut ack = ForwardAck::default();
     let m = node.metrics();
     let refuse = |ack: &mut ForwardAck, origin, seq, class: &str, reason: RefusalReason| {
         m.refused(class, reason_label(reason));
@@ -350,20 +459,37 @@ fn admit(node: &Node, req: ForwardRequest) -> ForwardAck {
     // Counted per class once per request: the metrics families lock and
     // hash their labels, which per record would show at 50k records/s.
     let mut accepted = vec![0u64; node.class_names.len()];
-    for record in admitted {
-        let (origin, seq, class) = (record.origin, record.seq, record.class);
-        let reason = match node.ingress.try_enqueue_foreign(record) {
-            Ok(()) => {
-                accepted[class.index()] += 1;
-                ack.accepted.push(RecordId { origin, seq });
-                continue;
+    {
+        // Held before it is enqueued, under the custody lock: the egress
+        // may deliver it the moment it is in the queue, and must find it.
+        let mut custody = node.deliveries.custody();
+        for record in admitted {
+            let (origin, seq, class) = (record.origin, record.seq, record.class);
+            if req.delivery_acks {
+                custody.hold((origin, seq), stream);
             }
-            Err(EnqueueError::Full { .. }) => RefusalReason::QueueFull,
-            Err(EnqueueError::Oversized { .. }) => RefusalReason::Oversized,
-            Err(EnqueueError::ShuttingDown) => RefusalReason::ShuttingDown,
-        };
-        refuse(&mut ack, origin, seq, node.class_name(class), reason);
+            let reason = match node.ingress.try_enqueue_foreign(record) {
+                Ok(()) => {
+                    accepted[class.index()] += 1;
+                    let id = RecordId { origin, seq };
+                    if req.delivery_acks {
+                        ack.queued.push(id);
+                    } else {
+                        ack.accepted.push(id);
+                    }
+                    continue;
+                }
+                Err(EnqueueError::Full { .. }) => RefusalReason::QueueFull,
+                Err(EnqueueError::Oversized { .. }) => RefusalReason::Oversized,
+                Err(EnqueueError::ShuttingDown) => RefusalReason::ShuttingDown,
+            };
+            if req.delivery_acks {
+                custody.unhold((origin, seq), stream);
+            }
+            refuse(&mut ack, origin, seq, node.class_name(class), reason);
+        }
     }
+    node.update_held();
     for (c, n) in accepted.into_iter().enumerate() {
         if n > 0 {
             m.redirected_in(ClassId(c as u8), n);

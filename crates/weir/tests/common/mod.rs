@@ -1,6 +1,10 @@
 //! Helpers shared by the end-to-end tests: configs with loopback listeners,
-//! a RabbitMQ consumer that decodes weir batches, unique names.
+//! a RabbitMQ consumer that decodes weir batches, unique names, metrics
+//! scraped from the admin listener; `peering` holds the three-node peering
+//! scenario.
 #![allow(dead_code)]
+
+pub mod peering;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -59,6 +63,9 @@ pub fn now_us() -> u64 {
 /// a duplicate has the chance to show up before a test judges.
 pub const LINGER: Duration = Duration::from_secs(2);
 
+/// How often [`consume_until`] asks `done` again while no message comes.
+const RECHECK: Duration = Duration::from_millis(100);
+
 /// Consumes weir batches from `queue` until `done` says the records seen so
 /// far are enough (then lingers [`LINGER`] for stragglers), or `PATIENCE`
 /// passes; acks every message.
@@ -89,14 +96,20 @@ pub async fn consume_until(queue: &str, mut done: impl FnMut(&[Seen]) -> bool) -
     let mut seen = Vec::new();
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
-        let until = if done(&seen) {
-            tokio::time::Instant::now() + LINGER
+        let now = tokio::time::Instant::now();
+        let lingering = done(&seen);
+        // `done` may also depend on things other than the records (the
+        // test's own progress): look again at least this often.
+        let until = if lingering {
+            now + LINGER
         } else {
-            deadline
+            deadline.min(now + RECHECK)
         };
-        let next = tokio::time::timeout_at(until, consumer.next()).await;
-        let Ok(Some(Ok(delivery))) = next else {
-            break;
+        let delivery = match tokio::time::timeout_at(until, consumer.next()).await {
+            Ok(Some(Ok(delivery))) => delivery,
+            Ok(_) => break,
+            Err(_) if lingering || until >= deadline => break,
+            Err(_) => continue,
         };
         let consumed_us = now_us();
         let encoding = delivery
@@ -152,4 +165,38 @@ pub async fn wait_port(addr: std::net::SocketAddr) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The Prometheus text of the admin listener at `addr` (`GET /metrics`).
+pub async fn scrape(addr: std::net::SocketAddr) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr).await?;
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: weir\r\n\r\n")
+        .await?;
+    let mut text = String::new();
+    conn.read_to_string(&mut text).await?;
+    match text.split_once("\r\n\r\n") {
+        // HTTP/1.0: the body is not chunked and ends with the connection.
+        Some((head, body)) if head.starts_with("HTTP/1.0 200") => Ok(body.to_owned()),
+        _ => Err(std::io::Error::other(format!(
+            "unexpected answer from {addr}/metrics: {text}"
+        ))),
+    }
+}
+
+/// The sum of every series of `name` (all label sets) in Prometheus text;
+/// 0 when there is none.
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let value = if rest.starts_with('{') {
+                rest.rsplit_once(' ')?.1
+            } else {
+                rest.strip_prefix(' ')?
+            };
+            value.trim().parse::<f64>().ok()
+        })
+        .sum()
 }

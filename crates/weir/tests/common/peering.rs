@@ -1,0 +1,172 @@
+//! The three-node peering scenario shared by `e2e_peering.rs` (three `App`s
+//! in one process) and `e2e_peering_processes.rs` (three `weir`
+//! processes): node 1 sits behind an emulated 1 Mbit/s uplink and gets
+//! about 2.3 times that in `lt` traffic plus a trickle of `ls`; nodes 2 and
+//! 3 have fast uplinks and little traffic of their own. All three publish
+//! to one RabbitMQ queue.
+//!
+//! The `ls` bound (500 ms) is about four times the worst case expected:
+//! one 8 KiB `lt` batch on the slow link (~85 ms) plus the `ls`
+//! transaction, with room for a loaded 2-core machine. It is the class's
+//! own configured promise, and the only timing the tests judge.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use super::{amqp_egress, Seen};
+
+/// Records of `lt` per second offered to node 1: 1,000 x ~290 bytes is
+/// about 2.3 Mbit/s against its 1 Mbit/s uplink.
+pub const LT_RATE: usize = 1000;
+/// Records of `ls` per second offered to node 1.
+pub const LS_RATE: usize = 20;
+/// Records of `lt` per second offered to each idle node.
+pub const IDLE_RATE: usize = 50;
+/// How long traffic is offered.
+pub const LOAD: Duration = Duration::from_secs(5);
+/// The `ls` bound (see the module comment).
+pub const LS_BOUND_MS: u64 = 500;
+/// gRPC stream names: `ls` is routed to the `ls` class, the rest to `lt`.
+pub const LS_STREAM: &str = "ls";
+/// See [`LS_STREAM`].
+pub const LT_STREAM: &str = "bulk";
+
+/// The payload of the `i`-th record of `stream`: ~260 bytes.
+pub fn payload(stream: &str, i: usize) -> String {
+    format!("{stream}-{i:07}-{}", "x".repeat(240))
+}
+
+/// Free loopback ports: each node must know the others' before any starts.
+/// (A port may in principle be taken between this and the node binding it;
+/// the node then fails to start, naming the port.)
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
+/// Where one node listens besides its peer port.
+pub struct Listen {
+    /// `ingress.grpc.listen`.
+    pub grpc: String,
+    /// `admin.listen`, if any.
+    pub admin: Option<String>,
+}
+
+/// The TOML of node `id` (1, 2 or 3) of the scenario: peer ports of all
+/// three in `peer_ports`, publishing to `<name>.q`; node 1 is the
+/// overloaded one.
+pub fn node_config(name: &str, id: u64, peer_ports: &[u16], listen: &Listen) -> String {
+    let peers: Vec<String> = (1..=3u64)
+        .filter(|&p| p != id)
+        .map(|p| {
+            format!(
+                "{{ id = {p}, addr = \"127.0.0.1:{}\" }}",
+                peer_ports[p as usize - 1]
+            )
+        })
+        .collect();
+    let link = if id == 1 {
+        "uplink = \"1Mbit/s\"\n[egress.link]\nbandwidth = \"1Mbit/s\"\ndelay = \"20ms\""
+    } else {
+        "uplink = \"100Mbit/s\""
+    };
+    let admin = listen
+        .admin
+        .as_ref()
+        .map(|a| format!("[admin]\nlisten = \"{a}\""))
+        .unwrap_or_default();
+    let amqp = amqp_egress(name);
+    format!(
+        r#"
+[node]
+id = {id}
+name = "peer-{id}"
+[[class]]
+name = "ls"
+bound = "{LS_BOUND_MS}ms"
+[[class]]
+name = "nm"
+bound = "1s"
+[[class]]
+name = "lt"
+bound = "2s"
+[classify]
+default_class = "lt"
+[[classify.route]]
+grpc = "{LS_STREAM}"
+class = "ls"
+[ingress.mqtt]
+enabled = false
+[ingress.grpc]
+listen = "{grpc}"
+{admin}
+{amqp}
+[peering]
+listen = "127.0.0.1:{port}"
+peers = [{peers}]
+heartbeat = "100ms"
+dead_after = "500ms"
+lease = "1s"
+[scheduler]
+window = "100ms"
+burst = "8KiB"
+max_batch_bytes = "8KiB"
+# The uplinks are facts of the experiment: an idle node's online estimate
+# only sees its own small transactions and would understate its spare.
+track_uplink = false
+{link}
+"#,
+        grpc = listen.grpc,
+        port = peer_ports[id as usize - 1],
+        peers = peers.join(", "),
+    )
+}
+
+/// Latencies (ingress to consumer, ms) of the `ls` records that entered
+/// weir at `origin`.
+pub fn ls_latencies_ms(seen: &[Seen], origin: u64) -> Vec<f64> {
+    seen.iter()
+        .filter(|s| s.record.origin == origin && s.record.class == "ls")
+        .map(|s| s.consumed_us.saturating_sub(s.record.ingress_us) as f64 / 1e3)
+        .collect()
+}
+
+/// Asserts that every latency is within the `ls` bound; prints mean and
+/// worst.
+pub fn assert_ls_within_bound(ls: &[f64]) {
+    let worst = ls.iter().copied().fold(0.0, f64::max);
+    let mean = ls.iter().sum::<f64>() / ls.len().max(1) as f64;
+    eprintln!(
+        "node 1 ls latency over {} records: mean {mean:.1} ms, worst {worst:.1} ms (bound {LS_BOUND_MS} ms)",
+        ls.len()
+    );
+    let late = ls.iter().filter(|&&l| l > LS_BOUND_MS as f64).count();
+    assert_eq!(late, 0, "ls violations at node 1: {late} of {}", ls.len());
+}
+
+/// Records that reached the cloud more than once, with the nodes whose
+/// batches carried each copy.
+pub fn duplicates(seen: &[Seen]) -> HashMap<(u64, u64), Vec<u64>> {
+    let mut senders: HashMap<(u64, u64), Vec<u64>> = HashMap::new();
+    for s in seen {
+        senders
+            .entry((s.record.origin, s.record.seq))
+            .or_default()
+            .push(s.batch_node);
+    }
+    senders.retain(|_, nodes| nodes.len() > 1);
+    senders
+}
+
+/// Node-1 records the cloud got in batches sent by another node.
+pub fn lent_by_node_1(seen: &[Seen]) -> HashSet<(u64, u64)> {
+    seen.iter()
+        .filter(|s| s.record.origin == 1 && s.batch_node != 1)
+        .map(|s| (s.record.origin, s.record.seq))
+        .collect()
+}
