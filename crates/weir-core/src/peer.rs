@@ -274,13 +274,35 @@ pub const LEND_SHARE: f64 = 0.9;
 /// What a provider can lend: [`LEND_SHARE`] of the spare of its PBTT tuple
 /// (whose demands include the forwarded records it carries) plus what its
 /// reservations carry now ([`Reservations::carried`]), i.e. of the
-/// capacity its own traffic leaves. A node with a shortage lends nothing.
+/// capacity its own traffic leaves, less any shortage the tuple shows.
+///
+/// A provider whose carried traffic makes it short therefore lends less
+/// (its renewals shrink by the shortage) instead of nothing: dropping to
+/// zero made every reservation collapse at once whenever a provider's
+/// queue briefly held a backlog, and come back a window later.
 pub fn lendable(tuple: &BandwidthTuple, carried: f64) -> f64 {
-    if tuple.shortage_total() > 0.0 {
-        0.0
-    } else {
-        LEND_SHARE * (tuple.spare_total() + non_negative(carried))
+    non_negative(
+        LEND_SHARE * (tuple.spare_total() + non_negative(carried)) - tuple.shortage_total(),
+    )
+}
+
+/// The shortage a node asks peers for, per class (JANUS tuple entries,
+/// negative): its PBTT tuple's, less the part that what it `carried` for
+/// peers explains. That part it sheds by lending less ([`lendable`]),
+/// rather than passing lent records on to a third node.
+pub fn own_shortage(tuple: &BandwidthTuple, carried: f64) -> BandwidthTuple {
+    let shortage = tuple.shortage_total();
+    if shortage <= 0.0 {
+        return BandwidthTuple(vec![0.0; tuple.0.len()]);
     }
+    let own = non_negative(shortage - non_negative(carried)) / shortage;
+    BandwidthTuple(
+        tuple
+            .0
+            .iter()
+            .map(|&b| if b < 0.0 { b * own } else { 0.0 })
+            .collect(),
+    )
 }
 
 /// How often a reservation's admitted rate is re-measured.
@@ -1141,8 +1163,15 @@ mod tests {
         );
         // ...and another receiver only what is left beside E1's 6.
         assert!((res.grant(3, LT, 9.0, Duration::ZERO, at(900), spare).amount - 3.0).abs() < 1e-9);
-        // A node that is short itself lends nothing.
-        assert_eq!(lendable(&BandwidthTuple(vec![4.0, 0.0, -1.0]), 6.0), 0.0);
+        // A node short by 1 lends 1 less; short by more than it could
+        // lend, nothing.
+        assert!((lendable(&BandwidthTuple(vec![0.0, 0.0, -1.0]), 6.0) - 4.4).abs() < 1e-9);
+        assert_eq!(lendable(&BandwidthTuple(vec![0.0, 0.0, -9.0]), 6.0), 0.0);
+        // What it carries explains a shortage of 2: it asks for nothing;
+        // of 8, it asks for the 2 its own traffic needs.
+        let t = |lt| BandwidthTuple(vec![0.0, 0.0, lt]);
+        assert_eq!(own_shortage(&t(-2.0), 6.0), t(0.0));
+        assert_eq!(own_shortage(&t(-8.0), 6.0), t(-2.0));
         assert!((res.reserved() - 9.0).abs() < 1e-9);
         // A reservation carrying nothing counts once, as reserved.
         let mut idle = Reservations::new(E2, config());
