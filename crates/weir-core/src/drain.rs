@@ -196,7 +196,7 @@ impl Drainer {
         batch: &mut Fill,
         max_bytes: usize,
     ) {
-        while batch.records.len() < self.limits.max_records {
+        while batch.records.len() + batch.aside < self.limits.max_records {
             let Some(next) = self.heads[c].take().or_else(|| queue.pop()) else {
                 break;
             };
@@ -244,36 +244,46 @@ impl Drainer {
                     wait = Some(wait.map_or(d, |w| w.min(d)));
                 }
                 Take::Granted => {
-                    let mut batch = Fill {
-                        bytes: head.size(),
-                        records: vec![head],
-                    };
                     if !self.mixing {
+                        let mut batch = Fill {
+                            bytes: head.size(),
+                            records: vec![head],
+                            aside: 0,
+                        };
                         self.fill(c, now, queue, &mut batch, self.limits.max_bytes);
                         return Drain::Batch {
                             class,
                             records: batch.records,
                         };
                     }
-                    // Every class, most urgent first (the trigger's own queue
-                    // in its turn), under the budgets of the classes aboard.
+                    // Every class, most urgent first, under the budgets of
+                    // the classes aboard; the trigger's head (already
+                    // counted in `bytes`) goes in at its class's turn, so
+                    // the batch comes out in priority order.
+                    let mut batch = Fill {
+                        bytes: head.size(),
+                        records: Vec::new(),
+                        aside: 1,
+                    };
+                    let mut head = Some(head);
                     let mut cap = self.limits.max_bytes.min(self.budgets[c]);
-                    let mut runs: Vec<(usize, usize)> = vec![(c, 1)];
                     for (other, q) in queues.iter() {
                         let o = other.index();
                         let before = batch.records.len();
+                        if o == c {
+                            batch.records.extend(head.take());
+                            batch.aside = 0;
+                        }
                         let with_o = cap.min(self.budgets[o]);
                         self.fill(o, now, q, &mut batch, with_o);
-                        let added = batch.records.len() - before;
-                        if added > 0 {
+                        if batch.records.len() > before {
                             cap = with_o;
-                            runs.push((o, added));
                         }
                     }
-                    let top = runs.iter().map(|&(o, _)| o).min().unwrap_or(c);
+                    let top = batch.records.first().map_or(class, |r| r.class);
                     return Drain::Batch {
-                        class: ClassId(top as u8),
-                        records: in_priority_order(batch.records, &runs),
+                        class: top,
+                        records: batch.records,
                     };
                 }
             }
@@ -293,25 +303,12 @@ impl Drainer {
 
 /// A batch being built.
 struct Fill {
+    /// Bytes of `records` and of the records set aside.
     bytes: usize,
     records: Vec<Record>,
-}
-
-/// `records` holds runs of `(class, count)` in `runs` order; returns them
-/// with the runs sorted by class, records within a class in their order.
-fn in_priority_order(mut records: Vec<Record>, runs: &[(usize, usize)]) -> Vec<Record> {
-    if runs.windows(2).all(|w| w[0].0 <= w[1].0) {
-        return records;
-    }
-    let mut chunks: Vec<(usize, Vec<Record>)> = Vec::with_capacity(runs.len());
-    for &(class, n) in runs.iter().rev() {
-        let tail = records.split_off(records.len() - n);
-        chunks.push((class, tail));
-    }
-    chunks.reverse();
-    // Stable: two runs of one class keep their order.
-    chunks.sort_by_key(|&(class, _)| class);
-    chunks.into_iter().flat_map(|(_, r)| r).collect()
+    /// Records counted in `bytes` but not yet placed (the trigger's head,
+    /// placed at its class's turn).
+    aside: usize,
 }
 
 #[cfg(test)]

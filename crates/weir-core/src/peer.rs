@@ -305,6 +305,27 @@ pub fn own_shortage(tuple: &BandwidthTuple, carried: f64) -> BandwidthTuple {
     )
 }
 
+/// The tuple a node advertises, from its PBTT tuple `local` and what it
+/// `carried` for peers: the shortage it asks peers for ([`own_shortage`]),
+/// or, when it has none of its own, its spare entries scaled to sum to what
+/// it can lend ([`lendable`]; all in the top class when it has no spare
+/// entry). Never both asks and offers.
+pub fn advertised(local: &BandwidthTuple, carried: f64) -> BandwidthTuple {
+    let own = own_shortage(local, carried);
+    if own.shortage_total() > 0.0 {
+        return own;
+    }
+    let lendable = lendable(local, carried);
+    let mut t = BandwidthTuple(local.0.iter().map(|b| b.max(0.0)).collect());
+    let spare = t.spare_total();
+    if spare > 0.0 {
+        t.0.iter_mut().for_each(|b| *b *= lendable / spare);
+    } else if let Some(top) = t.0.first_mut() {
+        *top = lendable;
+    }
+    t
+}
+
 /// How often a reservation's admitted rate is re-measured.
 pub const FLOW_WINDOW: Duration = Duration::from_millis(250);
 
@@ -1450,5 +1471,18 @@ mod tests {
             }
             prop_assert_eq!(f.bytes(), f.len() * record(E1, 0).size());
         }
+    }
+
+    #[test]
+    fn advertised_asks_its_own_shortage_or_offers_what_it_can_lend() {
+        let t = |v: [f64; 3]| BandwidthTuple(v.to_vec());
+        // Short by 8 while carrying 6: asks for its own 2.
+        assert_eq!(advertised(&t([0.0, 0.0, -8.0]), 6.0), t([0.0, 0.0, -2.0]));
+        // Short by 1 while carrying 6: offers 0.9 * 6 - 1, in the top class.
+        let a = advertised(&t([0.0, 0.0, -1.0]), 6.0);
+        assert!((a.0[0] - 4.4).abs() < 1e-9 && a.0[1] == 0.0 && a.0[2] == 0.0);
+        // Spare 3 + 1 carrying 6: 9 lendable, spread as the spare is.
+        let a = advertised(&t([3.0, 1.0, 0.0]), 6.0);
+        assert!((a.0[0] - 6.75).abs() < 1e-9 && (a.0[1] - 2.25).abs() < 1e-9);
     }
 }

@@ -223,10 +223,12 @@ pub async fn run(
     // Native's single FIFO has no classes to mix, and no budgets.
     let per_class = queues.classes() == classes.len();
     let rider_budgets = |capacity: f64| -> Vec<usize> {
+        if !per_class {
+            return Vec::new();
+        }
         classes
             .iter()
             .map(|(_, c)| rider_budget(c.bound, capacity, RIDER_FLOOR_BYTES))
-            .filter(|_| per_class)
             .collect()
     };
     drainer.set_rider_budgets(&rider_budgets(params.capacity));

@@ -80,6 +80,23 @@ struct Cluster {
     queue: String,
 }
 
+impl Cluster {
+    /// Shuts every node down in order (node 1 first: its forwarders wait
+    /// for the delivery acknowledgements of what its peers still hold);
+    /// returns their metrics for reading afterwards.
+    async fn shutdown(&mut self) -> Vec<Arc<weir::metrics::Metrics>> {
+        let metrics = self
+            .apps
+            .iter()
+            .map(|a| Arc::clone(a.ingress.metrics()))
+            .collect();
+        for app in self.apps.drain(..) {
+            app.shutdown(Duration::from_secs(60)).await;
+        }
+        metrics
+    }
+}
+
 async fn cluster(test: &str) -> Cluster {
     // Shown when a test fails: what each node's rounds decided.
     let _ = tracing_subscriber::fmt()
@@ -146,20 +163,11 @@ async fn offer_all(c: &Cluster) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overflow_is_redirected_ls_meets_its_bound_and_every_record_arrives_once() {
     let _serial = SERIAL.lock().await;
-    let c = cluster("redirect").await;
+    let mut c = cluster("redirect").await;
     let (expected, consumer) = consumer(&c.queue);
     let offered = offer_all(&c).await;
     expected.store(offered, Ordering::Release);
-    // Node 1 shuts down first: its forwarders wait for the delivery
-    // acknowledgements of what its peers still hold.
-    let metrics: Vec<_> = c
-        .apps
-        .iter()
-        .map(|a| Arc::clone(a.ingress.metrics()))
-        .collect();
-    for app in c.apps {
-        app.shutdown(Duration::from_secs(60)).await;
-    }
+    let metrics = c.shutdown().await;
     let carried: Vec<u64> = metrics
         .iter()
         .map(|m| m.peer.redirected_in_total())
@@ -214,7 +222,7 @@ async fn overflow_is_redirected_ls_meets_its_bound_and_every_record_arrives_once
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provider_cut_off_mid_stream_loses_nothing_and_its_records_arrive_twice() {
     let _serial = SERIAL.lock().await;
-    let c = cluster("partition").await;
+    let mut c = cluster("partition").await;
     let (expected, consumer) = consumer(&c.queue);
 
     // Silence whichever provider carries node 1's overflow first,
@@ -237,14 +245,7 @@ async fn a_provider_cut_off_mid_stream_loses_nothing_and_its_records_arrive_twic
     };
     let (offered, victim) = tokio::join!(offer_all(&c), killer);
     expected.store(offered, Ordering::Release);
-    let metrics: Vec<_> = c
-        .apps
-        .iter()
-        .map(|a| Arc::clone(a.ingress.metrics()))
-        .collect();
-    for app in c.apps {
-        app.shutdown(Duration::from_secs(60)).await;
-    }
+    let metrics = c.shutdown().await;
     let seen = tokio::time::timeout(PATIENCE * 2, consumer)
         .await
         .expect("consumer ends")

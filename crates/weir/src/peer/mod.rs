@@ -540,30 +540,10 @@ impl Node {
                 *b = 0.0;
             }
         }
-        // Offer what the node carries for peers too (weir-core
-        // `peer::lendable`): the tuple's demands count it as load, and a
-        // receiver renewing its reservation must see it as available, or
-        // every renewal would shrink to the spare beside its own traffic.
+        // What it asks for or can lend, counting what it carries for peers
+        // (weir-core `peer::advertised`).
         let carried = self.reservations().carried(self.now());
-        if t.shortage_total() > 0.0 {
-            // A shortage only its lending explains is shed, not asked for.
-            let own = weir_core::peer::own_shortage(&t, carried);
-            if own.shortage_total() > 0.0 {
-                return own;
-            }
-        }
-        {
-            let lendable = weir_core::peer::lendable(&t, carried);
-            t.0.iter_mut().for_each(|b| *b = b.max(0.0));
-            let spare = t.spare_total();
-            // Scale the spare entries so they sum to what is lendable.
-            if spare > 0.0 {
-                t.0.iter_mut().for_each(|b| *b *= lendable / spare);
-            } else if let Some(top) = t.0.first_mut() {
-                *top = lendable;
-            }
-        }
-        t
+        weir_core::peer::advertised(&t, carried)
     }
 
     /// What this node can lend now: its advertised spare, which counts

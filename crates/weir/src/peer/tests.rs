@@ -124,6 +124,22 @@ async fn bind(id: NodeId, capacity: QueueCapacity) -> (Peering, Arc<IngressHandl
     (peering, ingress)
 }
 
+/// Node 2 with 1,000,000 B/s spare in `ls`, and a client of its peer
+/// service. Node 1 is configured but never runs; heartbeats to it just fail.
+async fn lone_provider() -> (TestNode, PeerClient<tonic::transport::Channel>) {
+    let (peering, ingress) = bind(2, CAPACITY).await;
+    let addr = peering.local_addr();
+    let node = start(
+        peering,
+        ingress,
+        &[(1, "127.0.0.1:9".parse().unwrap())],
+        Duration::from_secs(1),
+    );
+    node.publish(&[1_000_000.0, 0.0, 0.0]);
+    let client = PeerClient::connect(format!("http://{addr}")).await.unwrap();
+    (node, client)
+}
+
 /// Starts `peering` with `peers` and this heartbeat.
 fn start(
     mut peering: Peering,
@@ -182,17 +198,7 @@ fn wire(origin: NodeId, seq: u64, class: &str) -> pb::Record {
 
 #[tokio::test]
 async fn the_provider_answers_grants_admits_and_refuses() {
-    let (peering, ingress) = bind(2, CAPACITY).await;
-    let addr = peering.local_addr();
-    // Node 1 is configured but never runs; heartbeats to it just fail.
-    let mut node = start(
-        peering,
-        ingress,
-        &[(1, "127.0.0.1:9".parse().unwrap())],
-        Duration::from_secs(1),
-    );
-    node.publish(&[1_000_000.0, 0.0, 0.0]);
-    let mut client = PeerClient::connect(format!("http://{addr}")).await.unwrap();
+    let (mut node, mut client) = lone_provider().await;
 
     // Refused: a node not configured, and a node with other classes.
     let err = client
@@ -450,16 +456,7 @@ async fn the_provider_answers_grants_admits_and_refuses() {
 
 #[tokio::test]
 async fn a_stopping_provider_acknowledges_what_it_holds_before_it_ends_the_stream() {
-    let (peering, ingress) = bind(2, CAPACITY).await;
-    let addr = peering.local_addr();
-    let node = start(
-        peering,
-        ingress,
-        &[(1, "127.0.0.1:9".parse().unwrap())],
-        Duration::from_secs(1),
-    );
-    node.publish(&[1_000_000.0, 0.0, 0.0]);
-    let mut client = PeerClient::connect(format!("http://{addr}")).await.unwrap();
+    let (node, mut client) = lone_provider().await;
     let granted = client
         .reserve(ReserveRequest {
             receiver: 1,
