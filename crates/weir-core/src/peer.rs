@@ -40,7 +40,8 @@ use std::time::Duration;
 use crate::class::ClassId;
 use crate::janus::redirect::MIN_AMOUNT;
 use crate::janus::{
-    non_negative, offer_from, redirect, requests_from, Allocation, BandwidthTuple, Grant, Strategy,
+    non_negative, offer_from, redirect, requests_from, Allocation, BandwidthTuple, Grant, Offer,
+    Strategy,
 };
 use crate::record::{NodeId, Record};
 use crate::token_bucket::{BucketConfig, Take, TokenBucket};
@@ -53,6 +54,28 @@ pub struct BandwidthState {
     pub tuple: BandwidthTuple,
     /// Per-class rates `V_c` in force.
     pub allocation: Allocation,
+    /// `C_out`, the node's outbound capacity, in the tuple's units.
+    pub capacity: f64,
+    /// The rate at which the node's own traffic arrives (everything but
+    /// what peers forward to it), smoothed over about a second.
+    pub own_rate: f64,
+    /// Whether a class's estimated delay (Eq. 1) broke its bound in the
+    /// last window: the node is falling behind, whatever it thought it had.
+    pub late: bool,
+}
+
+impl BandwidthState {
+    /// A node at `tuple` with nothing else known: its capacity taken as
+    /// the tuple's spare, no own traffic, not late (so it lends
+    /// [`LEND_SHARE`] of that spare). For tests and tools that set tuples
+    /// by hand.
+    pub fn from_tuple(tuple: BandwidthTuple) -> Self {
+        BandwidthState {
+            capacity: tuple.spare_total(),
+            tuple,
+            ..BandwidthState::default()
+        }
+    }
 }
 
 /// What one heartbeat told about a node.
@@ -219,6 +242,137 @@ pub fn decide(
     grants
 }
 
+/// What a receiver asks its providers for in one round, from the matcher's
+/// grants to it and the leases it already holds (provider, class, rate):
+/// one Reserve per (provider, class), each replacing the previous one.
+///
+/// The matcher decides *how much* each class of this node gets (its total
+/// grant, by the configured strategy); which providers carry it is sticky:
+/// the leases already held are renewed first (largest first, up to that
+/// total), and only the rest is asked of the providers the matcher named,
+/// in its order. A held lease beyond the total is asked down (to zero:
+/// released), so the spare moves to whoever the matcher gave it.
+///
+/// Why: the matcher's provider choice flips whenever two receivers' shares
+/// cross (PMRFS serves the larger first, from the largest provider), and
+/// a flip made each receiver ask for the provider the other one held; the
+/// provider, which never reserves what it has already reserved, granted
+/// nothing, and both lost a round (in the JANUS lab near capacity, a fifth
+/// of the redirected rate). Totals, not provider names, are what the
+/// matching fixes; the providers' reservations then stay put while the
+/// totals move a little each round. Classes this node was granted nothing
+/// in are left alone: their leases run out by themselves.
+pub fn first_asks(grants: &[Grant], held: &[(NodeId, ClassId, f64)]) -> Vec<Grant> {
+    let mut asks: Vec<Grant> = Vec::new();
+    let mut classes: Vec<ClassId> = grants.iter().map(|g| g.class).collect();
+    classes.sort_unstable();
+    classes.dedup();
+    for class in classes {
+        let mine = grants.iter().filter(|g| g.class == class);
+        let Some(receiver) = mine.clone().next().map(|g| g.receiver) else {
+            continue;
+        };
+        let mut rest: f64 = mine.clone().map(|g| non_negative(g.amount)).sum();
+        let start = asks.len();
+        let mut leases: Vec<(NodeId, f64)> = held
+            .iter()
+            .filter(|&&(_, c, rate)| c == class && rate > MIN_AMOUNT)
+            .map(|&(p, _, rate)| (p, rate))
+            .collect();
+        leases.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        for (provider, rate) in leases {
+            let amount = rate.min(rest);
+            rest -= amount;
+            asks.push(Grant {
+                provider,
+                receiver,
+                class,
+                amount,
+            });
+        }
+        for g in mine {
+            if rest <= MIN_AMOUNT {
+                break;
+            }
+            let more = non_negative(g.amount).min(rest);
+            rest -= more;
+            match asks[start..].iter_mut().find(|a| a.provider == g.provider) {
+                Some(a) => a.amount += more,
+                None => asks.push(Grant { amount: more, ..*g }),
+            }
+        }
+    }
+    asks
+}
+
+/// The second step of a round: after the [`first_asks`] were answered
+/// (`answered`: each ask with the amount granted), asks providers with room
+/// for what the first ones could not grant, per class.
+///
+/// A provider that granted less than asked is full; the others are tried
+/// from the largest advertised spare down (`offers`, the view's), each for
+/// what it grants already plus as much of the shortfall as it advertises,
+/// until the shortfall is covered on paper. The provider decides what it
+/// really has; one step of spill-over is enough for two receivers trading
+/// places, and the next round starts from whatever was granted.
+pub fn spill_asks(answered: &[(Grant, f64)], offers: &[Offer]) -> Vec<Grant> {
+    let full: Vec<NodeId> = answered
+        .iter()
+        .filter(|(a, got)| *got + MIN_AMOUNT < a.amount)
+        .map(|(a, _)| a.provider)
+        .collect();
+    let mut offers: Vec<Offer> = offers
+        .iter()
+        .filter(|o| o.amount > MIN_AMOUNT && !full.contains(&o.provider))
+        .copied()
+        .collect();
+    offers.sort_unstable_by(|a, b| {
+        b.amount
+            .total_cmp(&a.amount)
+            .then(a.provider.cmp(&b.provider))
+    });
+    let mut classes: Vec<ClassId> = answered.iter().map(|(a, _)| a.class).collect();
+    classes.sort_unstable();
+    classes.dedup();
+    let mut asks = Vec::new();
+    for class in classes {
+        let of_class = || answered.iter().filter(move |(a, _)| a.class == class);
+        let mut short: f64 = of_class()
+            .map(|(a, got)| non_negative(a.amount - non_negative(*got)))
+            .sum();
+        let Some(receiver) = of_class().next().map(|(a, _)| a.receiver) else {
+            continue;
+        };
+        for o in offers.iter_mut() {
+            if short <= MIN_AMOUNT {
+                break;
+            }
+            let more = o.amount.min(short);
+            let already = of_class()
+                .find(|(a, _)| a.provider == o.provider)
+                .map_or(0.0, |(_, got)| non_negative(*got));
+            short -= more;
+            o.amount -= more;
+            asks.push(Grant {
+                provider: o.provider,
+                receiver,
+                class,
+                amount: already + more,
+            });
+        }
+    }
+    asks
+}
+
+/// The offers in `view` of the live peers other than `me` (spare as each
+/// last advertised it).
+pub fn offers_in(view: &PeerView, me: NodeId, now: Duration) -> Vec<Offer> {
+    view.alive(now)
+        .filter(|&(id, _)| id != me)
+        .filter_map(|(id, a)| offer_from(id, &a.tuple))
+        .collect()
+}
+
 /// How a reservation's token bucket is sized: deep enough for the bunching
 /// of batched sends and network jitter, shallow enough that the burst stays
 /// a small fraction of what was granted.
@@ -271,28 +425,53 @@ struct Reservation {
 /// receiver, and lent records travel on).
 pub const LEND_SHARE: f64 = 0.9;
 
-/// What a provider can lend: [`LEND_SHARE`] of the spare of its PBTT tuple
-/// (whose demands include the forwarded records it carries) plus what its
-/// reservations carry now ([`Reservations::carried`]), i.e. of the
-/// capacity its own traffic leaves, less any shortage the tuple shows.
+/// What a provider can lend: [`LEND_SHARE`] of the capacity its own
+/// traffic leaves, `C_out - own_rate`. Peers' traffic is bounded by the
+/// reservations it grants from that, so the node's load stays below
+/// `C_out` with the rest as headroom for its own bursts.
 ///
-/// A provider whose carried traffic makes it short therefore lends less
-/// (its renewals shrink by the shortage) instead of nothing: dropping to
-/// zero made every reservation collapse at once whenever a provider's
-/// queue briefly held a backlog, and come back a window later.
-pub fn lendable(tuple: &BandwidthTuple, carried: f64) -> f64 {
-    non_negative(
+/// While the node is late (a class broke its bound by Eq. 1, e.g. the
+/// uplink is slower than `C_out` says), it lends no more than its PBTT
+/// tuple shows: [`LEND_SHARE`] of its spare plus what its reservations
+/// carry now ([`Reservations::carried`]: the tuple's Eq. 22 demands
+/// already count those records as load), less its shortage. Renewals then
+/// shrink until it catches up.
+///
+/// Why not the tuple always: Eq. 2's `s_c / t` counts whatever sits in
+/// the queue at a window's end as throughput, and forwarded records arrive
+/// in bunches (a Forward request carries up to 256 KiB), so on a provider
+/// the tuple's spare swung by the size of a bunch from window to window.
+/// In the JANUS lab an idle provider able to lend 1.9 MB/s advertised
+/// about 1 MB/s on average, anywhere between 0.1 and 1.9.
+pub fn lendable(state: &BandwidthState, carried: f64) -> f64 {
+    let leaves = non_negative(LEND_SHARE * (state.capacity - non_negative(state.own_rate)));
+    if !state.late {
+        return leaves;
+    }
+    let tuple = &state.tuple;
+    let shown = non_negative(
         LEND_SHARE * (tuple.spare_total() + non_negative(carried)) - tuple.shortage_total(),
-    )
+    );
+    leaves.min(shown)
 }
 
 /// The shortage a node asks peers for, per class (JANUS tuple entries,
 /// negative): its PBTT tuple's, less the part that what it `carried` for
 /// peers explains. That part it sheds by lending less ([`lendable`]),
 /// rather than passing lent records on to a third node.
-pub fn own_shortage(tuple: &BandwidthTuple, carried: f64) -> BandwidthTuple {
+///
+/// A node carrying for peers that is not late and whose own traffic leaves
+/// it something to lend has no shortage of its own at all: its tuple's is
+/// the bunching of forwarded records (see [`lendable`]), which reached
+/// twice the rate it carried for a window at a time. Advertised, it turned
+/// the provider into a receiver for that round, and every renewal it
+/// answered meanwhile was granted nothing.
+pub fn own_shortage(state: &BandwidthState, carried: f64) -> BandwidthTuple {
+    let tuple = &state.tuple;
     let shortage = tuple.shortage_total();
-    if shortage <= 0.0 {
+    let carrying = carried > MIN_AMOUNT;
+    let settled = carrying && !state.late && LEND_SHARE * state.capacity > state.own_rate;
+    if shortage <= 0.0 || settled {
         return BandwidthTuple(vec![0.0; tuple.0.len()]);
     }
     let own = non_negative(shortage - non_negative(carried)) / shortage;
@@ -305,17 +484,18 @@ pub fn own_shortage(tuple: &BandwidthTuple, carried: f64) -> BandwidthTuple {
     )
 }
 
-/// The tuple a node advertises, from its PBTT tuple `local` and what it
+/// The tuple a node advertises, from its scheduler's `state` and what it
 /// `carried` for peers: the shortage it asks peers for ([`own_shortage`]),
 /// or, when it has none of its own, its spare entries scaled to sum to what
 /// it can lend ([`lendable`]; all in the top class when it has no spare
 /// entry). Never both asks and offers.
-pub fn advertised(local: &BandwidthTuple, carried: f64) -> BandwidthTuple {
-    let own = own_shortage(local, carried);
+pub fn advertised(state: &BandwidthState, carried: f64) -> BandwidthTuple {
+    let local = &state.tuple;
+    let own = own_shortage(state, carried);
     if own.shortage_total() > 0.0 {
         return own;
     }
-    let lendable = lendable(local, carried);
+    let lendable = lendable(state, carried);
     let mut t = BandwidthTuple(local.0.iter().map(|b| b.max(0.0)).collect());
     let spare = t.spare_total();
     if spare > 0.0 {
@@ -977,6 +1157,18 @@ mod tests {
         BandwidthTuple(v.to_vec())
     }
 
+    /// A node at `v`, late (so it lends no more than its tuple shows), with
+    /// `C_out` 100 and own traffic 20.
+    fn late(v: &[f64]) -> BandwidthState {
+        BandwidthState {
+            tuple: tuple(v),
+            capacity: 100.0,
+            own_rate: 20.0,
+            late: true,
+            ..BandwidthState::default()
+        }
+    }
+
     fn advert(round: u64, v: &[f64], since: u64) -> Advert {
         Advert {
             round,
@@ -1175,7 +1367,7 @@ mod tests {
         // its 6...
         let carried = res.carried(at(900));
         assert!((carried - 6.0).abs() < 0.1, "{carried}");
-        let spare = lendable(&BandwidthTuple(vec![4.0, 0.0, 0.0]), 6.0);
+        let spare = lendable(&late(&[4.0, 0.0, 0.0]), 6.0);
         assert!((spare - 9.0).abs() < 1e-9);
         assert_eq!(
             res.grant(E1, LT, 6.0, Duration::ZERO, at(900), spare)
@@ -1186,13 +1378,13 @@ mod tests {
         assert!((res.grant(3, LT, 9.0, Duration::ZERO, at(900), spare).amount - 3.0).abs() < 1e-9);
         // A node short by 1 lends 1 less; short by more than it could
         // lend, nothing.
-        assert!((lendable(&BandwidthTuple(vec![0.0, 0.0, -1.0]), 6.0) - 4.4).abs() < 1e-9);
-        assert_eq!(lendable(&BandwidthTuple(vec![0.0, 0.0, -9.0]), 6.0), 0.0);
+        assert!((lendable(&late(&[0.0, 0.0, -1.0]), 6.0) - 4.4).abs() < 1e-9);
+        assert_eq!(lendable(&late(&[0.0, 0.0, -9.0]), 6.0), 0.0);
         // What it carries explains a shortage of 2: it asks for nothing;
         // of 8, it asks for the 2 its own traffic needs.
         let t = |lt| BandwidthTuple(vec![0.0, 0.0, lt]);
-        assert_eq!(own_shortage(&t(-2.0), 6.0), t(0.0));
-        assert_eq!(own_shortage(&t(-8.0), 6.0), t(-2.0));
+        assert_eq!(own_shortage(&late(&[0.0, 0.0, -2.0]), 6.0), t(0.0));
+        assert_eq!(own_shortage(&late(&[0.0, 0.0, -8.0]), 6.0), t(-2.0));
         assert!((res.reserved() - 9.0).abs() < 1e-9);
         // A reservation carrying nothing counts once, as reserved.
         let mut idle = Reservations::new(E2, config());
@@ -1476,13 +1668,110 @@ mod tests {
     #[test]
     fn advertised_asks_its_own_shortage_or_offers_what_it_can_lend() {
         let t = |v: [f64; 3]| BandwidthTuple(v.to_vec());
-        // Short by 8 while carrying 6: asks for its own 2.
-        assert_eq!(advertised(&t([0.0, 0.0, -8.0]), 6.0), t([0.0, 0.0, -2.0]));
-        // Short by 1 while carrying 6: offers 0.9 * 6 - 1, in the top class.
-        let a = advertised(&t([0.0, 0.0, -1.0]), 6.0);
+        // Late, short by 8 while carrying 6: asks for its own 2.
+        assert_eq!(
+            advertised(&late(&[0.0, 0.0, -8.0]), 6.0),
+            t([0.0, 0.0, -2.0])
+        );
+        // Late, short by 1 while carrying 6: offers 0.9 * 6 - 1, in the top
+        // class.
+        let a = advertised(&late(&[0.0, 0.0, -1.0]), 6.0);
         assert!((a.0[0] - 4.4).abs() < 1e-9 && a.0[1] == 0.0 && a.0[2] == 0.0);
-        // Spare 3 + 1 carrying 6: 9 lendable, spread as the spare is.
-        let a = advertised(&t([3.0, 1.0, 0.0]), 6.0);
+        // Late, spare 3 + 1 carrying 6: 9 lendable, spread as the spare is.
+        let a = advertised(&late(&[3.0, 1.0, 0.0]), 6.0);
         assert!((a.0[0] - 6.75).abs() < 1e-9 && (a.0[1] - 2.25).abs() < 1e-9);
+        // On time: what C_out less its own traffic leaves (0.9 * (100 - 20)),
+        // whatever the bunching of forwarded records did to the tuple.
+        let on_time = |v: [f64; 3]| BandwidthState {
+            late: false,
+            ..late(&v)
+        };
+        let a = advertised(&on_time([3.0, 1.0, 0.0]), 6.0);
+        assert!((a.0[0] - 54.0).abs() < 1e-9 && (a.0[1] - 18.0).abs() < 1e-9);
+        let a = advertised(&on_time([0.0, 0.0, -50.0]), 6.0);
+        assert!((a.0[0] - 72.0).abs() < 1e-9, "{a:?}");
+        // Carrying nothing, its shortage is its own.
+        assert_eq!(
+            advertised(&on_time([0.0, 0.0, -50.0]), 0.0),
+            t([0.0, 0.0, -50.0])
+        );
+        // Its own traffic past what it may lend: its shortage is its own too.
+        let busy = BandwidthState {
+            own_rate: 95.0,
+            ..on_time([0.0, 0.0, -50.0])
+        };
+        assert_eq!(advertised(&busy, 6.0), t([0.0, 0.0, -44.0]));
+    }
+
+    fn ask(provider: NodeId, amount: f64) -> Grant {
+        Grant {
+            provider,
+            receiver: E1,
+            class: LT,
+            amount,
+        }
+    }
+
+    #[test]
+    fn first_asks_keep_the_providers_already_carrying() {
+        // The matcher moved E1 from provider 3 (which it holds at 6) to
+        // provider 4, 7 in all: it renews 3 at 6 and asks 4 for 1 more.
+        let asks = first_asks(&[ask(4, 7.0)], &[(3, LT, 6.0)]);
+        assert_eq!(asks, vec![ask(3, 6.0), ask(4, 1.0)]);
+        // A smaller total asks the held lease down, and the rest (to zero:
+        // released) from the smaller one.
+        let asks = first_asks(&[ask(4, 5.0)], &[(3, LT, 6.0), (4, LT, 2.0)]);
+        assert_eq!(asks, vec![ask(3, 5.0), ask(4, 0.0)]);
+        // The rest beyond held leases goes to the matched providers in order,
+        // onto a held one when it is among them.
+        let asks = first_asks(&[ask(3, 4.0), ask(5, 4.0)], &[(3, LT, 2.0)]);
+        assert_eq!(asks, vec![ask(3, 6.0), ask(5, 2.0)]);
+        // Other classes' leases are not touched.
+        assert_eq!(
+            first_asks(&[ask(4, 1.0)], &[(3, ClassId(0), 6.0)]),
+            vec![ask(4, 1.0)]
+        );
+        assert!(first_asks(&[], &[(3, LT, 6.0)]).is_empty());
+    }
+
+    #[test]
+    fn spill_asks_cover_what_full_providers_refused() {
+        let offers = |v: &[(NodeId, f64)]| -> Vec<Offer> {
+            v.iter()
+                .map(|&(provider, amount)| Offer { provider, amount })
+                .collect()
+        };
+        // 3 granted 2 of 6: 4 is asked for 4 more on top of its 1.
+        let answered = [(ask(3, 6.0), 2.0), (ask(4, 1.0), 1.0)];
+        let spill = spill_asks(&answered, &offers(&[(3, 9.0), (4, 3.0), (5, 8.0)]));
+        // 5 advertises most: it gets the whole 4 (3 refused, so it is full).
+        assert_eq!(spill, vec![ask(5, 4.0)]);
+        let spill = spill_asks(&answered, &offers(&[(4, 3.0), (5, 2.0)]));
+        assert_eq!(spill, vec![ask(4, 4.0), ask(5, 1.0)]);
+        // Everything granted: nothing to spill.
+        assert!(spill_asks(&[(ask(3, 6.0), 6.0)], &offers(&[(4, 9.0)])).is_empty());
+    }
+
+    #[test]
+    fn lendable_is_what_own_traffic_leaves_unless_late() {
+        let mut s = BandwidthState {
+            tuple: BandwidthTuple(vec![0.0, 0.0, 1.0]),
+            capacity: 10.0,
+            own_rate: 2.0,
+            ..BandwidthState::default()
+        };
+        assert!((lendable(&s, 0.0) - 7.2).abs() < 1e-9);
+        assert!((lendable(&s, 5.0) - 7.2).abs() < 1e-9);
+        // Late: no more than the tuple shows, 0.9 * (1 + 5).
+        s.late = true;
+        assert!((lendable(&s, 5.0) - 5.4).abs() < 1e-9);
+        // Own traffic past C_out: nothing; no capacity known: nothing.
+        s.late = false;
+        s.own_rate = 20.0;
+        assert_eq!(lendable(&s, 5.0), 0.0);
+        assert_eq!(lendable(&BandwidthState::default(), 5.0), 0.0);
+        // By hand from a tuple: 0.9 of its spare.
+        let h = BandwidthState::from_tuple(BandwidthTuple(vec![4.0, 6.0, 0.0]));
+        assert!((lendable(&h, 0.0) - 9.0).abs() < 1e-9);
     }
 }

@@ -82,11 +82,49 @@ pub struct PeerPort {
 }
 
 impl PeerPort {
-    fn publish(&self, pbtt: &Pbtt) {
+    fn publish(&self, pbtt: &Pbtt, own: &OwnLoad) {
         self.state.send_replace(BandwidthState {
             tuple: pbtt.tuple().clone(),
             allocation: pbtt.allocation().clone(),
+            capacity: pbtt.capacity(),
+            own_rate: own.rate,
+            late: own.late,
         });
+    }
+}
+
+/// Time constant of the node's own arrival rate as peering sees it: long
+/// enough to smooth a window's bunching, short against a load change.
+const OWN_RATE_TAU: Duration = Duration::from_secs(1);
+
+/// What peering needs beside the tuple to know what this node can lend
+/// (`weir_core::peer::lendable`).
+#[derive(Debug, Default)]
+struct OwnLoad {
+    /// Smoothed rate of the node's own arrivals (not peers'), bytes/s.
+    rate: f64,
+    /// Whether the last window found a class late (Eq. 1).
+    late: bool,
+    /// Whether `rate` has seen a window yet.
+    started: bool,
+    /// The ingress's foreign-bytes counter at the last window.
+    last_foreign: u64,
+}
+
+impl OwnLoad {
+    /// Folds in a window of `t` seconds in which `arrived` bytes entered
+    /// the queues, `foreign_total` being the ingress's counter now.
+    fn window(&mut self, arrived: u64, foreign_total: u64, t: f64) {
+        let foreign = foreign_total.saturating_sub(self.last_foreign);
+        self.last_foreign = foreign_total;
+        let own = arrived.saturating_sub(foreign) as f64 / t;
+        if self.started {
+            let w = (t / OWN_RATE_TAU.as_secs_f64()).min(1.0);
+            self.rate += w * (own - self.rate);
+        } else {
+            self.rate = own;
+            self.started = true;
+        }
     }
 }
 
@@ -245,6 +283,10 @@ pub async fn run(
     let mut planner = (params.adaptive && queues.classes() == classes.len())
         .then(|| Planner::new(classes.len(), params.limits, params.reference.clone()));
     let mut capacity = params.capacity;
+    let mut own_load = OwnLoad {
+        last_foreign: ingress.foreign_bytes(),
+        ..OwnLoad::default()
+    };
     let mut raw_per_wire = 1.0f64;
     let mut next_window = Instant::now() + params.window;
     let mut batch_seq = params.first_batch_seq;
@@ -290,7 +332,7 @@ pub async fn run(
             if moved > 0.0 {
                 drainer.set_rates(now(), &p.allocation().rates, capacity);
                 metrics.set_allocation(&p.allocation().rates);
-                port.publish(p);
+                port.publish(p, &own_load);
             }
         }
         if Instant::now() >= next_window {
@@ -347,18 +389,25 @@ pub async fn run(
                     params.limits.max_bytes,
                 );
             }
+            own_load.window(
+                window_arrivals.iter().map(|a| a.1).sum(),
+                ingress.foreign_bytes(),
+                t,
+            );
             if let Some(p) = pbtt.as_mut() {
                 match p.on_window(&loads) {
-                    Ok(decision) if decision.reallocated => {
-                        drainer.set_rates(now(), &decision.allocation.rates, capacity);
-                        metrics.set_allocation(&decision.allocation.rates);
-                        tracing::debug!(rates = ?decision.allocation.rates, delays = ?decision.delays, "reallocated");
+                    Ok(decision) => {
+                        own_load.late = decision.violated.iter().any(|&v| v);
+                        if decision.reallocated {
+                            drainer.set_rates(now(), &decision.allocation.rates, capacity);
+                            metrics.set_allocation(&decision.allocation.rates);
+                            tracing::debug!(rates = ?decision.allocation.rates, delays = ?decision.delays, "reallocated");
+                        }
                     }
-                    Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "PBTT window skipped"),
                 }
                 if let Some(port) = &feedback.peer {
-                    port.publish(p);
+                    port.publish(p, &own_load);
                 }
             }
             next_window = (next_window + params.window).max(Instant::now());

@@ -68,6 +68,8 @@ pub struct IngressHandle {
     arrivals: Notify,
     shutdown: CancellationToken,
     metrics: Arc<Metrics>,
+    /// Bytes of peers' records enqueued here, ever.
+    foreign_bytes: AtomicU64,
 }
 
 impl IngressHandle {
@@ -93,7 +95,14 @@ impl IngressHandle {
             arrivals: Notify::new(),
             shutdown,
             metrics,
+            foreign_bytes: AtomicU64::new(0),
         }
+    }
+
+    /// Bytes of records enqueued for peers ([`Self::try_enqueue_foreign`])
+    /// since start: the queues' arrivals less these are the node's own.
+    pub fn foreign_bytes(&self) -> u64 {
+        self.foreign_bytes.load(Ordering::Relaxed)
     }
 
     /// This node's id.
@@ -227,8 +236,10 @@ impl IngressHandle {
             return Err(EnqueueError::ShuttingDown);
         }
         let class = record.class;
+        let size = record.size() as u64;
         match self.queues.push(record) {
             Ok(()) => {
+                self.foreign_bytes.fetch_add(size, Ordering::Relaxed);
                 self.arrivals.notify_one();
                 Ok(())
             }

@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Streaming;
 use tracing::{debug, info, warn};
 use weir_core::janus::Grant;
-use weir_core::peer::{decide, InFlight};
+use weir_core::peer::{decide, first_asks, offers_in, spill_asks, InFlight};
 use weir_core::token_bucket::Take;
 use weir_core::{ClassId, NodeId, Record};
 use weir_proto::pb::peer_client::PeerClient;
@@ -63,22 +63,26 @@ impl Link {
     }
 }
 
-/// A ticker for `period` that does not burst after a stall.
-fn ticker(period: Duration) -> tokio::time::Interval {
-    let mut t = tokio::time::interval(period);
-    t.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    t
+/// Sleeps until `offset` into the next heartbeat period of the Unix clock
+/// (periods are aligned on it, so nodes with synchronised clocks tick
+/// together: heartbeats at a period's start, rounds half a period later,
+/// when every peer's advert of the period has arrived).
+async fn until_period(period: Duration, offset: Duration) {
+    let len = period.as_micros().max(1) as u64;
+    let now = super::unix_micros();
+    let at = (now / len) * len + offset.as_micros() as u64;
+    let at = if at <= now { at + len } else { at };
+    tokio::time::sleep(Duration::from_micros(at - now)).await;
 }
 
 /// Sends this node's state to `link` every heartbeat and takes in the
 /// state of its reply, until weir stops or peering is killed.
 pub(super) async fn heartbeats(node: Arc<Node>, link: Link) {
-    let mut tick = ticker(node.cfg.heartbeat);
     let mut failing = false;
     loop {
         // Cancel safety: every branch only waits.
         tokio::select! {
-            _ = tick.tick() => {}
+            _ = until_period(node.cfg.heartbeat, Duration::ZERO) => {}
             _ = node.stop.cancelled() => return,
             _ = node.kill.cancelled() => return,
         }
@@ -116,12 +120,11 @@ pub(super) async fn heartbeats(node: Arc<Node>, link: Link) {
 /// and liveness, then (when the scheme redirects) the matcher over this
 /// node's view and a Reserve for each grant in which it is the receiver.
 pub(super) async fn rounds(node: Arc<Node>, links: Vec<Link>) {
-    let mut tick = ticker(node.cfg.heartbeat);
     let mut alive: BTreeSet<NodeId> = BTreeSet::new();
     loop {
         // Cancel safety: every branch only waits.
         tokio::select! {
-            _ = tick.tick() => {}
+            _ = until_period(node.cfg.heartbeat, node.cfg.heartbeat / 2) => {}
             _ = node.stop.cancelled() => return,
             _ = node.kill.cancelled() => return,
         }
@@ -138,10 +141,11 @@ pub(super) async fn rounds(node: Arc<Node>, links: Vec<Link>) {
         let Some(strategy) = node.scheme.redirects() else {
             continue;
         };
-        let own = node.advert(0);
+        let own = node.published();
         let grants = decide(strategy, node.me, &own, &node.view(), now);
         // Fields are evaluated only when debug logging is on.
         debug!(
+            me = node.me,
             tuple = ?own.tuple.0,
             backlog = node.ingress.queues().iter().map(|(_, q)| q.bytes()).sum::<usize>(),
             ?grants,
@@ -150,12 +154,28 @@ pub(super) async fn rounds(node: Arc<Node>, links: Vec<Link>) {
         if grants.is_empty() {
             continue;
         }
-        let asks = grants.iter().filter_map(|g| {
-            let link = links.iter().find(|l| l.id == g.provider)?;
-            Some(reserve(&node, link, *g))
-        });
-        futures::future::join_all(asks).await;
+        let held: Vec<_> = node.leases().iter(now).collect();
+        let answered = ask_all(&node, &links, first_asks(&grants, &held)).await;
+        let offers = offers_in(&node.view(), node.me, now);
+        let spill = spill_asks(&answered, &offers);
+        if !spill.is_empty() {
+            debug!(me = node.me, ?spill, "spill");
+            ask_all(&node, &links, spill).await;
+        }
     }
+}
+
+/// Sends every ask at once; returns each with the amount granted (0 when
+/// refused, unanswered, or to a provider this node has no link to).
+async fn ask_all(node: &Node, links: &[Link], asks: Vec<Grant>) -> Vec<(Grant, f64)> {
+    let replies = asks.iter().map(|a| async move {
+        match links.iter().find(|l| l.id == a.provider) {
+            Some(link) => reserve(node, link, *a).await,
+            None => 0.0,
+        }
+    });
+    let granted = futures::future::join_all(replies).await;
+    asks.into_iter().zip(granted).collect()
 }
 
 /// Expires reservations and leases and refreshes the gauges.
@@ -182,8 +202,8 @@ fn upkeep(node: &Node, now: Duration, alive: usize) {
 
 /// Asks `link`'s node to reserve `grant` for this node and records what it
 /// granted as a lease, counted from when the request left (so it ends no
-/// later than the provider's reservation).
-async fn reserve(node: &Node, link: &Link, grant: Grant) {
+/// later than the provider's reservation); returns the amount granted.
+async fn reserve(node: &Node, link: &Link, grant: Grant) -> f64 {
     let sent = node.now();
     let request = ReserveRequest {
         receiver: node.me,
@@ -197,6 +217,7 @@ async fn reserve(node: &Node, link: &Link, grant: Grant) {
             let reply = reply.into_inner();
             let expires = sent + Duration::from_millis(reply.lease_ms);
             debug!(
+                me = node.me,
                 provider = link.id,
                 class = node.class_name(grant.class),
                 asked = grant.amount,
@@ -212,11 +233,16 @@ async fn reserve(node: &Node, link: &Link, grant: Grant) {
             );
             // At once, not after the round's slowest provider answers.
             node.leases_changed();
+            reply.granted_bytes_per_sec
         }
         Ok(Err(status)) => {
             debug!(provider = link.id, code = ?status.code(), reason = status.message(), "reserve refused");
+            0.0
         }
-        Err(_) => debug!(provider = link.id, "reserve timed out"),
+        Err(_) => {
+            debug!(provider = link.id, "reserve timed out");
+            0.0
+        }
     }
 }
 

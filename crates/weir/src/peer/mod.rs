@@ -283,6 +283,7 @@ impl Peering {
             leases_changed: watch::Sender::new(()),
             round: AtomicU64::new(unix_micros()),
             requesting_since_us: AtomicU64::new(0),
+            published: Mutex::new((0, Advert::default())),
             scheme_warned: Mutex::new(HashSet::new()),
             epoch: Instant::now(),
             deliveries: self.deliveries,
@@ -411,6 +412,11 @@ pub(crate) struct Node {
     /// Number of the last state message sent (seeded from the clock).
     round: AtomicU64,
     requesting_since_us: AtomicU64,
+    /// The advert of the current heartbeat period (its number, and the
+    /// advert): what every heartbeat and reply of the period carries, and
+    /// what this node's own round matches with, so that all nodes match on
+    /// the same tuples.
+    published: Mutex<(u64, Advert)>,
     /// Peers already warned about for running another scheme.
     scheme_warned: Mutex<HashSet<NodeId>>,
     epoch: Instant,
@@ -533,7 +539,8 @@ impl Node {
         if self.scheme.redirects().is_none() || !self.active() {
             return BandwidthTuple(vec![0.0; n]);
         }
-        let mut t = self.local.borrow().tuple.clone();
+        let mut state = self.local.borrow().clone();
+        let t = &mut state.tuple;
         t.0.resize(n, 0.0);
         for b in &mut t.0 {
             if !b.is_finite() {
@@ -543,7 +550,7 @@ impl Node {
         // What it asks for or can lend, counting what it carries for peers
         // (weir-core `peer::advertised`).
         let carried = self.reservations().carried(self.now());
-        weir_core::peer::advertised(&t, carried)
+        weir_core::peer::advertised(&state, carried)
     }
 
     /// What this node can lend now: its advertised spare, which counts
@@ -578,10 +585,31 @@ impl Node {
         }
     }
 
-    /// This node's state for a heartbeat or a reply, with a new round.
+    /// The number of the heartbeat period running now: periods are aligned
+    /// on the Unix clock, so nodes with synchronised clocks (NTP) share them.
+    fn period(&self) -> u64 {
+        let len = self.cfg.heartbeat.as_micros().max(1) as u64;
+        unix_micros() / len
+    }
+
+    /// This period's advert: taken once per period, at its first use, so
+    /// every heartbeat and reply of the period says the same, and the
+    /// node's own round matches with the tuple its peers have. A node
+    /// leaving (or killed) advertises nothing at once.
+    fn published(&self) -> Advert {
+        let period = self.period();
+        let mut p = lock(&self.published);
+        if p.0 != period || !self.active() {
+            let round = self.round.fetch_add(1, Ordering::Relaxed) + 1;
+            *p = (period, self.advert(round));
+        }
+        p.1.clone()
+    }
+
+    /// This node's state for a heartbeat or a reply: this period's advert.
     fn state(&self) -> pb::NodeState {
-        let round = self.round.fetch_add(1, Ordering::Relaxed) + 1;
-        let advert = self.advert(round);
+        let advert = self.published();
+        let round = advert.round;
         pb::NodeState {
             node: self.me,
             classes: self.class_names.clone(),

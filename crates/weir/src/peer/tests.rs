@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use weir_core::classify::Classifier;
 use weir_core::janus::scheme::Scheme;
-use weir_core::janus::{Allocation, BandwidthTuple, Strategy};
+use weir_core::janus::{BandwidthTuple, Strategy};
 use weir_core::peer::BandwidthState;
 use weir_core::queue::{MultiLevelQueue, QueueCapacity};
 use weir_core::{ClassId, ClassSet, NodeId, Record};
@@ -43,10 +43,9 @@ struct TestNode {
 
 impl TestNode {
     fn publish(&self, tuple: &[f64]) {
-        self.port.state.send_replace(BandwidthState {
-            tuple: BandwidthTuple(tuple.to_vec()),
-            allocation: Allocation::default(),
-        });
+        self.port
+            .state
+            .send_replace(BandwidthState::from_tuple(BandwidthTuple(tuple.to_vec())));
     }
 
     fn queued(&self, class: ClassId) -> Vec<Record> {
