@@ -481,3 +481,27 @@ fn report_abandoned(ingress: &IngressHandle, in_hand: usize, drainer: &mut Drain
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::OwnLoad;
+
+    #[test]
+    fn own_load_counts_only_this_nodes_arrivals_and_smooths_them() {
+        let mut own = OwnLoad {
+            last_foreign: 500,
+            ..OwnLoad::default()
+        };
+        // 0.1 s windows. First: 3,000 bytes arrived, 1,000 of them from
+        // peers (the counter went 500 -> 1,500): 20,000 B/s, taken as is.
+        own.window(3_000, 1_500, 0.1);
+        assert!((own.rate - 20_000.0).abs() < 1e-6, "{}", own.rate);
+        // Then a window of peers' records only: a tenth of the way to 0
+        // (one window of a one-second time constant).
+        own.window(4_000, 5_500, 0.1);
+        assert!((own.rate - 18_000.0).abs() < 1e-6, "{}", own.rate);
+        // A counter read ahead of the queues' own never goes negative.
+        own.window(0, 6_000, 0.1);
+        assert!((own.rate - 16_200.0).abs() < 1e-6, "{}", own.rate);
+    }
+}

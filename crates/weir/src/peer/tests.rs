@@ -453,6 +453,54 @@ async fn the_provider_answers_grants_admits_and_refuses() {
         .expect("peering stops");
 }
 
+/// Every heartbeat and reply of one period carries the same advert, taken
+/// at the period's first use, so nodes that match within the period match
+/// on the same tuples; the scheduler's newer tuple waits for the next one.
+#[tokio::test]
+async fn a_period_advertises_one_tuple() {
+    let (peering, ingress) = bind(2, CAPACITY).await;
+    let addr = peering.local_addr();
+    // An hour: the test runs within one period (unless it straddles a
+    // boundary, which the loop below retries).
+    let hour = Duration::from_secs(3600);
+    let node = start(
+        peering,
+        ingress,
+        &[(1, "127.0.0.1:9".parse().unwrap())],
+        hour,
+    );
+    let mut client = PeerClient::connect(format!("http://{addr}")).await.unwrap();
+    async fn ask(client: &mut PeerClient<tonic::transport::Channel>, round: u64) -> pb::NodeState {
+        client
+            .heartbeat(HeartbeatRequest {
+                state: Some(state(1, &["ls", "nm", "lt"], &[0.0; 3], round)),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .state
+            .unwrap()
+    }
+    let period = || unix_micros() / hour.as_micros() as u64;
+    for attempt in 1u64.. {
+        let started = period();
+        node.publish(&[1_000_000.0 * attempt as f64, 0.0, 0.0]);
+        let first = ask(&mut client, attempt * 2).await;
+        node.publish(&[5.0, 0.0, 0.0]);
+        let second = ask(&mut client, attempt * 2 + 1).await;
+        if period() != started {
+            continue;
+        }
+        // Whatever the first use of the period saw (this attempt's tuple,
+        // or an earlier one if a heartbeat went out before), the second
+        // reply says the same, with the same round, and not the newer 5.
+        assert_eq!(second.tuple, first.tuple);
+        assert_eq!(second.round, first.round);
+        assert_ne!(second.tuple, vec![4.5, 0.0, 0.0]);
+        break;
+    }
+}
+
 #[tokio::test]
 async fn a_stopping_provider_acknowledges_what_it_holds_before_it_ends_the_stream() {
     let (node, mut client) = lone_provider().await;
