@@ -266,13 +266,16 @@ async fn the_provider_answers_grants_admits_and_refuses() {
             receiver: 1,
             class: "nm".into(),
             bytes_per_sec: 2e6,
-            lease_ms: 100,
+            // Shorter than the provider's 10 s: granted as asked. Long
+            // enough to outlast the test (rounds, which expire
+            // reservations, run at any point of it).
+            lease_ms: 8000,
         })
         .await
         .unwrap()
         .into_inner();
     assert_eq!(nm.granted_bytes_per_sec, 900_000.0 - 5000.0);
-    assert_eq!(nm.lease_ms, 100);
+    assert_eq!(nm.lease_ms, 8000);
     let err = client
         .reserve(ReserveRequest {
             receiver: 1,
