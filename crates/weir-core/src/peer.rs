@@ -1002,13 +1002,21 @@ pub type StreamId = u64;
 /// delivery racing the enqueue still finds it, and releases a stream's
 /// records when the stream ends (its sender takes them back then).
 ///
-/// A record held again by a newer stream (its sender took it back and sent
-/// it again) is owed to the newer stream only: the older one has ended or
-/// will, and its sender no longer waits for it.
+/// A record held again by another stream is owed to every stream that
+/// sent it: an acknowledgement only says the record reached the cloud,
+/// which is true for each of them. Two cases send a record twice: its
+/// sender took it back and sent it again on a newer stream (the older one
+/// has ended or will, and an acknowledgement there is ignored), and a
+/// record that travelled on and came back, e.g. from E1 to E2, on to E3
+/// and back to E2 while E2 still held it for E1. Owed only to the latest
+/// stream, as weir first did, the second case left E1 never acknowledged:
+/// it took the record back when its stream ended and the cloud got it
+/// twice (the JANUS lab counted 12-213 such duplicates in some runs).
 #[derive(Debug, Default)]
 pub struct Custody {
-    /// Undelivered records and the stream each is owed to.
-    held: HashMap<RecordKey, StreamId>,
+    /// Undelivered records and the streams each is owed to (almost always
+    /// one).
+    held: HashMap<RecordKey, Vec<StreamId>>,
     /// Per stream: records held (undelivered) and delivered records whose
     /// acknowledgement is not yet sent.
     streams: HashMap<StreamId, Owed>,
@@ -1029,23 +1037,31 @@ impl Custody {
         Self::default()
     }
 
-    /// Holds `key` for `stream` until it is delivered.
+    /// Holds `key` for `stream` until it is delivered (as well as for any
+    /// other stream holding it already).
     pub fn hold(&mut self, key: RecordKey, stream: StreamId) {
-        if let Some(before) = self.held.insert(key, stream) {
-            self.owed(before).held -= 1;
-            self.tidy(before);
+        let streams = self.held.entry(key).or_default();
+        if !streams.contains(&stream) {
+            streams.push(stream);
+            self.owed(stream).held += 1;
         }
-        self.owed(stream).held += 1;
     }
 
     /// `key` did not make it into the queue after all (refused at enqueue):
-    /// nothing is owed for it. No-op unless `stream` holds it.
+    /// nothing is owed for it to `stream`. No-op unless `stream` holds it.
     pub fn unhold(&mut self, key: RecordKey, stream: StreamId) {
-        if self.held.get(&key) == Some(&stream) {
+        let Some(streams) = self.held.get_mut(&key) else {
+            return;
+        };
+        let Some(i) = streams.iter().position(|&s| s == stream) else {
+            return;
+        };
+        streams.swap_remove(i);
+        if streams.is_empty() {
             self.held.remove(&key);
-            self.owed(stream).held -= 1;
-            self.tidy(stream);
         }
+        self.owed(stream).held -= 1;
+        self.tidy(stream);
     }
 
     /// These records were delivered: each one held is owed an
@@ -1058,14 +1074,16 @@ impl Custody {
         }
         let mut n = 0;
         for key in keys {
-            if let Some(stream) = self.held.remove(&key) {
-                let owed = self.owed(stream);
-                owed.held -= 1;
-                owed.delivered.push(key);
+            if let Some(streams) = self.held.remove(&key) {
+                for stream in streams {
+                    let owed = self.owed(stream);
+                    owed.held -= 1;
+                    owed.delivered.push(key);
+                    self.due += 1;
+                }
                 n += 1;
             }
         }
-        self.due += n;
         n
     }
 
@@ -1102,7 +1120,10 @@ impl Custody {
             return 0;
         };
         if owed.held > 0 {
-            self.held.retain(|_, s| *s != stream);
+            self.held.retain(|_, streams| {
+                streams.retain(|&s| s != stream);
+                !streams.is_empty()
+            });
         }
         self.due -= owed.delivered.len();
         owed.held + owed.delivered.len()
@@ -1531,17 +1552,39 @@ mod tests {
     }
 
     #[test]
-    fn custody_owes_a_resent_record_to_the_newer_stream() {
+    fn custody_owes_a_record_to_every_stream_that_sent_it() {
         let mut c = Custody::new();
         c.hold((E1, 5), 1);
         // The sender gave up on stream 1 and sent the record again on 2
-        // before this provider saw stream 1 end.
+        // before this provider saw stream 1 end: owed to both until one
+        // ends.
         c.hold((E1, 5), 2);
-        assert!(!c.owes(1));
-        assert_eq!(c.release(1), 0, "stream 1 is owed nothing");
+        c.hold((E1, 5), 2);
+        assert!(c.owes(1) && c.owes(2));
+        assert_eq!((c.held(), c.held_by(1), c.held_by(2)), (1, 1, 1));
+        assert_eq!(c.release(1), 1);
         assert_eq!(c.delivered([(E1, 5)]), 1);
         assert_eq!(c.take_delivered(2, 10), vec![(E1, 5)]);
-        assert_eq!(c.held(), 0);
+        assert_eq!((c.held(), c.due()), (0, 0));
+
+        // E1's record 6 came in on stream 1 (from E1), went on to a third
+        // node and came back on stream 3 (from that node) while still held
+        // for E1: delivered once, it is acknowledged to both, so E1 does
+        // not take it back and send it again.
+        c.hold((E1, 6), 1);
+        c.hold((E1, 6), 3);
+        assert_eq!(c.delivered([(E1, 6)]), 1);
+        assert_eq!(c.due(), 2);
+        assert_eq!(c.take_delivered(1, 10), vec![(E1, 6)]);
+        assert_eq!(c.take_delivered(3, 10), vec![(E1, 6)]);
+        assert!(!c.owes(1) && !c.owes(3));
+        // Refused at enqueue on one stream: still owed to the other.
+        c.hold((E1, 7), 1);
+        c.hold((E1, 7), 3);
+        c.unhold((E1, 7), 3);
+        assert_eq!((c.held_by(1), c.held_by(3)), (1, 0));
+        assert_eq!(c.delivered([(E1, 7)]), 1);
+        assert_eq!(c.take_delivered(1, 10), vec![(E1, 7)]);
     }
 
     proptest! {
@@ -1550,21 +1593,27 @@ mod tests {
             ops in prop::collection::vec((0u8..5, 0u64..20, 0u64..3), 0..300)
         ) {
             let mut c = Custody::new();
-            // Model: who holds what; what was delivered while held by whom.
-            let mut held: HashMap<u64, u64> = HashMap::new();
+            // Model: which streams hold what; what was delivered while held
+            // by whom.
+            let mut held: HashMap<u64, Vec<u64>> = HashMap::new();
             let mut due: HashMap<u64, Vec<u64>> = HashMap::new();
             for (op, seq, stream) in ops {
                 match op {
                     0 | 1 => {
                         c.hold((E1, seq), stream);
-                        held.insert(seq, stream);
+                        let h = held.entry(seq).or_default();
+                        if !h.contains(&stream) {
+                            h.push(stream);
+                        }
                     }
                     2 => {
                         let n = c.delivered([(E1, seq)]);
                         match held.remove(&seq) {
-                            Some(s) => {
+                            Some(streams) => {
                                 prop_assert_eq!(n, 1);
-                                due.entry(s).or_default().push(seq);
+                                for s in streams {
+                                    due.entry(s).or_default().push(seq);
+                                }
                             }
                             None => prop_assert_eq!(n, 0),
                         }
@@ -1580,19 +1629,26 @@ mod tests {
                         prop_assert_eq!(acked, expected);
                     }
                     _ => {
-                        let owed = held.values().filter(|&&s| s == stream).count()
+                        let owed = held.values().filter(|h| h.contains(&stream)).count()
                             + due.get(&stream).map_or(0, Vec::len);
                         prop_assert_eq!(c.release(stream), owed);
-                        held.retain(|_, s| *s != stream);
+                        held.retain(|_, h| {
+                            h.retain(|&s| s != stream);
+                            !h.is_empty()
+                        });
                         due.remove(&stream);
                     }
                 }
                 prop_assert_eq!(c.held(), held.len());
                 prop_assert_eq!(c.due(), due.values().map(Vec::len).sum::<usize>());
                 for s in 0..3 {
-                    let owed = held.values().any(|&h| h == s)
+                    let owed = held.values().any(|h| h.contains(&s))
                         || due.get(&s).is_some_and(|d| !d.is_empty());
                     prop_assert_eq!(c.owes(s), owed);
+                    prop_assert_eq!(
+                        c.held_by(s),
+                        held.values().filter(|h| h.contains(&s)).count()
+                    );
                 }
             }
         }
