@@ -484,14 +484,22 @@ pub fn own_shortage(state: &BandwidthState, carried: f64) -> BandwidthTuple {
     )
 }
 
-/// The tuple a node advertises, from its scheduler's `state` and what it
-/// `carried` for peers: the shortage it asks peers for ([`own_shortage`]),
-/// or, when it has none of its own, its spare entries scaled to sum to what
-/// it can lend ([`lendable`]; all in the top class when it has no spare
-/// entry). Never both asks and offers.
-pub fn advertised(state: &BandwidthState, carried: f64) -> BandwidthTuple {
+/// The tuple a node advertises, from its scheduler's `state`, what it
+/// `carried` for peers (measured) and what it `reserved` for them: the
+/// shortage it asks peers for ([`own_shortage`], which counts what it
+/// reserved as carried, so that a reservation not yet measured as
+/// carrying does not make it ask for help with peers' records), or, when
+/// it has none of its own, its spare entries scaled to sum to what it can
+/// lend ([`lendable`]; all in the top class when it has no spare entry).
+/// Never both asks and offers.
+///
+/// Counting only the measured rate (over 250 ms), a provider in its first
+/// window of a new reservation saw the bunching of forwarded records as
+/// its own shortage and passed records on to the other provider, which
+/// sometimes sent them back.
+pub fn advertised(state: &BandwidthState, carried: f64, reserved: f64) -> BandwidthTuple {
     let local = &state.tuple;
-    let own = own_shortage(state, carried);
+    let own = own_shortage(state, carried.max(reserved));
     if own.shortage_total() > 0.0 {
         return own;
     }
@@ -1726,15 +1734,15 @@ mod tests {
         let t = |v: [f64; 3]| BandwidthTuple(v.to_vec());
         // Late, short by 8 while carrying 6: asks for its own 2.
         assert_eq!(
-            advertised(&late(&[0.0, 0.0, -8.0]), 6.0),
+            advertised(&late(&[0.0, 0.0, -8.0]), 6.0, 0.0),
             t([0.0, 0.0, -2.0])
         );
         // Late, short by 1 while carrying 6: offers 0.9 * 6 - 1, in the top
         // class.
-        let a = advertised(&late(&[0.0, 0.0, -1.0]), 6.0);
+        let a = advertised(&late(&[0.0, 0.0, -1.0]), 6.0, 0.0);
         assert!((a.0[0] - 4.4).abs() < 1e-9 && a.0[1] == 0.0 && a.0[2] == 0.0);
         // Late, spare 3 + 1 carrying 6: 9 lendable, spread as the spare is.
-        let a = advertised(&late(&[3.0, 1.0, 0.0]), 6.0);
+        let a = advertised(&late(&[3.0, 1.0, 0.0]), 6.0, 0.0);
         assert!((a.0[0] - 6.75).abs() < 1e-9 && (a.0[1] - 2.25).abs() < 1e-9);
         // On time: what C_out less its own traffic leaves (0.9 * (100 - 20)),
         // whatever the bunching of forwarded records did to the tuple.
@@ -1742,21 +1750,24 @@ mod tests {
             late: false,
             ..late(&v)
         };
-        let a = advertised(&on_time([3.0, 1.0, 0.0]), 6.0);
+        let a = advertised(&on_time([3.0, 1.0, 0.0]), 6.0, 6.0);
         assert!((a.0[0] - 54.0).abs() < 1e-9 && (a.0[1] - 18.0).abs() < 1e-9);
-        let a = advertised(&on_time([0.0, 0.0, -50.0]), 6.0);
+        let a = advertised(&on_time([0.0, 0.0, -50.0]), 6.0, 6.0);
         assert!((a.0[0] - 72.0).abs() < 1e-9, "{a:?}");
-        // Carrying nothing, its shortage is its own.
+        // Carrying nothing and nothing reserved, its shortage is its own;
+        // with a reservation not yet carrying, it is not.
         assert_eq!(
-            advertised(&on_time([0.0, 0.0, -50.0]), 0.0),
+            advertised(&on_time([0.0, 0.0, -50.0]), 0.0, 0.0),
             t([0.0, 0.0, -50.0])
         );
+        let a = advertised(&on_time([0.0, 0.0, -50.0]), 0.0, 5.0);
+        assert_eq!(a.shortage_total(), 0.0);
         // Its own traffic past what it may lend: its shortage is its own too.
         let busy = BandwidthState {
             own_rate: 95.0,
             ..on_time([0.0, 0.0, -50.0])
         };
-        assert_eq!(advertised(&busy, 6.0), t([0.0, 0.0, -44.0]));
+        assert_eq!(advertised(&busy, 6.0, 6.0), t([0.0, 0.0, -44.0]));
     }
 
     fn ask(provider: NodeId, amount: f64) -> Grant {

@@ -549,8 +549,11 @@ impl Node {
         }
         // What it asks for or can lend, counting what it carries for peers
         // (weir-core `peer::advertised`).
-        let carried = self.reservations().carried(self.now());
-        weir_core::peer::advertised(&state, carried)
+        let (carried, reserved) = {
+            let mut r = self.reservations();
+            (r.carried(self.now()), r.reserved())
+        };
+        weir_core::peer::advertised(&state, carried, reserved)
     }
 
     /// What this node can lend now: its advertised spare, which counts
