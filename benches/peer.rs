@@ -1,6 +1,6 @@
 //! Peering hot paths (weir-core `peer`): one node's redirection round over
-//! its view of 1,000 nodes (goal: within 5 ms), and a provider granting and
-//! admitting. Forwarding throughput over gRPC is measured by
+//! its view of 1,000 nodes (goal: within 5 ms), and a provider granting,
+//! admitting and holding forwarded records until delivered. Forwarding throughput over gRPC is measured by
 //! `cargo test --release -p weir --lib peer::tests::forwarding_throughput
 //! -- --ignored --nocapture` (it needs two running peers).
 
@@ -9,7 +9,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
 use weir_core::janus::{BandwidthTuple, Strategy};
-use weir_core::peer::{decide, Advert, Pacing, PeerView, ReservationConfig, Reservations};
+use weir_core::peer::{decide, Advert, Custody, Pacing, PeerView, ReservationConfig, Reservations};
 use weir_core::{ClassId, NodeId};
 
 /// Deterministic pseudo-random numbers (splitmix64), so every run matches
@@ -115,6 +115,25 @@ fn provider(c: &mut Criterion) {
         b.iter(|| {
             now += Duration::from_nanos(100);
             black_box(res.admit(2, ClassId(2), 288, now))
+        })
+    });
+    g.finish();
+
+    // Custody of forwarded records until delivered: each held, delivered
+    // in a batch and acknowledged, 512 at a time (one Forward request).
+    let mut g = c.benchmark_group("peer/custody");
+    g.throughput(Throughput::Elements(512));
+    g.bench_function("hold_deliver_ack_512", |b| {
+        let mut custody = Custody::new();
+        let mut seq = 0u64;
+        b.iter(|| {
+            let first = seq;
+            for _ in 0..512 {
+                custody.hold((2, seq), 7);
+                seq += 1;
+            }
+            custody.delivered((first..seq).map(|s| (2, s)));
+            black_box(custody.take_delivered(7, 8192))
         })
     });
     g.finish();

@@ -34,6 +34,7 @@
 //! [`Record::size`] bytes); time is a [`Duration`] since any epoch the
 //! caller picks.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
@@ -1022,9 +1023,11 @@ pub type StreamId = u64;
 /// twice (the JANUS lab counted 12-213 such duplicates in some runs).
 #[derive(Debug, Default)]
 pub struct Custody {
-    /// Undelivered records and the streams each is owed to (almost always
-    /// one).
-    held: HashMap<RecordKey, Vec<StreamId>>,
+    /// Undelivered records and the first stream each is owed to.
+    held: HashMap<RecordKey, StreamId>,
+    /// The other streams a record is owed to, in the rare case of more than
+    /// one (kept apart so that the common case allocates nothing).
+    also: HashMap<RecordKey, Vec<StreamId>>,
     /// Per stream: records held (undelivered) and delivered records whose
     /// acknowledgement is not yet sent.
     streams: HashMap<StreamId, Owed>,
@@ -1048,25 +1051,58 @@ impl Custody {
     /// Holds `key` for `stream` until it is delivered (as well as for any
     /// other stream holding it already).
     pub fn hold(&mut self, key: RecordKey, stream: StreamId) {
-        let streams = self.held.entry(key).or_default();
-        if !streams.contains(&stream) {
-            streams.push(stream);
-            self.owed(stream).held += 1;
+        match self.held.entry(key) {
+            Entry::Vacant(v) => {
+                v.insert(stream);
+            }
+            Entry::Occupied(o) => {
+                if *o.get() == stream {
+                    return;
+                }
+                let others = self.also.entry(key).or_default();
+                if others.contains(&stream) {
+                    return;
+                }
+                others.push(stream);
+            }
+        }
+        self.owed(stream).held += 1;
+    }
+
+    /// Stops owing `key` to its first stream: another one it is owed to
+    /// takes that place, if any.
+    fn drop_first(&mut self, key: RecordKey) {
+        match self.also.get_mut(&key).and_then(Vec::pop) {
+            Some(next) => {
+                self.held.insert(key, next);
+                if self.also.get(&key).is_some_and(Vec::is_empty) {
+                    self.also.remove(&key);
+                }
+            }
+            None => {
+                self.held.remove(&key);
+            }
         }
     }
 
     /// `key` did not make it into the queue after all (refused at enqueue):
     /// nothing is owed for it to `stream`. No-op unless `stream` holds it.
     pub fn unhold(&mut self, key: RecordKey, stream: StreamId) {
-        let Some(streams) = self.held.get_mut(&key) else {
-            return;
-        };
-        let Some(i) = streams.iter().position(|&s| s == stream) else {
-            return;
-        };
-        streams.swap_remove(i);
-        if streams.is_empty() {
-            self.held.remove(&key);
+        match self.held.get(&key) {
+            Some(&first) if first == stream => self.drop_first(key),
+            Some(_) => {
+                let Some(others) = self.also.get_mut(&key) else {
+                    return;
+                };
+                let Some(i) = others.iter().position(|&s| s == stream) else {
+                    return;
+                };
+                others.swap_remove(i);
+                if others.is_empty() {
+                    self.also.remove(&key);
+                }
+            }
+            None => return,
         }
         self.owed(stream).held -= 1;
         self.tidy(stream);
@@ -1082,15 +1118,21 @@ impl Custody {
         }
         let mut n = 0;
         for key in keys {
-            if let Some(streams) = self.held.remove(&key) {
-                for stream in streams {
-                    let owed = self.owed(stream);
-                    owed.held -= 1;
-                    owed.delivered.push(key);
-                    self.due += 1;
-                }
-                n += 1;
+            let Some(first) = self.held.remove(&key) else {
+                continue;
+            };
+            let others = if self.also.is_empty() {
+                None
+            } else {
+                self.also.remove(&key)
+            };
+            for stream in std::iter::once(first).chain(others.into_iter().flatten()) {
+                let owed = self.owed(stream);
+                owed.held -= 1;
+                owed.delivered.push(key);
+                self.due += 1;
             }
+            n += 1;
         }
         n
     }
@@ -1128,10 +1170,19 @@ impl Custody {
             return 0;
         };
         if owed.held > 0 {
-            self.held.retain(|_, streams| {
-                streams.retain(|&s| s != stream);
-                !streams.is_empty()
+            self.also.retain(|_, others| {
+                others.retain(|&s| s != stream);
+                !others.is_empty()
             });
+            let firsts: Vec<RecordKey> = self
+                .held
+                .iter()
+                .filter(|&(_, &s)| s == stream)
+                .map(|(&k, _)| k)
+                .collect();
+            for key in firsts {
+                self.drop_first(key);
+            }
         }
         self.due -= owed.delivered.len();
         owed.held + owed.delivered.len()
