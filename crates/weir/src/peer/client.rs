@@ -116,9 +116,12 @@ pub(super) async fn heartbeats(node: Arc<Node>, link: Link) {
     }
 }
 
-/// The redirection round, every heartbeat: upkeep of reservations, leases
-/// and liveness, then (when the scheme redirects) the matcher over this
-/// node's view and a Reserve for each grant in which it is the receiver.
+/// The redirection round, half a period after every heartbeat: upkeep of
+/// reservations, leases and liveness, then (when the scheme redirects) the
+/// matcher over this period's adverts (this node's as published, its
+/// peers' as heard), Reserves for what the matching gives this node
+/// (leases it holds renewed first: `first_asks`), and one more Reserve per
+/// provider with room for what was refused (`spill_asks`).
 pub(super) async fn rounds(node: Arc<Node>, links: Vec<Link>) {
     let mut alive: BTreeSet<NodeId> = BTreeSet::new();
     loop {
