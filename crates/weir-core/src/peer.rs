@@ -258,11 +258,14 @@ pub fn decide(
 /// cross (PMRFS serves the larger first, from the largest provider), and
 /// a flip made each receiver ask for the provider the other one held; the
 /// provider, which never reserves what it has already reserved, granted
-/// nothing, and both lost a round (in the JANUS lab near capacity, a fifth
-/// of the redirected rate). Totals, not provider names, are what the
-/// matching fixes; the providers' reservations then stay put while the
-/// totals move a little each round. Classes this node was granted nothing
-/// in are left alone: their leases run out by themselves.
+/// little, and both lost part of a round. Totals, not provider names, are
+/// what the matching fixes; the providers' reservations then stay put
+/// while the totals move a little each round. Measured in the JANUS lab at
+/// 93 % of the cluster's capacity (720 B records), two runs each: 10,382
+/// and 9,678 records/s with sticky asks, 10,090 and 9,526 asking the
+/// matched providers as named (`lt` 0 / 25 % late against 0 / 32 %): a
+/// small gain, in the same direction in both. Classes this node was
+/// granted nothing in are left alone: their leases run out by themselves.
 pub fn first_asks(grants: &[Grant], held: &[(NodeId, ClassId, f64)]) -> Vec<Grant> {
     let mut asks: Vec<Grant> = Vec::new();
     let mut classes: Vec<ClassId> = grants.iter().map(|g| g.class).collect();
