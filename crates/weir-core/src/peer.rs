@@ -518,6 +518,69 @@ pub fn advertised(state: &BandwidthState, carried: f64, reserved: f64) -> Bandwi
     t
 }
 
+/// The heartbeat period running at `unix_us` (microseconds since 1970):
+/// periods of `len` are aligned on the Unix clock, so nodes whose clocks
+/// agree (NTP) share them.
+pub fn period_of(unix_us: u64, len: Duration) -> u64 {
+    unix_us / (len.as_micros().max(1) as u64)
+}
+
+/// From `unix_us`, the wait until `offset` into the next period of `len`
+/// (the current one's, if not yet passed): at most one period.
+pub fn until_period(unix_us: u64, len: Duration, offset: Duration) -> Duration {
+    let len_us = len.as_micros().max(1) as u64;
+    let at = period_of(unix_us, len) * len_us + offset.as_micros() as u64;
+    let at = if at <= unix_us { at + len_us } else { at };
+    Duration::from_micros(at - unix_us)
+}
+
+/// Time constant of a node's own arrival rate as peering sees it
+/// ([`OwnRate`]): long enough to smooth a window's bunching, short against
+/// a load change.
+pub const OWN_RATE_TAU: Duration = Duration::from_secs(1);
+
+/// The rate of a node's own arrivals (everything but what peers forwarded
+/// to it), smoothed over [`OWN_RATE_TAU`]: what [`lendable`] subtracts from
+/// `C_out` ([`BandwidthState::own_rate`]).
+#[derive(Debug, Clone, Default)]
+pub struct OwnRate {
+    rate: f64,
+    started: bool,
+    last_foreign: u64,
+}
+
+impl OwnRate {
+    /// Starts from the ingress's foreign-bytes counter as it is now.
+    pub fn new(foreign_total: u64) -> Self {
+        OwnRate {
+            last_foreign: foreign_total,
+            ..OwnRate::default()
+        }
+    }
+
+    /// Folds in a window of `t` seconds in which `arrived` units entered
+    /// the queues, `foreign_total` being the foreign counter now (the first
+    /// window is taken as is); returns the smoothed rate.
+    pub fn window(&mut self, arrived: u64, foreign_total: u64, t: f64) -> f64 {
+        let foreign = foreign_total.saturating_sub(self.last_foreign);
+        self.last_foreign = foreign_total;
+        let own = arrived.saturating_sub(foreign) as f64 / t;
+        if self.started {
+            let w = (t / OWN_RATE_TAU.as_secs_f64()).min(1.0);
+            self.rate += w * (own - self.rate);
+        } else {
+            self.rate = own;
+            self.started = true;
+        }
+        self.rate
+    }
+
+    /// The smoothed rate, units/s.
+    pub fn rate(&self) -> f64 {
+        self.rate
+    }
+}
+
 /// How often a reservation's admitted rate is re-measured.
 pub const FLOW_WINDOW: Duration = Duration::from_millis(250);
 
@@ -1871,6 +1934,41 @@ mod tests {
         assert_eq!(spill, vec![ask(4, 4.0), ask(5, 1.0)]);
         // Everything granted: nothing to spill.
         assert!(spill_asks(&[(ask(3, 6.0), 6.0)], &offers(&[(4, 9.0)])).is_empty());
+    }
+
+    #[test]
+    fn own_rate_counts_only_this_nodes_arrivals_and_smooths_them() {
+        let mut own = OwnRate::new(500);
+        // 0.1 s windows. First: 3,000 bytes arrived, 1,000 of them from
+        // peers (the counter went 500 -> 1,500): 20,000 B/s, taken as is.
+        own.window(3_000, 1_500, 0.1);
+        assert!((own.rate() - 20_000.0).abs() < 1e-6, "{}", own.rate());
+        // Then a window of peers' records only: a tenth of the way to 0
+        // (one window of a one-second time constant).
+        own.window(4_000, 5_500, 0.1);
+        assert!((own.rate() - 18_000.0).abs() < 1e-6, "{}", own.rate());
+        // A counter read ahead of the queues' own never goes negative.
+        own.window(0, 6_000, 0.1);
+        assert!((own.rate() - 16_200.0).abs() < 1e-6, "{}", own.rate());
+    }
+
+    #[test]
+    fn periods_are_aligned_on_the_clock() {
+        let len = Duration::from_millis(100);
+        assert_eq!(period_of(1_234_567, len), 12);
+        // 34,567 us into period 12: its middle is 15,433 us away, its
+        // start (passed) the next period's, 65,433 us away.
+        let half = Duration::from_millis(50);
+        assert_eq!(
+            until_period(1_234_567, len, half),
+            Duration::from_micros(15_433)
+        );
+        assert_eq!(
+            until_period(1_234_567, len, Duration::ZERO),
+            Duration::from_micros(65_433)
+        );
+        // Exactly at a start: the next one, a whole period away.
+        assert_eq!(until_period(1_200_000, len, Duration::ZERO), len);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use weir_core::janus::pbtt::{Pbtt, PbttConfig};
 use weir_core::janus::scheme::Scheme;
 use weir_core::janus::Grant;
 use weir_core::link_estimate::LinkEstimate;
-use weir_core::peer::BandwidthState;
+use weir_core::peer::{BandwidthState, OwnRate};
 
 use crate::egress::{Delivered, LinkReady, OutBatch};
 use crate::ingress::IngressHandle;
@@ -87,45 +87,20 @@ impl PeerPort {
             tuple: pbtt.tuple().clone(),
             allocation: pbtt.allocation().clone(),
             capacity: pbtt.capacity(),
-            own_rate: own.rate,
+            own_rate: own.rate.rate(),
             late: own.late,
         });
     }
 }
 
-/// Time constant of the node's own arrival rate as peering sees it: long
-/// enough to smooth a window's bunching, short against a load change.
-const OWN_RATE_TAU: Duration = Duration::from_secs(1);
-
 /// What peering needs beside the tuple to know what this node can lend
 /// (`weir_core::peer::lendable`).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct OwnLoad {
-    /// Smoothed rate of the node's own arrivals (not peers'), bytes/s.
-    rate: f64,
+    /// The node's own arrivals (not peers'), smoothed.
+    rate: OwnRate,
     /// Whether the last window found a class late (Eq. 1).
     late: bool,
-    /// Whether `rate` has seen a window yet.
-    started: bool,
-    /// The ingress's foreign-bytes counter at the last window.
-    last_foreign: u64,
-}
-
-impl OwnLoad {
-    /// Folds in a window of `t` seconds in which `arrived` bytes entered
-    /// the queues, `foreign_total` being the ingress's counter now.
-    fn window(&mut self, arrived: u64, foreign_total: u64, t: f64) {
-        let foreign = foreign_total.saturating_sub(self.last_foreign);
-        self.last_foreign = foreign_total;
-        let own = arrived.saturating_sub(foreign) as f64 / t;
-        if self.started {
-            let w = (t / OWN_RATE_TAU.as_secs_f64()).min(1.0);
-            self.rate += w * (own - self.rate);
-        } else {
-            self.rate = own;
-            self.started = true;
-        }
-    }
 }
 
 /// A capacity change smaller than this fraction is not worth re-allocating
@@ -284,8 +259,8 @@ pub async fn run(
         .then(|| Planner::new(classes.len(), params.limits, params.reference.clone()));
     let mut capacity = params.capacity;
     let mut own_load = OwnLoad {
-        last_foreign: ingress.foreign_bytes(),
-        ..OwnLoad::default()
+        rate: OwnRate::new(ingress.foreign_bytes()),
+        late: false,
     };
     let mut raw_per_wire = 1.0f64;
     let mut next_window = Instant::now() + params.window;
@@ -389,7 +364,7 @@ pub async fn run(
                     params.limits.max_bytes,
                 );
             }
-            own_load.window(
+            own_load.rate.window(
                 window_arrivals.iter().map(|a| a.1).sum(),
                 ingress.foreign_bytes(),
                 t,
@@ -479,29 +454,5 @@ fn report_abandoned(ingress: &IngressHandle, in_hand: usize, drainer: &mut Drain
             records = lost,
             "shutdown deadline passed before the queues drained; these records were not delivered"
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::OwnLoad;
-
-    #[test]
-    fn own_load_counts_only_this_nodes_arrivals_and_smooths_them() {
-        let mut own = OwnLoad {
-            last_foreign: 500,
-            ..OwnLoad::default()
-        };
-        // 0.1 s windows. First: 3,000 bytes arrived, 1,000 of them from
-        // peers (the counter went 500 -> 1,500): 20,000 B/s, taken as is.
-        own.window(3_000, 1_500, 0.1);
-        assert!((own.rate - 20_000.0).abs() < 1e-6, "{}", own.rate);
-        // Then a window of peers' records only: a tenth of the way to 0
-        // (one window of a one-second time constant).
-        own.window(4_000, 5_500, 0.1);
-        assert!((own.rate - 18_000.0).abs() < 1e-6, "{}", own.rate);
-        // A counter read ahead of the queues' own never goes negative.
-        own.window(0, 6_000, 0.1);
-        assert!((own.rate - 16_200.0).abs() < 1e-6, "{}", own.rate);
     }
 }

@@ -68,11 +68,8 @@ impl Link {
 /// together: heartbeats at a period's start, rounds half a period later,
 /// when every peer's advert of the period has arrived).
 async fn until_period(period: Duration, offset: Duration) {
-    let len = period.as_micros().max(1) as u64;
-    let now = super::unix_micros();
-    let at = (now / len) * len + offset.as_micros() as u64;
-    let at = if at <= now { at + len } else { at };
-    tokio::time::sleep(Duration::from_micros(at - now)).await;
+    let wait = weir_core::peer::until_period(super::unix_micros(), period, offset);
+    tokio::time::sleep(wait).await;
 }
 
 /// Sends this node's state to `link` every heartbeat and takes in the

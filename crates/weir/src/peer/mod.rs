@@ -591,8 +591,7 @@ impl Node {
     /// The number of the heartbeat period running now: periods are aligned
     /// on the Unix clock, so nodes with synchronised clocks (NTP) share them.
     fn period(&self) -> u64 {
-        let len = self.cfg.heartbeat.as_micros().max(1) as u64;
-        unix_micros() / len
+        weir_core::peer::period_of(unix_micros(), self.cfg.heartbeat)
     }
 
     /// This period's advert: taken once per period, at its first use, so

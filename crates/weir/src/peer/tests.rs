@@ -484,7 +484,7 @@ async fn a_period_advertises_one_tuple() {
             .state
             .unwrap()
     }
-    let period = || unix_micros() / hour.as_micros() as u64;
+    let period = || weir_core::peer::period_of(unix_micros(), hour);
     for attempt in 1u64.. {
         let started = period();
         node.publish(&[1_000_000.0 * attempt as f64, 0.0, 0.0]);
