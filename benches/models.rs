@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::hint::black_box;
-use weir_core::batching::{BatchSizer, BatchingConfig, ClassTraffic};
+use weir_core::batching::{BatchLimits, BatchSizer, ClassTraffic};
 use weir_core::compression::{ChooserConfig, CompressionChooser, DEFAULT_CANDIDATES};
 use weir_core::link_estimate::{LinkEstimate, LinkEstimator, WINDOW};
 
@@ -86,7 +86,7 @@ fn link(c: &mut Criterion) {
 fn batching(c: &mut Criterion) {
     let mut g = c.benchmark_group("models/batching");
     g.throughput(Throughput::Elements(1));
-    let mut sizer = BatchSizer::new(BatchingConfig::default());
+    let mut sizer = BatchSizer::new(BatchLimits::default());
     let mut mix = Mix(3);
     let batches: Vec<(u32, Duration)> = (0..1024)
         .map(|_| {
@@ -182,7 +182,7 @@ fn per_batch(c: &mut Criterion) {
     for (b, t) in transactions(WINDOW, 6) {
         est.observe(b, t);
     }
-    let sizer = BatchSizer::new(BatchingConfig::default());
+    let sizer = BatchSizer::new(BatchLimits::default());
     let traffic = ClassTraffic {
         arrival_rate: 2_000.0,
         mean_record_bytes: 256.0,

@@ -134,6 +134,9 @@ class Crate:
             targets = []
             for m in PATH_RE.finditer(code):
                 head, rest, brace = m.group(1), m.group(2), m.group(3)
+                if not rest and not brace:
+                    # `pub(crate)`, `pub(super)`, `&self`: not a path.
+                    continue
                 segs = [s for s in rest.split("::") if s]
                 if head == "crate":
                     base = list(crate_root)

@@ -313,20 +313,22 @@ impl BatchPlan {
     }
 }
 
-/// Hard caps on every batch.
+/// Hard caps on every batch: the one set of limits the drainer, the batch
+/// sizer and the scheduler share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BatchingConfig {
+pub struct BatchLimits {
     /// Most records in one batch.
-    pub max_batch_records: u32,
-    /// Most bytes in one batch.
-    pub max_batch_bytes: u64,
+    pub max_records: usize,
+    /// Most bytes ([`crate::record::Record::size`]) in one batch; a single
+    /// larger record still goes out alone.
+    pub max_bytes: usize,
 }
 
-impl Default for BatchingConfig {
+impl Default for BatchLimits {
     fn default() -> Self {
-        BatchingConfig {
-            max_batch_records: DEFAULT_MAX_BATCH_RECORDS,
-            max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
+        BatchLimits {
+            max_records: DEFAULT_MAX_BATCH_RECORDS as usize,
+            max_bytes: DEFAULT_MAX_BATCH_BYTES as usize,
         }
     }
 }
@@ -348,24 +350,24 @@ enum UploadFit {
 /// [`plan`](Self::plan) is O(1).
 #[derive(Debug, Clone)]
 pub struct BatchSizer {
-    config: BatchingConfig,
+    limits: BatchLimits,
     window: Window,
     fit: UploadFit,
 }
 
 impl BatchSizer {
     /// A sizer with no history.
-    pub fn new(config: BatchingConfig) -> Self {
+    pub fn new(limits: BatchLimits) -> Self {
         BatchSizer {
-            config,
+            limits,
             window: Window::new(),
             fit: UploadFit::None,
         }
     }
 
     /// The caps in force.
-    pub fn config(&self) -> BatchingConfig {
-        self.config
+    pub fn limits(&self) -> BatchLimits {
+        self.limits
     }
 
     /// Records one transaction of `records` records of this class that took
@@ -420,7 +422,7 @@ impl BatchSizer {
 
     /// The batch plan for a class with `traffic` on `link`.
     pub fn plan(&self, traffic: &ClassTraffic, link: &LinkEstimate) -> BatchPlan {
-        let cfg = self.config;
+        let cfg = self.limits;
         let lam = if traffic.arrival_rate.is_finite() && traffic.arrival_rate > 0.0 {
             traffic.arrival_rate
         } else {
@@ -436,7 +438,7 @@ impl BatchSizer {
         let bw = link.bytes_per_sec;
         let t_cc = b;
         let bound = traffic.latency_bound.as_secs_f64();
-        let unbatched = |reason| BatchPlan::unbatched(cfg.max_batch_bytes, reason);
+        let unbatched = |reason| BatchPlan::unbatched(cfg.max_bytes as u64, reason);
 
         if !theorem1_allows(d, bw, t_cc) {
             return unbatched(PlanReason::RecordTooLarge);
@@ -466,8 +468,11 @@ impl BatchSizer {
         let limits = [
             (s_ref, SizeLimit::Reference),
             (floor(bw * t_cc / d), SizeLimit::Lemma2),
-            (floor(cfg.max_batch_bytes as f64 / d), SizeLimit::Bytes),
-            (cfg.max_batch_records, SizeLimit::Records),
+            (floor(cfg.max_bytes as f64 / d), SizeLimit::Bytes),
+            (
+                u32::try_from(cfg.max_records).unwrap_or(u32::MAX),
+                SizeLimit::Records,
+            ),
             (
                 floor((bound - bf.fixed) / bf.per_unit),
                 SizeLimit::LatencyBound,
@@ -486,7 +491,7 @@ impl BatchSizer {
         // bound.
         let max_bytes = (BYTE_CAP_SLACK * target as f64 * d)
             .min(bw * t_cc)
-            .min(cfg.max_batch_bytes as f64)
+            .min(cfg.max_bytes as f64)
             .min(bw * (bound - b))
             .floor()
             .max(1.0) as u64;
@@ -608,7 +613,7 @@ mod tests {
         // Table 5: measured upload latency of batches of 10..80 reports.
         // Eq. 3 was fitted on other runs (49 sizes); the validation data
         // give back nearly the same line.
-        let mut sizer = BatchSizer::new(BatchingConfig::default());
+        let mut sizer = BatchSizer::new(BatchLimits::default());
         for (s, ms) in [
             (10, 326),
             (20, 377),
@@ -630,7 +635,7 @@ mod tests {
     #[test]
     fn fit_recovers_known_coefficients_despite_outliers() {
         // L_up(s) = 4 ms * s + 120 ms, ±2% noise, one batch in eight stalled.
-        let mut sizer = BatchSizer::new(BatchingConfig::default());
+        let mut sizer = BatchSizer::new(BatchLimits::default());
         let mut mix = Mix(42);
         for k in 0..300 {
             let s = 1 + (mix.next() % 100) as u32;
@@ -651,7 +656,7 @@ mod tests {
             bytes_per_sec: 1e6,
             per_transaction: Duration::from_millis(50),
         };
-        let mut sizer = BatchSizer::new(BatchingConfig::default());
+        let mut sizer = BatchSizer::new(BatchLimits::default());
         let prior = sizer.upload_line(2000.0, &link);
         assert!(close(prior.per_unit, 0.002, 1e-12));
         assert!(close(prior.fixed, 0.050, 1e-12));
@@ -666,7 +671,7 @@ mod tests {
 
     #[test]
     fn plan_on_the_papers_testbed() {
-        let sizer = BatchSizer::new(BatchingConfig::default());
+        let sizer = BatchSizer::new(BatchLimits::default());
         let link = paper_link();
         // A lax bound: Lemma 2 sets the size (55 reports of 1.4 KB in
         // B * T_cc = 77 kB), Lemma 1 the window (0.95 * 277.5 ms), in which
@@ -713,7 +718,7 @@ mod tests {
     fn theorem1_flips_at_half_of_b_times_t_cc() {
         assert!(theorem1_allows(25_000.0, 1e6, 0.05));
         assert!(!theorem1_allows(25_001.0, 1e6, 0.05));
-        let sizer = BatchSizer::new(BatchingConfig::default());
+        let sizer = BatchSizer::new(BatchLimits::default());
         let p = sizer.plan(&flip_traffic(41.0, 25_001.0), &flip_link());
         assert_eq!(p.reason, PlanReason::RecordTooLarge);
         // Just under: 24 kB records at 41/s sit inside Theorem 2's window
@@ -728,7 +733,7 @@ mod tests {
 
     #[test]
     fn theorem2_flips_at_both_ends_of_the_rate_window() {
-        let sizer = BatchSizer::new(BatchingConfig::default());
+        let sizer = BatchSizer::new(BatchLimits::default());
         let link = flip_link();
         let reason = |rate| sizer.plan(&flip_traffic(rate, 1000.0), &link).reason;
         assert_eq!(reason(40.0), PlanReason::RateTooLow);
@@ -741,7 +746,7 @@ mod tests {
 
     #[test]
     fn reference_one_never_batches_and_larger_references_batch_more() {
-        let sizer = BatchSizer::new(BatchingConfig::default());
+        let sizer = BatchSizer::new(BatchLimits::default());
         let link = flip_link();
         let mut t = flip_traffic(200.0, 1000.0);
         t.reference = 1;
@@ -776,7 +781,7 @@ mod tests {
 
     #[test]
     fn should_close_at_size_bytes_or_age() {
-        let sizer = BatchSizer::new(BatchingConfig::default());
+        let sizer = BatchSizer::new(BatchLimits::default());
         let p = sizer.plan(&flip_traffic(200.0, 1000.0), &flip_link());
         assert!(p.batches());
         let young = Duration::ZERO;
@@ -798,9 +803,9 @@ mod tests {
 
     #[test]
     fn byte_cap_tightens_the_batch() {
-        let cfg = BatchingConfig {
-            max_batch_records: 1024,
-            max_batch_bytes: 8_000,
+        let cfg = BatchLimits {
+            max_records: 1024,
+            max_bytes: 8_000,
         };
         let p = BatchSizer::new(cfg).plan(&flip_traffic(200.0, 1000.0), &flip_link());
         assert_eq!(p.reason, PlanReason::Batching(SizeLimit::Bytes));
@@ -829,7 +834,7 @@ mod tests {
                 bytes_per_sec: bw,
                 per_transaction: Duration::from_secs_f64(tsc_ms / 1e3),
             };
-            let mut sizer = BatchSizer::new(BatchingConfig::default());
+            let mut sizer = BatchSizer::new(BatchLimits::default());
             for (s, us) in history.into_iter().filter(|_| use_history) {
                 sizer.observe(s, Duration::from_micros(us));
             }

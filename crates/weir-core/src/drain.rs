@@ -53,7 +53,7 @@
 
 use std::time::Duration;
 
-use crate::batching::BatchPlan;
+use crate::batching::{BatchLimits, BatchPlan};
 use crate::class::ClassId;
 use crate::queue::{ClassQueue, MultiLevelQueue};
 use crate::record::Record;
@@ -77,16 +77,6 @@ pub fn rider_budget(bound: Duration, bytes_per_sec: f64, floor: usize) -> usize 
     } else {
         (bytes as usize).max(floor)
     }
-}
-
-/// Largest batch the drainer builds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BatchLimits {
-    /// Most records in one batch.
-    pub max_records: usize,
-    /// Most bytes ([`Record::size`]) in one batch; a single larger record
-    /// still goes out alone.
-    pub max_bytes: usize,
 }
 
 /// What [`Drainer::next_batch`] found.

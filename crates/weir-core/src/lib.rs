@@ -15,6 +15,9 @@
 //! - [`token_bucket`]: per-class rate limiters whose rates the allocator sets.
 //! - [`drain`]: batches out of the queues, most urgent class first, within
 //!   each class's bucket.
+//! - [`scheduler`]: the window step as a sans-IO state machine: PBTT and
+//!   the uplink estimate set the rates, the planner the batch plans, the
+//!   drain the batches; the relay's scheduler task only drives it.
 //! - [`janus`]: PBTT (Algorithm 1), BWAllocator (Algorithm 2), PMRFS
 //!   (Algorithm 3) and the baseline matchers, and the node-level schemes.
 //! - [`buffer_sizing`]: the IoT edge-router buffer formula (Khan et al.,
@@ -41,6 +44,7 @@ pub mod link_estimate;
 pub mod peer;
 pub mod queue;
 pub mod record;
+pub mod scheduler;
 pub mod token_bucket;
 
 pub use class::{ClassId, ClassSet, ClassSetError, LatencyClass};

@@ -33,7 +33,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use weir_core::batching::{
-    BatchPlan, BatchSizer, BatchingConfig, ClassTraffic, LatencyLine, PlanReason, ReferencePolicy,
+    BatchLimits, BatchPlan, BatchSizer, ClassTraffic, LatencyLine, PlanReason, ReferencePolicy,
 };
 use weir_core::link_estimate::{two_transfer_probe, LinkEstimate, LinkEstimator};
 
@@ -390,7 +390,7 @@ pub fn fit_model(
     rank: usize,
 ) -> anyhow::Result<Model> {
     let mut estimator = LinkEstimator::new(WEIR_PRIOR)?;
-    let mut sizer = BatchSizer::new(BatchingConfig::default());
+    let mut sizer = BatchSizer::new(BatchLimits::default());
     for t in warmup.transactions.iter().chain(&fifs.transactions) {
         estimator.observe(t.bytes, t.elapsed);
         sizer.observe(t.records, t.elapsed);

@@ -36,7 +36,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 use weir::app::App;
-use weir::ingress::IngressHandle;
+use weir::intake::Intake;
 
 use crate::report::{self, round, Table};
 
@@ -234,7 +234,7 @@ track_uplink = false
 /// Offers `load` to `ingress` for `secs` from `epoch`, without waiting for
 /// room: a full queue refuses, as a sensor's forwarder would see.
 async fn generate(
-    ingress: Arc<IngressHandle>,
+    ingress: Arc<Intake>,
     load: Load,
     epoch: Instant,
     secs: f64,

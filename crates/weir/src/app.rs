@@ -16,20 +16,23 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use weir_core::drain::BatchLimits;
+use weir_core::batching::BatchLimits;
 use weir_core::janus::scheme::Scheme;
 use weir_core::queue::MultiLevelQueue;
+use weir_core::scheduler::{OutBatch, SchedulerParams};
 
 use crate::config::{Config, EgressSink, MqttMode};
 use crate::egress::file::FileSink;
 use crate::egress::link::{EmulatedLink, LinkProfile};
-use crate::egress::{self, OutBatch, Sink};
-use crate::ingress::{self, IngressHandle};
+use crate::egress::{self, Sink};
+use crate::handoff::LinkReady;
+use crate::ingress;
+use crate::intake::Intake;
 use crate::metrics::Metrics;
-use crate::scheduler::{self, SchedulerParams};
+use crate::scheduler;
 
 /// Batches between the scheduler and the egress: one, handed over when the
-/// egress says the link is free ([`egress::LinkReady`]), so priority is
+/// egress says the link is free ([`LinkReady`]), so priority is
 /// decided at the last moment.
 const EGRESS_CHANNEL: usize = 1;
 
@@ -56,7 +59,7 @@ pub struct App {
     /// kill switch for failure experiments).
     pub peering: Option<crate::peer::PeeringHandle>,
     /// The shared ingress handle (tests and the lab enqueue through it).
-    pub ingress: Arc<IngressHandle>,
+    pub ingress: Arc<Intake>,
     stop: CancellationToken,
     abort: CancellationToken,
     listeners: TaskTracker,
@@ -107,8 +110,8 @@ impl App {
         let abort = CancellationToken::new();
         // Sequence numbers start from the clock so a restarted node never
         // reuses a (origin, seq) the cloud has seen.
-        let seed = ingress::unix_micros();
-        let ingress = Arc::new(IngressHandle::new(
+        let seed = crate::clock::unix_micros();
+        let ingress = Arc::new(Intake::new(
             cfg.node.id,
             cfg.classes.clone(),
             cfg.classifier.clone(),
@@ -129,7 +132,7 @@ impl App {
 
         // Egress next, so nothing is accepted that cannot be sent.
         let (tx, rx) = mpsc::channel(EGRESS_CHANNEL);
-        let ready: egress::LinkReady = Arc::new(tokio::sync::Semaphore::new(0));
+        let ready: LinkReady = Arc::new(tokio::sync::Semaphore::new(0));
         let link = cfg.egress.link.as_ref().map(|l| LinkProfile {
             bytes_per_sec: l.bandwidth_bytes_per_sec,
             delay: l.delay,
@@ -191,10 +194,10 @@ impl App {
             reference: cfg.batching.reference.clone(),
             track_uplink: cfg.scheduler.track_uplink,
             mix_classes: cfg.scheduler.mix_classes,
-            first_batch_seq: seed,
         };
         let scheduler = tokio::spawn(scheduler::run(
             params,
+            seed,
             scheduler::Feedback {
                 link: link_rx,
                 delivered: delivered_rx,

@@ -6,9 +6,15 @@
 //! - [`config`]: the TOML config, parsed then validated with every problem
 //!   reported at once.
 //! - [`app`]: builds and runs everything from a config; ordered shutdown.
-//! - [`ingress`]: the shared [`ingress::IngressHandle`] and the MQTT
-//!   (`ingress::mqtt`) and gRPC (`ingress::grpc`) front ends.
-//! - [`scheduler`]: the PBTT window loop and the drain into batches.
+//! - [`clock`]: the wall clock, read in one place.
+//! - [`intake`]: [`intake::Intake`], the one way into the class queues, for
+//!   ingress, peering and the scheduler.
+//! - [`ingress`]: the MQTT (`ingress::mqtt`) and gRPC (`ingress::grpc`)
+//!   front ends.
+//! - [`handoff`]: what the scheduler, the egress and peering hand each
+//!   other (link-free permits, the PBTT state and grants).
+//! - [`scheduler`]: the task that drives `weir-core`'s window step with
+//!   real time and channels.
 //! - [`egress`]: batch encoding, the retrying delivery loop, the AMQP and
 //!   file sinks and the emulated uplink.
 //! - [`peer`]: peering with other weir nodes: heartbeats, decentralised
@@ -18,9 +24,12 @@
 
 pub mod admin;
 pub mod app;
+pub mod clock;
 pub mod config;
 pub mod egress;
+pub mod handoff;
 pub mod ingress;
+pub mod intake;
 pub mod metrics;
 pub mod peer;
 pub mod scheduler;

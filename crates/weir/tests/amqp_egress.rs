@@ -30,9 +30,10 @@ use weir::config::{AmqpEgress, ExchangeType};
 use weir::egress::amqp::{
     message_id, AmqpSink, HEADER_BATCH_SEQ, HEADER_CLASS, HEADER_NODE, HEADER_RECORDS,
 };
-use weir::egress::{encode, run, EgressContext, EncodedBatch, OutBatch, Sink, SinkError};
+use weir::egress::{encode, run, EgressContext, EncodedBatch, Sink, SinkError};
 use weir::metrics::Metrics;
 use weir_core::link_estimate::LinkEstimate;
+use weir_core::scheduler::OutBatch;
 use weir_core::{ClassId, ClassSet, NodeId, Record};
 
 const BROKER: &str = "127.0.0.1:5672";

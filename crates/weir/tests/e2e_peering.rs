@@ -26,7 +26,7 @@ use bytes::Bytes;
 use common::peering::*;
 use common::*;
 use weir::app::App;
-use weir::ingress::IngressHandle;
+use weir::intake::Intake;
 
 /// The three-instance scenarios share 2 CPU cores: run them one at a time
 /// so that one does not eat the other's latency.
@@ -43,7 +43,7 @@ fn config(name: &str, id: u64, ports: &[u16]) -> weir::config::Config {
 
 /// Offers `lt_rate` lt records/s (and `ls_rate` ls) to `ingress` for
 /// `LOAD`; returns how many of each were acknowledged at ingress.
-async fn offer(ingress: &IngressHandle, lt_rate: usize, ls_rate: usize) -> usize {
+async fn offer(ingress: &Intake, lt_rate: usize, ls_rate: usize) -> usize {
     const TICK: Duration = Duration::from_millis(10);
     let ticks = (LOAD.as_millis() / TICK.as_millis()) as usize;
     let mut tick = tokio::time::interval(TICK);
@@ -67,7 +67,7 @@ async fn offer(ingress: &IngressHandle, lt_rate: usize, ls_rate: usize) -> usize
     sent
 }
 
-async fn put(ingress: &IngressHandle, stream: &str, i: usize) {
+async fn put(ingress: &Intake, stream: &str, i: usize) {
     let record = ingress.grpc_record(stream, Bytes::from(payload(stream, i)));
     ingress
         .enqueue(record, Some(PATIENCE))

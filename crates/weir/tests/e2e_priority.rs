@@ -16,7 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::*;
 use weir::app::App;
-use weir::ingress::IngressHandle;
+use weir::intake::Intake;
 
 const LT_BACKLOG: usize = 1200;
 const LS_RECORDS: usize = 8;
@@ -59,7 +59,7 @@ preset = "3g"
     weir::config::parse(&text, "priority").unwrap_or_else(|e| panic!("{e}"))
 }
 
-async fn put(ingress: &IngressHandle, stream: &str, payload: Vec<u8>) {
+async fn put(ingress: &Intake, stream: &str, payload: Vec<u8>) {
     let record = ingress.grpc_record(stream, Bytes::from(payload));
     ingress
         .enqueue(record, Some(PATIENCE))

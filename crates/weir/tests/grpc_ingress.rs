@@ -30,7 +30,7 @@ use tonic_reflection::pb::v1::ServerReflectionRequest;
 use tonic_reflection::pb::v1alpha;
 use weir::config::GrpcIngress;
 use weir::ingress::grpc::{self, GrpcError, STREAM_FULL_WAIT};
-use weir::ingress::IngressHandle;
+use weir::intake::Intake;
 use weir::metrics::Metrics;
 use weir_core::classify::{Classifier, Rule, Source};
 use weir_core::queue::{MultiLevelQueue, QueueCapacity};
@@ -57,7 +57,7 @@ fn roomy() -> QueueCapacity {
 }
 
 struct Weir {
-    ingress: Arc<IngressHandle>,
+    ingress: Arc<Intake>,
     addr: SocketAddr,
     shutdown: CancellationToken,
     server: JoinHandle<Result<(), GrpcError>>,
@@ -79,7 +79,7 @@ impl Weir {
         let queues = Arc::new(MultiLevelQueue::new(&capacities));
         let metrics = Arc::new(Metrics::new(&classes));
         let shutdown = CancellationToken::new();
-        let ingress = Arc::new(IngressHandle::new(
+        let ingress = Arc::new(Intake::new(
             NODE,
             classes,
             classifier,

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use weir::app::App;
-use weir::ingress::IngressHandle;
+use weir::intake::Intake;
 
 const LT_BACKLOG: usize = 600;
 const LS_RECORDS: usize = 40;
@@ -64,7 +64,7 @@ delay = "100ms"
     weir::config::parse(&text, "mixed").unwrap_or_else(|e| panic!("{e}"))
 }
 
-async fn put(ingress: &IngressHandle, stream: &str, i: usize) {
+async fn put(ingress: &Intake, stream: &str, i: usize) {
     let record = ingress.grpc_record(stream, Bytes::from(vec![i as u8; 200]));
     ingress
         .enqueue(record, Some(Duration::from_secs(30)))

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use weir::config::{MqttIngress, MqttMode, Qos0WhenFull};
 use weir::ingress::mqtt::listen;
-use weir::ingress::IngressHandle;
+use weir::intake::Intake;
 use weir::metrics::Metrics;
 use weir_core::classify::{Classifier, Rule, Source, TopicFilter};
 use weir_core::queue::{MultiLevelQueue, QueueCapacity};
@@ -47,7 +47,7 @@ fn roomy() -> QueueCapacity {
 /// weir's MQTT listener over the JANUS classes: `ls/#`, `nm/#` and `lt/#`
 /// route to their classes, anything else to `nm`.
 struct Weir {
-    ingress: Arc<IngressHandle>,
+    ingress: Arc<Intake>,
     addr: SocketAddr,
     shutdown: CancellationToken,
     server: JoinHandle<()>,
@@ -71,7 +71,7 @@ impl Weir {
         .expect("valid rules");
         let metrics = Arc::new(Metrics::new(&classes));
         let shutdown = CancellationToken::new();
-        let ingress = Arc::new(IngressHandle::new(
+        let ingress = Arc::new(Intake::new(
             42,
             classes,
             classifier,

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use weir::config::{BrokerAddr, MqttIngress, MqttMode, MqttSubscribe, Qos0WhenFull, SubscribeQos};
 use weir::ingress::mqtt::subscribe;
-use weir::ingress::IngressHandle;
+use weir::intake::Intake;
 use weir::metrics::Metrics;
 use weir_core::classify::{Classifier, Rule, Source, TopicFilter};
 use weir_core::queue::{MultiLevelQueue, QueueCapacity};
@@ -55,7 +55,7 @@ fn unique(test: &str) -> String {
 
 /// The JANUS classes with `ls`/`nm` routed by topic under `prefix` and
 /// everything else (the probe topic included) in `lt`.
-fn ingress(prefix: &str, capacity: QueueCapacity) -> Arc<IngressHandle> {
+fn ingress(prefix: &str, capacity: QueueCapacity) -> Arc<Intake> {
     let classes = ClassSet::janus_default();
     let filter = |f: String| Source::MqttFilter(TopicFilter::parse(&f).expect("valid filter"));
     let classifier = Classifier::new(
@@ -74,7 +74,7 @@ fn ingress(prefix: &str, capacity: QueueCapacity) -> Arc<IngressHandle> {
     .expect("valid rules");
     let queues = Arc::new(MultiLevelQueue::new(&[capacity; 3]));
     let metrics = Arc::new(Metrics::new(&classes));
-    Arc::new(IngressHandle::new(
+    Arc::new(Intake::new(
         7,
         classes,
         classifier,
@@ -126,7 +126,7 @@ struct Weir {
 }
 
 impl Weir {
-    fn start(cfg: &MqttIngress, sub: &MqttSubscribe, ingress: &Arc<IngressHandle>) -> Weir {
+    fn start(cfg: &MqttIngress, sub: &MqttSubscribe, ingress: &Arc<Intake>) -> Weir {
         let stop = CancellationToken::new();
         let task = tokio::spawn(subscribe::run(
             cfg.clone(),
@@ -219,7 +219,7 @@ impl Drop for Publisher {
 
 /// Moves every queued record into `out`, waking an ingress that waits for
 /// room; true if anything moved.
-fn drain(ingress: &IngressHandle, out: &mut Vec<Record>) -> bool {
+fn drain(ingress: &Intake, out: &mut Vec<Record>) -> bool {
     let before = out.len();
     for (_, queue) in ingress.queues().iter() {
         while let Some(record) = queue.pop() {
@@ -232,7 +232,7 @@ fn drain(ingress: &IngressHandle, out: &mut Vec<Record>) -> bool {
 
 /// Drains into `out` until `done(out)`; panics naming `what` on timeout.
 async fn drain_until(
-    ingress: &IngressHandle,
+    ingress: &Intake,
     out: &mut Vec<Record>,
     what: &str,
     done: impl Fn(&[Record]) -> bool,
@@ -262,7 +262,7 @@ fn has(records: &[Record], topic: &str, payload: &[u8]) -> bool {
 /// proves its SUBSCRIBE is in force (it is asynchronous, and a publish
 /// before it takes effect reaches nobody). Probes are drained and dropped,
 /// with everything else queued meanwhile.
-async fn await_subscribed(ingress: &IngressHandle, publisher: &Publisher, prefix: &str) {
+async fn await_subscribed(ingress: &Intake, publisher: &Publisher, prefix: &str) {
     let topic = format!("{prefix}/probe");
     let deadline = Instant::now() + PATIENCE;
     let mut seen = Vec::new();
@@ -295,12 +295,7 @@ fn without_probes(records: Vec<Record>, prefix: &str) -> Vec<Record> {
 /// Publishes a QoS 1 fence on `{prefix}/lt/fence` and drains until it is
 /// through. Mosquitto delivers to one subscriber in order, so anything
 /// published earlier, redeliveries included, is then in `out`.
-async fn fence(
-    ingress: &IngressHandle,
-    publisher: &mut Publisher,
-    prefix: &str,
-    out: &mut Vec<Record>,
-) {
+async fn fence(ingress: &Intake, publisher: &mut Publisher, prefix: &str, out: &mut Vec<Record>) {
     let topic = format!("{prefix}/lt/fence");
     publisher
         .publish_confirmed(&[(topic.clone(), b"fence".to_vec())])

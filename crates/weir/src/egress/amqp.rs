@@ -48,7 +48,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
@@ -64,7 +64,8 @@ use tokio::time::Instant;
 use tracing::Instrument;
 use weir_core::NodeId;
 
-use super::{EncodedBatch, Sink, SinkError};
+use super::batch::EncodedBatch;
+use super::sink::{Sink, SinkError};
 use crate::config::{AmqpEgress, ExchangeType};
 
 /// Header: the sending node's id.
@@ -513,10 +514,7 @@ fn properties(batch: &EncodedBatch) -> BasicProperties {
         HEADER_CLASS.into(),
         AMQPValue::LongLongInt(i64::from(batch.class.0)),
     );
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO)
-        .as_secs();
+    let now = crate::clock::unix_secs();
     BasicProperties::default()
         .with_content_type(weir_proto::CONTENT_TYPE.into())
         .with_content_encoding(batch.encoding.as_str().into())

@@ -31,7 +31,9 @@ use weir_core::link_estimate::LinkEstimate;
 use weir_core::ClassSet;
 use weir_proto::Encoding;
 
-use super::{EncodedBatch, OutBatch};
+use weir_core::scheduler::OutBatch;
+
+use super::batch::EncodedBatch;
 use crate::config::{CompressionSection, PayloadKind};
 use crate::metrics::Metrics;
 
@@ -355,7 +357,7 @@ mod tests {
         assert!(!c.enabled());
         for seq in 0..10 {
             let b = csv_batch(seq);
-            let e = super::super::encode(1, &classes, &b);
+            let e = crate::egress::encode(1, &classes, &b);
             let body = e.body.clone();
             let out = c.compress(e, "nm", &slow_link(), &metrics).await;
             assert_eq!(out.encoding, Encoding::Identity);
@@ -373,7 +375,7 @@ mod tests {
         let mut encodings = Vec::new();
         for seq in 0..20 {
             let b = csv_batch(seq);
-            let e = super::super::encode(1, &classes, &b);
+            let e = crate::egress::encode(1, &classes, &b);
             let body = e.body.clone();
             let out = c.compress(e, "nm", &slow_link(), &metrics).await;
             let back = weir_proto::decompress(&out.body, out.encoding, 1 << 24).unwrap();
@@ -415,7 +417,7 @@ mod tests {
         let mut state = 0x9E37_79B9_7F4A_7C15u64;
         for seq in 0..30 {
             let b = noise_batch(seq, &mut state);
-            let e = super::super::encode(1, &classes, &b);
+            let e = crate::egress::encode(1, &classes, &b);
             let body = e.body.clone();
             let out = c.compress(e, "nm", &slow_link(), &metrics).await;
             let back = weir_proto::decompress(&out.body, out.encoding, 1 << 24).unwrap();

@@ -10,7 +10,8 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::{EncodedBatch, Sink, SinkError};
+use super::batch::EncodedBatch;
+use super::sink::{Sink, SinkError};
 
 /// File name extension of a batch file.
 pub const EXTENSION: &str = "weirbatch";

@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use super::{EncodedBatch, Sink, SinkError};
+use super::batch::EncodedBatch;
+use super::sink::{Sink, SinkError};
 
 /// A link's bandwidth and per-transaction delay.
 #[derive(Debug, Clone, Copy, PartialEq)]

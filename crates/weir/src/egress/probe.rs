@@ -10,9 +10,10 @@ use weir_core::link_estimate::{two_transfer_probe, LinkEstimate};
 use weir_core::{ClassId, NodeId};
 use weir_proto::{pb, Encoding};
 
+use super::batch::EncodedBatch;
 use super::file::FileSink;
 use super::link::{EmulatedLink, LinkProfile};
-use super::{EncodedBatch, Sink};
+use super::sink::Sink;
 use crate::config::{Config, EgressSink};
 
 /// Transfers per size; the median time is used, so one hiccup does not
@@ -35,7 +36,7 @@ fn probe_batch(node: NodeId, seq: u64, bytes: u64) -> EncodedBatch {
         padding: vec![0x5a; bytes as usize].into(),
         node,
         batch_seq: seq,
-        created_us: crate::ingress::unix_micros(),
+        created_us: crate::clock::unix_micros(),
         records: Vec::new(),
     });
     EncodedBatch {
@@ -78,7 +79,7 @@ async fn probe_with<S: Sink>(
     large: u64,
 ) -> anyhow::Result<ProbeReport> {
     // Sequence numbers from the clock, like every batch of this node.
-    let seed = crate::ingress::unix_micros();
+    let seed = crate::clock::unix_micros();
     let small = measure(&mut sink, node, seed, small).await?;
     let large = measure(&mut sink, node, seed + REPEATS as u64, large).await?;
     let estimate = two_transfer_probe(small.0, small.1, large.0, large.1)

@@ -21,7 +21,7 @@ use weir_core::{ClassId, NodeId, Record};
 use weir_proto::pb::peer_client::PeerClient;
 use weir_proto::pb::{ForwardAck, ForwardRequest, HeartbeatRequest, RefusalReason, ReserveRequest};
 
-use super::{
+use super::node::{
     to_pb, Node, PeerError, FORWARD_BATCH_BYTES, FORWARD_BATCH_RECORDS, FORWARD_DRAIN_TIMEOUT,
     FORWARD_PIPELINE, FORWARD_POLL, FORWARD_RETRY, MAX_IN_FLIGHT_BYTES, MAX_IN_FLIGHT_RECORDS,
 };
@@ -68,7 +68,7 @@ impl Link {
 /// together: heartbeats at a period's start, rounds half a period later,
 /// when every peer's advert of the period has arrived).
 async fn until_period(period: Duration, offset: Duration) {
-    let wait = weir_core::peer::until_period(super::unix_micros(), period, offset);
+    let wait = weir_core::peer::until_period(crate::clock::unix_micros(), period, offset);
     tokio::time::sleep(wait).await;
 }
 

@@ -28,8 +28,8 @@ use weir_proto::pb::{
     ReserveReply, ReserveRequest,
 };
 
-use super::{from_pb, Node, CUSTODY_GRACE, SHUTDOWN_GRACE};
-use crate::ingress::EnqueueError;
+use super::node::{from_pb, Node, CUSTODY_GRACE, SHUTDOWN_GRACE};
+use crate::intake::EnqueueError;
 
 /// Acks buffered per Forward stream (answers to requests and delivery
 /// acknowledgements): a receiver that stops reading acks stalls its own

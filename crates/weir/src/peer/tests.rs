@@ -24,7 +24,9 @@ use weir_proto::pb::{self, ForwardRequest, HeartbeatRequest, RefusalReason, Rese
 
 use super::*;
 use crate::config::{BrokerAddr, PeerConfig, PeeringConfig};
+use crate::egress::DeliveryObserver;
 use crate::metrics::Metrics;
+use crate::metrics::PeerMetrics;
 
 const LT: ClassId = ClassId(2);
 
@@ -34,7 +36,7 @@ const PATIENCE: Duration = Duration::from_secs(30);
 /// One node's peering, its queues and the scheduler's end of the port.
 struct TestNode {
     handle: PeeringHandle,
-    ingress: Arc<IngressHandle>,
+    ingress: Arc<Intake>,
     deliveries: Arc<Deliveries>,
     port: PeerPort,
     stop: CancellationToken,
@@ -104,11 +106,11 @@ const CAPACITY: QueueCapacity = QueueCapacity {
     bytes: 64 << 20,
 };
 
-async fn bind(id: NodeId, capacity: QueueCapacity) -> (Peering, Arc<IngressHandle>) {
+async fn bind(id: NodeId, capacity: QueueCapacity) -> (Peering, Arc<Intake>) {
     let classes = ClassSet::janus_default();
     let queues = Arc::new(MultiLevelQueue::uniform(&classes, capacity));
     let metrics = Arc::new(Metrics::new(&classes));
-    let ingress = Arc::new(IngressHandle::new(
+    let ingress = Arc::new(Intake::new(
         id,
         classes,
         Classifier::new(Vec::new(), LT).unwrap(),
@@ -142,7 +144,7 @@ async fn lone_provider() -> (TestNode, PeerClient<tonic::transport::Channel>) {
 /// Starts `peering` with `peers` and this heartbeat.
 fn start(
     mut peering: Peering,
-    ingress: Arc<IngressHandle>,
+    ingress: Arc<Intake>,
     peers: &[(NodeId, SocketAddr)],
     heartbeat: Duration,
 ) -> TestNode {

@@ -35,22 +35,12 @@ use tracing::{info, warn};
 use weir_proto::pb::ingress_server::IngressServer;
 
 use crate::config::GrpcIngress;
-use crate::ingress::IngressHandle;
+use crate::intake::Intake;
 
 use refusals::CountRefusals;
 use service::IngressService;
 
-/// How long a `PublishStream` waits for room in a full class queue before it
-/// ends with `RESOURCE_EXHAUSTED`: long enough to ride out a scheduler window
-/// or a short egress stall (the scheduler runs every ~100 ms), short enough
-/// that a client stuck behind a dead uplink learns it within seconds and can
-/// go elsewhere.
-pub const STREAM_FULL_WAIT: Duration = Duration::from_secs(5);
-
-/// Acks buffered per stream between the enqueue task and tonic's encoder: a
-/// client that stops reading acks stalls its own stream after this many,
-/// instead of growing weir's memory.
-pub const ACK_CHANNEL_CAPACITY: usize = 64;
+pub use service::{ACK_CHANNEL_CAPACITY, STREAM_FULL_WAIT};
 
 /// After shutdown is requested, how long open calls get to finish before
 /// [`serve`] returns anyway (a client that neither reads nor closes must not
@@ -95,7 +85,7 @@ pub enum GrpcError {
 pub async fn serve(
     listener: TcpListener,
     cfg: GrpcIngress,
-    ingress: Arc<IngressHandle>,
+    ingress: Arc<Intake>,
     shutdown: CancellationToken,
 ) -> Result<(), GrpcError> {
     let local = listener.local_addr().ok();

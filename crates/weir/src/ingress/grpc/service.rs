@@ -3,6 +3,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, oneshot};
@@ -14,13 +15,24 @@ use tracing::{debug, debug_span, field, info_span, warn, Instrument, Span};
 use weir_proto::pb::ingress_server::Ingress;
 use weir_proto::pb::{PublishAck, PublishRequest};
 
-use super::{ACK_CHANNEL_CAPACITY, STREAM_FULL_WAIT};
-use crate::ingress::{EnqueueError, IngressHandle};
+use crate::intake::{EnqueueError, Intake};
 
-/// Serves `weir.v1.Ingress` over one shared [`IngressHandle`].
+/// How long a `PublishStream` waits for room in a full class queue before it
+/// ends with `RESOURCE_EXHAUSTED`: long enough to ride out a scheduler window
+/// or a short egress stall (the scheduler runs every ~100 ms), short enough
+/// that a client stuck behind a dead uplink learns it within seconds and can
+/// go elsewhere.
+pub const STREAM_FULL_WAIT: Duration = Duration::from_secs(5);
+
+/// Acks buffered per stream between the enqueue task and tonic's encoder: a
+/// client that stops reading acks stalls its own stream after this many,
+/// instead of growing weir's memory.
+pub const ACK_CHANNEL_CAPACITY: usize = 64;
+
+/// Serves `weir.v1.Ingress` over one shared [`Intake`].
 #[derive(Debug, Clone)]
 pub(crate) struct IngressService {
-    ingress: Arc<IngressHandle>,
+    ingress: Arc<Intake>,
     shutdown: CancellationToken,
     streams: TaskTracker,
 }
@@ -29,7 +41,7 @@ impl IngressService {
     /// A service enqueuing through `ingress`; stream tasks are spawned on
     /// `streams` and end when `shutdown` is cancelled.
     pub(crate) fn new(
-        ingress: Arc<IngressHandle>,
+        ingress: Arc<Intake>,
         shutdown: CancellationToken,
         streams: TaskTracker,
     ) -> Self {
@@ -147,7 +159,7 @@ impl Ingress for IngressService {
 /// and only then reads the next, so acks are in request order and a full
 /// queue stops the reading (HTTP/2 flow control then stalls the client).
 struct StreamTask {
-    ingress: Arc<IngressHandle>,
+    ingress: Arc<Intake>,
     shutdown: CancellationToken,
     acks: mpsc::Sender<PublishAck>,
 }

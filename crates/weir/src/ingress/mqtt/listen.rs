@@ -69,7 +69,7 @@ use tracing::{debug, info, warn, Instrument};
 use weir_core::Record;
 
 use crate::config::{MqttIngress, Qos0WhenFull};
-use crate::ingress::{EnqueueError, IngressHandle};
+use crate::intake::{EnqueueError, Intake};
 
 /// How long a new connection may take to send CONNECT: generous for a slow
 /// cellular link, short enough that idle sockets do not pile up.
@@ -126,7 +126,7 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ListenError> {
 pub async fn serve(
     listener: TcpListener,
     cfg: MqttIngress,
-    ingress: Arc<IngressHandle>,
+    ingress: Arc<Intake>,
     shutdown: CancellationToken,
 ) {
     let settings = Settings {
@@ -277,7 +277,7 @@ impl From<EnqueueError> for Ending {
 
 impl Ending {
     /// Logs the ending at the level it deserves and counts protocol errors.
-    fn report(&self, ingress: &IngressHandle) {
+    fn report(&self, ingress: &Intake) {
         match self {
             Ending::ClientDisconnect => debug!("MQTT client disconnected"),
             Ending::Eof => debug!("MQTT client closed the connection without DISCONNECT"),
@@ -705,7 +705,7 @@ struct Connection {
     stream: TcpStream,
     peer: SocketAddr,
     settings: Settings,
-    ingress: Arc<IngressHandle>,
+    ingress: Arc<Intake>,
     shutdown: CancellationToken,
     /// Bytes read and not yet decoded.
     inbuf: BytesMut,
@@ -734,7 +734,7 @@ impl Connection {
         stream: TcpStream,
         peer: SocketAddr,
         settings: Settings,
-        ingress: Arc<IngressHandle>,
+        ingress: Arc<Intake>,
         shutdown: CancellationToken,
     ) -> Self {
         Connection {

@@ -10,7 +10,7 @@
 //!   connection is sent again by the broker on the next connection; one that
 //!   arrived while weir was offline waits in the broker's session.
 //! - **Back-pressure.** One task reads the connection and enqueues; while a
-//!   class queue is full it waits in [`IngressHandle::enqueue`] and stops
+//!   class queue is full it waits in [`Intake::enqueue`] and stops
 //!   reading. The broker then holds every further QoS 1 delivery once its
 //!   in-flight window of un-acknowledged publishes is used up (MQTT 3.1.1
 //!   gives the client no say in that window: it is the broker's setting,
@@ -49,7 +49,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::config::{MqttIngress, MqttSubscribe, Qos0WhenFull, SubscribeQos};
-use crate::ingress::{EnqueueError, IngressHandle};
+use crate::intake::{EnqueueError, Intake};
 
 /// MQTT keep-alive: the broker drops a silent weir after 1.5 times this and
 /// weir gives up on a broker that misses a PINGRESP within about twice it.
@@ -94,7 +94,7 @@ const DISCONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub async fn run(
     cfg: MqttIngress,
     sub: MqttSubscribe,
-    ingress: Arc<IngressHandle>,
+    ingress: Arc<Intake>,
     shutdown: CancellationToken,
 ) {
     let span = tracing::info_span!(
@@ -179,7 +179,7 @@ impl Outbox {
 struct Subscriber {
     client: AsyncClient,
     eventloop: EventLoop,
-    ingress: Arc<IngressHandle>,
+    ingress: Arc<Intake>,
     /// Every configured filter at the configured QoS, sent as one SUBSCRIBE.
     filters: Vec<SubscribeFilter>,
     qos0_when_full: Qos0WhenFull,
@@ -189,7 +189,7 @@ struct Subscriber {
 
 impl Subscriber {
     /// Builds the client; `None` (logged) if the settings cannot work.
-    fn new(cfg: &MqttIngress, sub: &MqttSubscribe, ingress: Arc<IngressHandle>) -> Option<Self> {
+    fn new(cfg: &MqttIngress, sub: &MqttSubscribe, ingress: Arc<Intake>) -> Option<Self> {
         // Validation refuses an empty client id; rumqttc would panic on it
         // with a persistent session, so refuse rather than bring weir down.
         if sub.client_id.is_empty() {

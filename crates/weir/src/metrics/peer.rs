@@ -1,5 +1,5 @@
 //! Prometheus metrics of peering (`weir_peer_*`), registered with the rest
-//! of [`crate::metrics::Metrics`].
+//! of [`super::Metrics`].
 
 use std::sync::atomic::{AtomicI64, AtomicU64};
 
@@ -10,7 +10,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use weir_core::{ClassId, ClassSet};
 
-use crate::metrics::ClassLabel;
+use super::labels::ClassLabel;
 
 /// The `class` and `reason` labels of a refusal.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

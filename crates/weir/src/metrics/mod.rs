@@ -1,10 +1,17 @@
 //! Prometheus metrics (`weir_<thing>_<unit>` / `_total`, `class` label where
 //! per class), served on the admin listener at `/metrics`.
+//!
+//! The metrics know nothing of the components they count: every component
+//! (intake, scheduler, egress, peering) holds the [`Metrics`] and calls the
+//! recorder for what happened. [`peer`] holds peering's own family
+//! (`weir_peer_*`); [`labels`] the label sets both use.
+
+pub mod labels;
+pub mod peer;
 
 use std::sync::atomic::{AtomicI64, AtomicU64};
 
 use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -13,19 +20,8 @@ use weir_core::compression::Codec;
 use weir_core::link_estimate::LinkEstimate;
 use weir_core::{ClassId, ClassSet};
 
-/// The `class` label.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ClassLabel {
-    /// Class name.
-    pub class: String,
-}
-
-/// The `codec` label: `none`, `gzip-<level>`, `zstd-<level>`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CodecLabel {
-    /// Codec and level.
-    pub codec: String,
-}
+pub use labels::{ClassLabel, CodecLabel};
+pub use peer::{PeerMetrics, RefusalLabel};
 
 /// Every metric weir exports.
 pub struct Metrics {
@@ -52,7 +48,7 @@ pub struct Metrics {
     link_bandwidth: Gauge<f64, AtomicU64>,
     link_transaction: Gauge<f64, AtomicU64>,
     /// Peering (`weir_peer_*`).
-    pub peer: crate::peer::PeerMetrics,
+    pub peer: PeerMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -87,7 +83,7 @@ impl Metrics {
             compression_predicted: Gauge::default(),
             link_bandwidth: Gauge::default(),
             link_transaction: Gauge::default(),
-            peer: crate::peer::PeerMetrics::new(classes),
+            peer: PeerMetrics::new(classes),
             registry: Registry::with_prefix("weir"),
         };
         m.registry.register(

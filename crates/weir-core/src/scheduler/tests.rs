@@ -1,0 +1,513 @@
+//! The window step on a simulated clock: unit tests of each `handle_*` and
+//! `poll_*`, and property tests over arbitrary event sequences (no record
+//! lost, sent twice or reordered within its class) and over a simulated
+//! link (an urgent record is never held behind a batch longer than its
+//! bound allows).
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use bytes::Bytes;
+use proptest::prelude::*;
+
+use super::*;
+use crate::janus::redirect::Strategy as Matcher;
+use crate::queue::QueueCapacity;
+use crate::record::RECORD_OVERHEAD;
+
+const MS: Duration = Duration::from_millis(1);
+/// The wall clock (µs since the Unix epoch) at the simulation's `now = 0`.
+const WALL0: u64 = 1_700_000_000_000_000;
+
+fn wall(now: Duration) -> u64 {
+    WALL0 + now.as_micros() as u64
+}
+
+fn params(scheme: Scheme) -> SchedulerParams {
+    SchedulerParams {
+        scheme,
+        window: MS * 100,
+        processing_delay: MS,
+        capacity: 1e6,
+        burst_bytes: 64.0 * 1024.0,
+        limits: BatchLimits {
+            max_records: 1024,
+            max_bytes: 64 * 1024,
+        },
+        adaptive: true,
+        reference: vec![2, 6, 11],
+        track_uplink: true,
+        mix_classes: true,
+    }
+}
+
+fn link(bytes_per_sec: f64, per_transaction: Duration) -> LinkEstimate {
+    LinkEstimate {
+        bytes_per_sec,
+        per_transaction,
+    }
+}
+
+fn queues(classes: &ClassSet, scheme: Scheme) -> MultiLevelQueue {
+    let cap = QueueCapacity {
+        records: 1 << 16,
+        bytes: 64 << 20,
+    };
+    if scheme.uses_classes() {
+        MultiLevelQueue::uniform(classes, cap)
+    } else {
+        MultiLevelQueue::fifo(cap)
+    }
+}
+
+fn record(class: usize, seq: u64, payload: usize, at: Duration) -> Record {
+    Record {
+        key: Bytes::new(),
+        class: ClassId(class as u8),
+        origin: 1,
+        seq,
+        ingress_us: wall(at),
+        payload: Bytes::from(vec![0u8; payload]),
+    }
+}
+
+fn scheduler(p: SchedulerParams, q: &MultiLevelQueue) -> Scheduler {
+    let l = link(p.capacity, MS * 10);
+    Scheduler::new(p, ClassSet::janus_default(), q, l, 0, 1, Duration::ZERO)
+}
+
+fn events(s: &mut Scheduler) -> Vec<Event> {
+    std::iter::from_fn(|| s.poll_event()).collect()
+}
+
+#[test]
+fn it_starts_by_announcing_the_initial_rates() {
+    let p = params(Scheme::QmOnly);
+    let q = queues(&ClassSet::janus_default(), p.scheme);
+    let mut s = scheduler(p, &q);
+    let ev = events(&mut s);
+    assert!(matches!(&ev[..], [Event::Rates(r)] if r.len() == 3));
+    assert_eq!(s.poll_timeout(), MS * 100);
+}
+
+#[test]
+fn the_window_runs_only_when_due() {
+    let p = params(Scheme::QmOnly);
+    let q = queues(&ClassSet::janus_default(), p.scheme);
+    let mut s = scheduler(p, &q);
+    assert!(!s.poll_window(MS * 99, &q, 0));
+    assert!(s.poll_window(MS * 100, &q, 0));
+    assert_eq!(s.poll_timeout(), MS * 200);
+    // A late window does not try to catch up on the ones it missed.
+    assert!(s.poll_window(MS * 750, &q, 0));
+    assert_eq!(s.poll_timeout(), MS * 750);
+}
+
+#[test]
+fn a_loaded_class_is_reallocated_from_the_queues_arrivals() {
+    let p = params(Scheme::QmOnly);
+    let q = queues(&ClassSet::janus_default(), p.scheme);
+    let mut s = scheduler(p, &q);
+    let before = s.rates();
+    events(&mut s);
+    // 400 KB of `ls` in one 100 ms window: 4 MB/s demanded of a 1 MB/s link.
+    for i in 0..4000 {
+        q.push(record(0, i, 100 - RECORD_OVERHEAD, Duration::ZERO))
+            .unwrap();
+    }
+    assert!(s.poll_window(MS * 100, &q, 0));
+    let ev = events(&mut s);
+    assert!(
+        ev.iter().any(|e| matches!(e, Event::Reallocated { .. })),
+        "{ev:?}"
+    );
+    let after = s.rates();
+    assert!(after[0] > before[0], "{before:?} -> {after:?}");
+    assert!(after.iter().sum::<f64>() <= 1e6 * (1.0 + 1e-9));
+}
+
+#[test]
+fn capacity_follows_the_uplink_estimate_beyond_the_hysteresis() {
+    let p = params(Scheme::QmOnly);
+    let q = queues(&ClassSet::janus_default(), p.scheme);
+    let mut s = scheduler(p, &q);
+    events(&mut s);
+    s.handle_link_estimate(link(1.04e6, MS * 10));
+    s.poll_window(MS * 100, &q, 0);
+    assert_eq!(s.capacity(), 1e6, "a 4 % change is jitter");
+    s.handle_link_estimate(link(2e6, MS * 10));
+    s.poll_window(MS * 200, &q, 0);
+    assert_eq!(s.capacity(), 2e6);
+    assert!(events(&mut s).contains(&Event::CapacityFollowed(2e6)));
+    assert!((s.rates().iter().sum::<f64>() - 2e6).abs() < 1.0);
+}
+
+#[test]
+fn a_pinned_uplink_ignores_the_estimate() {
+    let mut p = params(Scheme::QmOnly);
+    p.track_uplink = false;
+    let q = queues(&ClassSet::janus_default(), p.scheme);
+    let mut s = scheduler(p, &q);
+    s.handle_link_estimate(link(2e6, MS * 10));
+    s.poll_window(MS * 100, &q, 0);
+    assert_eq!(s.capacity(), 1e6);
+}
+
+#[test]
+fn compression_counts_in_record_bytes() {
+    let p = params(Scheme::QmOnly);
+    let q = queues(&ClassSet::janus_default(), p.scheme);
+    let mut s = scheduler(p, &q);
+    // Transactions that shrink 3:1 on the wire: the link carries about
+    // three times its wire rate in record bytes.
+    for _ in 0..100 {
+        s.handle_delivered(Delivered {
+            class: ClassId(2),
+            bytes: 1000,
+            raw_bytes: 3000,
+            records: 30,
+            elapsed: MS * 20,
+        });
+    }
+    s.handle_link_estimate(link(1e6, MS * 10));
+    s.poll_window(MS * 100, &q, 0);
+    assert!((s.capacity() - 3e6).abs() < 0.01 * 3e6, "{}", s.capacity());
+}
+
+#[test]
+fn a_grant_moves_spare_and_tells_the_peers() {
+    let p = params(Scheme::Janus(Matcher::Pmrfs));
+    let q = queues(&ClassSet::janus_default(), p.scheme);
+    let mut s = scheduler(p, &q);
+    s.publish_peer_state(true);
+    // An idle window: every class has spare.
+    s.poll_window(MS * 100, &q, 0);
+    events(&mut s);
+    let grant = Grant {
+        provider: 1,
+        receiver: 2,
+        class: ClassId(0),
+        amount: 1000.0,
+    };
+    let moved = s.handle_grant(MS * 100, &grant);
+    assert!(moved > 0.0);
+    let ev = events(&mut s);
+    assert!(matches!(ev.first(), Some(Event::Rates(_))), "{ev:?}");
+    assert!(matches!(ev.last(), Some(Event::PeerState(_))), "{ev:?}");
+}
+
+#[test]
+fn without_peers_no_peer_state_is_published() {
+    let p = params(Scheme::Janus(Matcher::Pmrfs));
+    let q = queues(&ClassSet::janus_default(), p.scheme);
+    let mut s = scheduler(p, &q);
+    s.poll_window(MS * 100, &q, 0);
+    assert!(!events(&mut s)
+        .iter()
+        .any(|e| matches!(e, Event::PeerState(_))));
+}
+
+#[test]
+fn native_drains_one_fifo_in_arrival_order() {
+    let p = params(Scheme::Native);
+    let classes = ClassSet::janus_default();
+    let q = queues(&classes, p.scheme);
+    let mut s = scheduler(p, &q);
+    for (i, c) in [2, 0, 1, 0].into_iter().enumerate() {
+        q.push(record(c, i as u64, 100, Duration::ZERO)).unwrap();
+    }
+    let Poll::Batch(b) = s.poll_batch(Duration::ZERO, wall(Duration::ZERO), &q) else {
+        panic!("a batch");
+    };
+    let seqs: Vec<u64> = b.records.iter().map(|r| r.seq).collect();
+    assert_eq!(seqs, [0, 1, 2, 3]);
+    assert_eq!(b.seq, 1);
+    assert_eq!(s.poll_batch(MS, wall(MS), &q), Poll::Empty);
+}
+
+#[test]
+fn batches_are_numbered_in_order() {
+    let mut p = params(Scheme::QmOnly);
+    p.limits.max_records = 1;
+    let q = queues(&ClassSet::janus_default(), p.scheme);
+    let mut s = scheduler(p, &q);
+    for i in 0..3 {
+        q.push(record(2, i, 100, Duration::ZERO)).unwrap();
+    }
+    let seqs: Vec<u64> = (0..3)
+        .map(
+            |_| match s.poll_batch(Duration::ZERO, wall(Duration::ZERO), &q) {
+                Poll::Batch(b) => b.seq,
+                other => panic!("{other:?}"),
+            },
+        )
+        .collect();
+    assert_eq!(seqs, [1, 2, 3]);
+}
+
+#[test]
+fn a_wait_never_reaches_past_the_next_window() {
+    let mut p = params(Scheme::QmOnly);
+    p.burst_bytes = 1000.0;
+    p.capacity = 10_000.0;
+    let q = queues(&ClassSet::janus_default(), p.scheme);
+    let mut s = scheduler(p, &q);
+    // Far more than the buckets hold: the second poll must wait for tokens,
+    // and at 10 kB/s that is longer than the 100 ms to the next window.
+    for i in 0..50 {
+        q.push(record(2, i, 968, Duration::ZERO)).unwrap();
+    }
+    let mut waited = None;
+    for _ in 0..10 {
+        match s.poll_batch(Duration::ZERO, wall(Duration::ZERO), &q) {
+            Poll::Batch(_) => continue,
+            Poll::Wait(t) => {
+                waited = Some(t);
+                break;
+            }
+            Poll::Empty => panic!("records are queued"),
+        }
+    }
+    assert_eq!(waited, Some(s.poll_timeout()));
+}
+
+/// One step of an arbitrary sequence of what can happen to a scheduler.
+#[derive(Debug, Clone)]
+enum Op {
+    /// A record of this class and payload arrives.
+    Arrive(usize, usize),
+    /// Time passes.
+    Advance(u64),
+    /// The driver runs the window if due.
+    Window,
+    /// The link is free: the driver asks for a batch.
+    Poll,
+    /// The last batch was confirmed, taking this many milliseconds.
+    Deliver(u64),
+    /// A peer was granted spare of this class.
+    Grant(usize, u32),
+    /// A new uplink estimate, bytes/s.
+    Link(u32),
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..3usize, 0..3000usize).prop_map(|(c, n)| Op::Arrive(c, n)),
+        3 => (0..300u64).prop_map(Op::Advance),
+        2 => Just(Op::Window),
+        5 => Just(Op::Poll),
+        2 => (1..200u64).prop_map(Op::Deliver),
+        1 => (0..3usize, 1..500_000u32).prop_map(|(c, a)| Op::Grant(c, a)),
+        1 => (1_000..10_000_000u32).prop_map(Op::Link),
+    ]
+}
+
+fn scheme() -> impl proptest::strategy::Strategy<Value = Scheme> {
+    prop_oneof![
+        Just(Scheme::Native),
+        Just(Scheme::QmOnly),
+        Just(Scheme::Janus(Matcher::Pmrfs)),
+    ]
+}
+
+proptest! {
+    /// Whatever happens, in whatever order, every record that entered a
+    /// queue leaves in exactly one batch, in arrival order within its class
+    /// (or within Native's FIFO), once time lets the buckets refill.
+    #[test]
+    fn no_record_is_lost_duplicated_or_reordered(
+        scheme in scheme(),
+        mix in any::<bool>(),
+        adaptive in any::<bool>(),
+        max_records in 1..64usize,
+        ops in proptest::collection::vec(op(), 1..300),
+    ) {
+        let mut p = params(scheme);
+        p.mix_classes = mix;
+        p.adaptive = adaptive;
+        p.limits.max_records = max_records;
+        p.limits.max_bytes = 16 * 1024;
+        let classes = ClassSet::janus_default();
+        let q = queues(&classes, scheme);
+        let mut s = Scheduler::new(p, classes, &q, link(1e6, MS * 10), 0, 1, Duration::ZERO);
+        s.publish_peer_state(true);
+        let mut now = Duration::ZERO;
+        let mut pushed = 0u64;
+        let mut sent: Vec<Record> = Vec::new();
+        let mut last: Option<OutBatch> = None;
+        let check_batch = |b: &OutBatch, sent: &mut Vec<Record>| {
+            prop_assert!(!b.records.is_empty());
+            prop_assert!(b.records.len() <= max_records);
+            if scheme.uses_classes() {
+                prop_assert_eq!(b.class, b.records[0].class);
+            }
+            sent.extend(b.records.iter().cloned());
+            Ok(())
+        };
+        for op in ops {
+            match op {
+                Op::Arrive(c, n) => {
+                    q.push(record(c, pushed, n, now)).unwrap();
+                    pushed += 1;
+                }
+                Op::Advance(ms) => now += MS * ms as u32,
+                Op::Window => { s.poll_window(now, &q, 0); }
+                Op::Poll => match s.poll_batch(now, wall(now), &q) {
+                    Poll::Batch(b) => {
+                        check_batch(&b, &mut sent)?;
+                        last = Some(b);
+                    }
+                    Poll::Wait(t) => prop_assert!(t <= s.poll_timeout().max(now) && (t >= now || t == s.poll_timeout())),
+                    Poll::Empty => {}
+                },
+                Op::Deliver(ms) => if let Some(b) = last.take() {
+                    let bytes = b.bytes();
+                    s.handle_delivered(Delivered {
+                        class: b.class,
+                        bytes,
+                        raw_bytes: bytes,
+                        records: b.records.len(),
+                        elapsed: MS * ms as u32,
+                    });
+                },
+                Op::Grant(c, amount) => {
+                    s.handle_grant(now, &Grant {
+                        provider: 1,
+                        receiver: 2,
+                        class: ClassId(c as u8),
+                        amount: amount as f64,
+                    });
+                }
+                Op::Link(rate) => s.handle_link_estimate(link(rate as f64, MS * 10)),
+            }
+            while s.poll_event().is_some() {}
+        }
+        // Then the driver runs on its own: every record comes out.
+        for _ in 0..100_000 {
+            s.poll_window(now, &q, 0);
+            match s.poll_batch(now, wall(now), &q) {
+                Poll::Batch(b) => check_batch(&b, &mut sent)?,
+                Poll::Wait(t) => now = t.max(now + MS),
+                Poll::Empty => break,
+            }
+        }
+        prop_assert_eq!(sent.len() as u64, pushed, "every record sent once");
+        let unique: HashSet<u64> = sent.iter().map(|r| r.seq).collect();
+        prop_assert_eq!(unique.len() as u64, pushed, "no record sent twice");
+        let mut last_seq: HashMap<ClassId, u64> = HashMap::new();
+        for r in &sent {
+            let lane = if scheme.uses_classes() { r.class } else { ClassId(0) };
+            if let Some(prev) = last_seq.insert(lane, r.seq) {
+                prop_assert!(prev < r.seq, "class {:?}: {} after {}", lane, r.seq, prev);
+            }
+        }
+    }
+
+    /// On a link that behaves as estimated, with the classes' bounds long
+    /// enough for one full batch plus an urgent record's own transaction
+    /// (what `planning_bound` and the rider budget assume), and the urgent
+    /// class within what the link carries: however much tolerant traffic
+    /// floods the node, every `ls` record reaches the end of its transaction
+    /// within its bound. The driver polls whenever the link frees, a record
+    /// arrives, or a wait or window ends, as the relay's task does.
+    #[test]
+    fn an_urgent_record_is_never_held_behind_a_batch_beyond_its_bound(
+        scheme in prop_oneof![Just(Scheme::QmOnly), Just(Scheme::Janus(Matcher::Pmrfs))],
+        mix in any::<bool>(),
+        adaptive in any::<bool>(),
+        kbytes_per_sec in 500..4000u32,
+        t_sc_ms in 1..30u64,
+        ls_gap_ms in 20..200u64,
+        lt_per_ms in 1..8usize,
+        payload in 50..1500usize,
+    ) {
+        let capacity = kbytes_per_sec as f64 * 1000.0;
+        let t_sc = MS * t_sc_ms as u32;
+        let classes = ClassSet::janus_default();
+        let ls_bound = classes.get(ClassId(0)).bound;
+        let mut p = params(scheme);
+        p.capacity = capacity;
+        p.mix_classes = mix;
+        p.adaptive = adaptive;
+        // The largest batch whose transaction, plus an urgent record's own
+        // transaction of its rider budget, fits the `ls` bound.
+        let est = link(capacity, t_sc);
+        let own = est.transaction_secs(rider_budget(ls_bound, capacity, RIDER_FLOOR_BYTES) as f64);
+        let room = ls_bound.as_secs_f64() - own - t_sc.as_secs_f64();
+        prop_assume!(room > 0.002);
+        p.limits.max_bytes = ((room * capacity) as usize).clamp(2048, 64 * 1024);
+        prop_assume!(est.transaction_secs(p.limits.max_bytes as f64) + own <= ls_bound.as_secs_f64());
+        let q = queues(&classes, scheme);
+        let mut s = Scheduler::new(p, classes, &q, est, 0, 1, Duration::ZERO);
+
+        let end = Duration::from_secs(2);
+        let mut ls_pushed = 0u64;
+        let mut now = Duration::ZERO;
+        let mut next_ls = Duration::ZERO;
+        let mut next_lt = Duration::ZERO;
+        let mut link_free_at = Duration::ZERO;
+        let mut on_link: Option<(OutBatch, Duration)> = None;
+        let mut seq = 0u64;
+        let mut worst = Duration::ZERO;
+        let mut ls_sent = 0u64;
+        let mut wake;
+        while now < end || ls_sent < ls_pushed {
+            prop_assert!(now < end + Duration::from_secs(600), "the backlog never drained");
+            // Arrivals due by now (none after `end`).
+            while next_ls <= now && next_ls < end {
+                q.push(record(0, seq, payload, next_ls)).unwrap();
+                seq += 1;
+                ls_pushed += 1;
+                next_ls += MS * ls_gap_ms as u32;
+            }
+            while next_lt <= now && next_lt < end {
+                for _ in 0..lt_per_ms {
+                    q.push(record(2, seq, payload, next_lt)).unwrap();
+                    seq += 1;
+                }
+                next_lt += MS;
+            }
+            if let Some((b, done)) = on_link.take() {
+                if done <= now {
+                    for r in b.records.iter().filter(|r| r.class == ClassId(0)) {
+                        let waited = Duration::from_micros(wall(done) - r.ingress_us);
+                        worst = worst.max(waited);
+                        ls_sent += 1;
+                    }
+                    let bytes = b.bytes();
+                    s.handle_delivered(Delivered {
+                        class: b.class,
+                        bytes,
+                        raw_bytes: bytes,
+                        records: b.records.len(),
+                        elapsed: Duration::from_secs_f64(est.transaction_secs(bytes as f64)),
+                    });
+                } else {
+                    on_link = Some((b, done));
+                }
+            }
+            s.poll_window(now, &q, 0);
+            while s.poll_event().is_some() {}
+            if on_link.is_none() {
+                match s.poll_batch(now, wall(now), &q) {
+                    Poll::Batch(b) => {
+                        let done = now + Duration::from_secs_f64(est.transaction_secs(b.bytes() as f64));
+                        link_free_at = done;
+                        on_link = Some((b, done));
+                        wake = done;
+                    }
+                    Poll::Wait(t) => wake = t,
+                    Poll::Empty => wake = s.poll_timeout(),
+                }
+            } else {
+                wake = link_free_at;
+            }
+            let mut next = wake.min(s.poll_timeout());
+            if next_ls < end { next = next.min(next_ls); }
+            if next_lt < end { next = next.min(next_lt); }
+            now = next.max(now + Duration::from_micros(1));
+        }
+        prop_assert!(ls_sent > 0);
+        prop_assert!(worst <= ls_bound, "an ls record took {:?} (bound {:?})", worst, ls_bound);
+    }
+}

@@ -1,0 +1,294 @@
+//! Intake: the one way into the class queues. MQTT and gRPC ingress,
+//! peering (records redirected here, records taken back from a peer) and
+//! the scheduler (which drains the queues and wakes waiting writers) all
+//! share one [`Intake`]: it classifies, stamps origin and sequence number,
+//! and enqueues. When a queue is full it *waits* for the scheduler to make
+//! room (back-pressure); each front end decides what that means on its
+//! wire.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use weir_core::classify::Classifier;
+use weir_core::queue::{MultiLevelQueue, PushError};
+use weir_core::{ClassId, ClassSet, NodeId, Record};
+
+use crate::clock::unix_micros;
+use crate::metrics::Metrics;
+
+/// Why a record was not enqueued.
+#[derive(Debug, thiserror::Error)]
+pub enum EnqueueError {
+    /// Larger than its class queue's byte capacity: it can never fit.
+    #[error("record of {size} bytes exceeds the byte capacity of class `{class}` ({limit} bytes)")]
+    Oversized {
+        /// The record's size.
+        size: usize,
+        /// Its class name.
+        class: String,
+        /// The class queue's byte capacity.
+        limit: usize,
+    },
+    /// The queue stayed full for the whole wait.
+    #[error("class `{class}` queue is full")]
+    Full {
+        /// The record, handed back.
+        record: Record,
+        /// Its class name.
+        class: String,
+    },
+    /// weir is shutting down and accepts nothing more.
+    #[error("weir is shutting down")]
+    ShuttingDown,
+}
+
+/// The shared entry point of every ingress, of peering and of the
+/// scheduler into the class queues.
+#[derive(Debug)]
+pub struct Intake {
+    node: NodeId,
+    classes: ClassSet,
+    classifier: Classifier,
+    queues: Arc<MultiLevelQueue>,
+    next_seq: AtomicU64,
+    space: Notify,
+    arrivals: Notify,
+    shutdown: CancellationToken,
+    metrics: Arc<Metrics>,
+    /// Bytes of peers' records enqueued here, ever.
+    foreign_bytes: AtomicU64,
+}
+
+impl Intake {
+    /// A handle enqueuing into `queues`; sequence numbers start at
+    /// `first_seq` (a restart must not reuse numbers the cloud has seen, so
+    /// the binary seeds it from the clock).
+    pub fn new(
+        node: NodeId,
+        classes: ClassSet,
+        classifier: Classifier,
+        queues: Arc<MultiLevelQueue>,
+        first_seq: u64,
+        shutdown: CancellationToken,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Intake {
+            node,
+            classes,
+            classifier,
+            queues,
+            next_seq: AtomicU64::new(first_seq),
+            space: Notify::new(),
+            arrivals: Notify::new(),
+            shutdown,
+            metrics,
+            foreign_bytes: AtomicU64::new(0),
+        }
+    }
+
+    /// Bytes of records enqueued for peers ([`Self::try_enqueue_foreign`])
+    /// since start: the queues' arrivals less these are the node's own.
+    pub fn foreign_bytes(&self) -> u64 {
+        self.foreign_bytes.load(Ordering::Relaxed)
+    }
+
+    /// This node's id.
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+
+    /// The latency classes.
+    pub fn classes(&self) -> &ClassSet {
+        &self.classes
+    }
+
+    /// The class queues.
+    pub fn queues(&self) -> &Arc<MultiLevelQueue> {
+        &self.queues
+    }
+
+    /// The metrics registry.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Cancelled when weir shuts down.
+    pub fn shutdown(&self) -> &CancellationToken {
+        &self.shutdown
+    }
+
+    /// A new record from MQTT `topic`, classified by topic filter.
+    pub fn mqtt_record(&self, topic: Bytes, payload: Bytes) -> Record {
+        let class = std::str::from_utf8(&topic)
+            .map(|t| self.classifier.classify_mqtt(t))
+            .unwrap_or(self.classifier.default_class());
+        self.stamp(class, topic, payload)
+    }
+
+    /// A new record from gRPC stream `stream`, classified by stream name.
+    pub fn grpc_record(&self, stream: &str, payload: Bytes) -> Record {
+        let class = self.classifier.classify_grpc(stream);
+        self.stamp(class, Bytes::copy_from_slice(stream.as_bytes()), payload)
+    }
+
+    fn stamp(&self, class: ClassId, key: Bytes, payload: Bytes) -> Record {
+        Record {
+            key,
+            class,
+            origin: self.node,
+            seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
+            ingress_us: unix_micros(),
+            payload,
+        }
+    }
+
+    /// The name of a class.
+    pub fn class_name(&self, class: ClassId) -> &str {
+        &self.classes.get(class).name
+    }
+
+    /// Enqueues without waiting; a full queue hands the record back.
+    pub fn try_enqueue(&self, record: Record) -> Result<(), EnqueueError> {
+        if self.shutdown.is_cancelled() {
+            return Err(EnqueueError::ShuttingDown);
+        }
+        let class = record.class;
+        match self.queues.push(record) {
+            Ok(()) => {
+                self.metrics.accepted(class);
+                self.arrivals.notify_one();
+                Ok(())
+            }
+            Err(PushError::Full(record)) => Err(EnqueueError::Full {
+                record,
+                class: self.class_name(class).to_string(),
+            }),
+            Err(PushError::Oversized(record)) => {
+                self.metrics.refused(class);
+                Err(EnqueueError::Oversized {
+                    size: record.size(),
+                    class: self.class_name(class).to_string(),
+                    limit: self.queues.class(class).capacity().bytes,
+                })
+            }
+        }
+    }
+
+    /// Enqueues, waiting up to `max_wait` for room while the queue is full
+    /// (`None`: as long as it takes, until shutdown).
+    pub async fn enqueue(
+        &self,
+        mut record: Record,
+        max_wait: Option<Duration>,
+    ) -> Result<(), EnqueueError> {
+        let deadline = max_wait.map(|d| tokio::time::Instant::now() + d);
+        loop {
+            // Register interest before trying, so a notify between the failed
+            // push and the wait is not missed.
+            let notified = self.space.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            match self.try_enqueue(record) {
+                Err(EnqueueError::Full {
+                    record: back,
+                    class,
+                }) => {
+                    self.metrics.backpressured(back.class);
+                    let sleep = async {
+                        match deadline {
+                            Some(d) => tokio::time::sleep_until(d).await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    // Cancel safety: every branch only waits; the record is
+                    // held in this frame and either retried or handed back.
+                    tokio::select! {
+                        _ = &mut notified => record = back,
+                        _ = self.shutdown.cancelled() => return Err(EnqueueError::ShuttingDown),
+                        _ = sleep => return Err(EnqueueError::Full { record: back, class }),
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Enqueues a record that entered weir at another node (a peer
+    /// redirected it), keeping its origin, sequence number and ingress
+    /// time. Never waits: the peer protocol refuses instead, and the sender
+    /// keeps the record. Not counted in `records_accepted`, which counts
+    /// what entered weir here.
+    pub fn try_enqueue_foreign(&self, record: Record) -> Result<(), EnqueueError> {
+        if self.shutdown.is_cancelled() {
+            return Err(EnqueueError::ShuttingDown);
+        }
+        let class = record.class;
+        let size = record.size() as u64;
+        match self.queues.push(record) {
+            Ok(()) => {
+                self.foreign_bytes.fetch_add(size, Ordering::Relaxed);
+                self.arrivals.notify_one();
+                Ok(())
+            }
+            Err(PushError::Full(record)) => Err(EnqueueError::Full {
+                record,
+                class: self.class_name(class).to_string(),
+            }),
+            Err(PushError::Oversized(record)) => Err(EnqueueError::Oversized {
+                size: record.size(),
+                class: self.class_name(class).to_string(),
+                limit: self.queues.class(class).capacity().bytes,
+            }),
+        }
+    }
+
+    /// Puts back a record this node took out of its queue for a peer that
+    /// did not acknowledge it (refused, or the stream broke). It was
+    /// acknowledged at ingress, so it goes back even while weir shuts down
+    /// (the scheduler still drains), waiting for room as long as it takes;
+    /// only `abort` gives up, handing the record back.
+    pub async fn requeue(
+        &self,
+        mut record: Record,
+        abort: &CancellationToken,
+    ) -> Result<(), Record> {
+        loop {
+            // Register before pushing, as in `enqueue`.
+            let notified = self.space.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            match self.queues.push(record) {
+                Ok(()) => {
+                    self.arrivals.notify_one();
+                    return Ok(());
+                }
+                Err(PushError::Full(back)) => {
+                    // Cancel safety: both branches only wait; the record is
+                    // held in this frame.
+                    tokio::select! {
+                        _ = &mut notified => record = back,
+                        _ = abort.cancelled() => return Err(back),
+                    }
+                }
+                // It came out of this very queue, so it fits an empty one;
+                // only a queue smaller than the record (never built) refuses.
+                Err(PushError::Oversized(back)) => return Err(back),
+            }
+        }
+    }
+
+    /// Resolves after a record has been enqueued since the last call (one
+    /// stored permit, so an arrival between two waits is not missed).
+    pub async fn arrived(&self) {
+        self.arrivals.notified().await
+    }
+
+    /// Wakes ingress waiting for room; the scheduler calls it after draining.
+    pub fn notify_space(&self) {
+        self.space.notify_waiters();
+    }
+}
