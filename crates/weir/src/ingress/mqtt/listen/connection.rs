@@ -1,0 +1,529 @@
+//! One MQTT connection in `listen` mode: its task reads a packet, acts on
+//! it (enqueue, then acknowledge), and only then reads the next; replies go
+//! out in one write per burst. How it ends, and what that is logged as, is
+//! [`Ending`].
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use rumqttc::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+use weir_core::Record;
+
+use crate::config::Qos0WhenFull;
+use crate::intake::{EnqueueError, Intake};
+
+use super::codec::*;
+
+/// How long a new connection may take to send CONNECT: generous for a slow
+/// cellular link, short enough that idle sockets do not pile up.
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long writing acknowledgements may block before the client counts as
+/// stuck; also bounds how long shutdown can wait on one connection.
+pub(super) const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a closing connection keeps reading (and discarding) after its
+/// FIN, so that bytes the client had in flight do not turn the close into a
+/// reset, which could destroy acknowledgements the client has not read yet.
+pub(super) const CLOSE_LINGER: Duration = Duration::from_secs(1);
+/// Spare buffer capacity per socket read: many typical publishes per
+/// syscall.
+pub(super) const READ_CHUNK: usize = 16 * 1024;
+
+/// The parts of the config a connection needs.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Settings {
+    pub(super) max_packet_size: usize,
+    pub(super) qos0_when_full: Qos0WhenFull,
+}
+
+/// Why a connection ended.
+#[derive(Debug)]
+pub(super) enum Ending {
+    /// The client sent DISCONNECT.
+    ClientDisconnect,
+    /// The client closed the TCP connection without DISCONNECT.
+    Eof,
+    /// weir is shutting down.
+    Shutdown,
+    /// No CONNECT within [`CONNECT_TIMEOUT`].
+    ConnectTimeout,
+    /// Nothing received for 1.5 times the keep alive the client chose.
+    KeepAliveExpired(Duration),
+    /// Bad input.
+    Protocol(ProtocolError),
+    /// A record the class queue can never hold.
+    Refused(EnqueueError),
+    /// The socket failed.
+    Io(io::Error),
+    /// The client did not read its acknowledgements for [`WRITE_TIMEOUT`].
+    WriteTimeout,
+}
+
+impl From<ProtocolError> for Ending {
+    fn from(e: ProtocolError) -> Self {
+        Ending::Protocol(e)
+    }
+}
+
+impl From<EnqueueError> for Ending {
+    fn from(e: EnqueueError) -> Self {
+        match e {
+            EnqueueError::ShuttingDown => Ending::Shutdown,
+            other => Ending::Refused(other),
+        }
+    }
+}
+
+impl Ending {
+    /// Logs the ending at the level it deserves and counts protocol errors.
+    fn report(&self, ingress: &Intake) {
+        match self {
+            Ending::ClientDisconnect => debug!("MQTT client disconnected"),
+            Ending::Eof => debug!("MQTT client closed the connection without DISCONNECT"),
+            Ending::Shutdown => debug!("closing MQTT connection: weir is shutting down"),
+            Ending::ConnectTimeout => info!(
+                timeout = ?CONNECT_TIMEOUT,
+                "closing connection: no MQTT CONNECT in time"
+            ),
+            Ending::KeepAliveExpired(keep_alive) => info!(
+                ?keep_alive,
+                "closing MQTT connection: nothing received for 1.5 times its keep alive"
+            ),
+            Ending::Protocol(reason) => {
+                ingress.metrics().protocol_errors.inc();
+                warn!(%reason, "closing MQTT connection: bad input");
+            }
+            Ending::Refused(reason) => warn!(
+                %reason,
+                "closing MQTT connection: record refused and not acknowledged"
+            ),
+            Ending::Io(error) => info!(%error, "MQTT connection failed"),
+            Ending::WriteTimeout => warn!(
+                timeout = ?WRITE_TIMEOUT,
+                "closing MQTT connection: the client is not reading its acknowledgements"
+            ),
+        }
+    }
+
+    /// Whether the socket can still take the final acknowledgements.
+    fn can_write(&self) -> bool {
+        !matches!(self, Ending::Io(_) | Ending::WriteTimeout | Ending::Eof)
+    }
+
+    /// The DISCONNECT an MQTT 5 client gets, if any.
+    fn v5_disconnect(&self) -> Option<(v5::DisconnectReasonCode, String)> {
+        use v5::DisconnectReasonCode as R;
+        match self {
+            Ending::Protocol(e) => Some((e.v5_reason(), e.to_string())),
+            Ending::Refused(e) => Some((R::QuotaExceeded, e.to_string())),
+            Ending::Shutdown => Some((R::ServerShuttingDown, "weir is shutting down".into())),
+            Ending::KeepAliveExpired(_) => Some((
+                R::KeepAliveTimeout,
+                "nothing received for 1.5 times the keep alive".into(),
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// One device connection.
+pub(super) struct Connection {
+    pub(super) stream: TcpStream,
+    pub(super) peer: SocketAddr,
+    pub(super) settings: Settings,
+    pub(super) ingress: Arc<Intake>,
+    pub(super) shutdown: CancellationToken,
+    /// Bytes read and not yet decoded.
+    pub(super) inbuf: BytesMut,
+    /// Replies not yet written.
+    pub(super) out: BytesMut,
+    /// `None` until CONNECT.
+    pub(super) version: Option<Version>,
+    /// The client's keep alive; `None` when it asked for none.
+    pub(super) keep_alive: Option<Duration>,
+    /// When the connection expires unless a packet arrives.
+    pub(super) deadline: Option<Instant>,
+    /// QoS 2 packet ids whose record is queued and PUBREC sent, awaiting
+    /// PUBREL: a redelivery of one of these is not queued again.
+    pub(super) awaiting_rel: HashSet<u16>,
+}
+
+/// What a wait on the socket ended with.
+pub(super) enum Wake {
+    Shutdown,
+    Expired,
+    Read(io::Result<usize>),
+}
+
+impl Connection {
+    pub(super) fn new(
+        stream: TcpStream,
+        peer: SocketAddr,
+        settings: Settings,
+        ingress: Arc<Intake>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Connection {
+            stream,
+            peer,
+            settings,
+            ingress,
+            shutdown,
+            inbuf: BytesMut::with_capacity(READ_CHUNK),
+            out: BytesMut::new(),
+            version: None,
+            keep_alive: None,
+            deadline: Some(Instant::now() + CONNECT_TIMEOUT),
+            awaiting_rel: HashSet::new(),
+        }
+    }
+
+    pub(super) async fn run(mut self) {
+        // Acknowledgements are latency: do not let Nagle hold them back.
+        if let Err(error) = self.stream.set_nodelay(true) {
+            debug!(%error, "cannot disable Nagle's algorithm");
+        }
+        let ending = match self.session().await {
+            Ok(never) => match never {},
+            Err(ending) => ending,
+        };
+        ending.report(&self.ingress);
+        if ending.can_write() {
+            if let (Some(version), Some((code, reason))) = (self.version, ending.v5_disconnect()) {
+                encode(&mut self.out, version, Reply::Disconnect(code, reason));
+            }
+            // Replies already earned (acknowledgements of queued records)
+            // go out even when the connection ends on an error.
+            if let Err(ending) = self.flush().await {
+                debug!(?ending, "final replies not delivered");
+            }
+        }
+        self.linger().await;
+    }
+
+    /// CONNECT, then packets until the connection ends.
+    async fn session(&mut self) -> Result<Infallible, Ending> {
+        let max = self.settings.max_packet_size;
+        let hello = loop {
+            match decode_connect(&mut self.inbuf, max) {
+                Ok(Some(hello)) => break hello,
+                Ok(None) => self.fill().await?,
+                Err(e) => {
+                    if matches!(
+                        e,
+                        ProtocolError::UnsupportedLevel(_) | ProtocolError::UnsupportedName
+                    ) {
+                        // In the 3.1.1 format, which every version before 5
+                        // understands.
+                        encode(
+                            &mut self.out,
+                            Version::V311,
+                            Reply::ConnRefused(Refusal::ProtocolVersion),
+                        );
+                    }
+                    return Err(e.into());
+                }
+            }
+        };
+        let version = self.accept(hello)?;
+        loop {
+            // Packets still buffered when shutdown began are left
+            // unacknowledged: their senders keep them and send them again.
+            if self.shutdown.is_cancelled() {
+                return Err(Ending::Shutdown);
+            }
+            let packet = match decode(&mut self.inbuf, version, max)? {
+                Some(packet) => packet,
+                None => {
+                    self.fill().await?;
+                    continue;
+                }
+            };
+            self.heard();
+            self.handle(packet).await?;
+        }
+    }
+
+    /// Answers CONNECT: fixes the version and keep alive, queues CONNACK.
+    fn accept(&mut self, hello: Hello) -> Result<Version, Ending> {
+        let (version, client_id, keep_alive, clean) = match hello {
+            Hello::V311(connect) => {
+                if connect.client_id.is_empty() && !connect.clean_session {
+                    encode(
+                        &mut self.out,
+                        Version::V311,
+                        Reply::ConnRefused(Refusal::ClientId),
+                    );
+                    return Err(ProtocolError::EmptyClientId.into());
+                }
+                encode(
+                    &mut self.out,
+                    Version::V311,
+                    Reply::ConnAck {
+                        assigned_client_id: None,
+                        max_packet_size: self.settings.max_packet_size,
+                    },
+                );
+                (
+                    Version::V311,
+                    connect.client_id,
+                    connect.keep_alive,
+                    connect.clean_session,
+                )
+            }
+            Hello::V5(connect) => {
+                let method = connect
+                    .properties
+                    .as_ref()
+                    .and_then(|p| p.authentication_method.clone());
+                if let Some(method) = method {
+                    encode(
+                        &mut self.out,
+                        Version::V5,
+                        Reply::ConnRefused(Refusal::AuthMethod),
+                    );
+                    return Err(ProtocolError::AuthMethod(method).into());
+                }
+                // MQTT 5 lets the server name a client that sent no id.
+                let (client_id, assigned) = if connect.client_id.is_empty() {
+                    let id = format!("weir-{}", self.peer);
+                    (id.clone(), Some(id))
+                } else {
+                    (connect.client_id, None)
+                };
+                encode(
+                    &mut self.out,
+                    Version::V5,
+                    Reply::ConnAck {
+                        assigned_client_id: assigned,
+                        max_packet_size: self.settings.max_packet_size,
+                    },
+                );
+                (
+                    Version::V5,
+                    client_id,
+                    connect.keep_alive,
+                    connect.clean_start,
+                )
+            }
+        };
+        tracing::Span::current().record("client_id", client_id.as_str());
+        self.version = Some(version);
+        self.keep_alive = (keep_alive > 0).then(|| Duration::from_secs(keep_alive.into()));
+        self.heard();
+        info!(
+            ?version,
+            keep_alive_s = keep_alive,
+            clean,
+            "MQTT client connected"
+        );
+        Ok(version)
+    }
+
+    /// Acts on one packet of an established connection.
+    async fn handle(&mut self, packet: Inbound) -> Result<(), Ending> {
+        match packet {
+            Inbound::Publish(publish) => self.publish(publish).await,
+            Inbound::PubRel(pkid) => {
+                // An unknown id is answered too: the client may be resending
+                // a PUBREL whose PUBCOMP was lost with an earlier connection.
+                self.awaiting_rel.remove(&pkid);
+                self.reply(Reply::PubComp(pkid));
+                Ok(())
+            }
+            Inbound::Subscribe { pkid, filters } => {
+                debug!(
+                    ?filters,
+                    "SUBSCRIBE refused: weir does not deliver to subscribers"
+                );
+                self.reply(Reply::SubAck {
+                    pkid,
+                    filters: filters.len(),
+                });
+                Ok(())
+            }
+            Inbound::Unsubscribe { pkid, filters } => {
+                self.reply(Reply::UnsubAck { pkid, filters });
+                Ok(())
+            }
+            Inbound::PingReq => {
+                self.reply(Reply::PingResp);
+                Ok(())
+            }
+            Inbound::Disconnect => Err(Ending::ClientDisconnect),
+            Inbound::Connect => Err(ProtocolError::SecondConnect.into()),
+            Inbound::Unexpected(what) => Err(ProtocolError::Unexpected(what).into()),
+        }
+    }
+
+    async fn publish(&mut self, publish: InPublish) -> Result<(), Ending> {
+        check_topic(&publish)?;
+        let InPublish {
+            qos,
+            pkid,
+            topic,
+            payload,
+            ..
+        } = publish;
+        match qos {
+            QoS::AtMostOnce => {
+                let record = self.ingress.mqtt_record(topic, payload);
+                match self.settings.qos0_when_full {
+                    Qos0WhenFull::Block => self.enqueue(record).await,
+                    Qos0WhenFull::Drop => match self.ingress.try_enqueue(record) {
+                        Ok(()) => Ok(()),
+                        Err(EnqueueError::Full { record, class }) => {
+                            self.ingress.metrics().dropped(record.class);
+                            debug!(%class, "class queue full: QoS 0 record dropped");
+                            Ok(())
+                        }
+                        Err(e) => Err(e.into()),
+                    },
+                }
+            }
+            QoS::AtLeastOnce => {
+                let record = self.ingress.mqtt_record(topic, payload);
+                self.enqueue(record).await?;
+                self.reply(Reply::PubAck(pkid));
+                Ok(())
+            }
+            QoS::ExactlyOnce => {
+                if !self.awaiting_rel.contains(&pkid) {
+                    let record = self.ingress.mqtt_record(topic, payload);
+                    self.enqueue(record).await?;
+                    self.awaiting_rel.insert(pkid);
+                }
+                self.reply(Reply::PubRec(pkid));
+                Ok(())
+            }
+        }
+    }
+
+    /// Puts `record` in its class queue, waiting for room while it is full;
+    /// meanwhile nothing more is read from this client (back-pressure).
+    async fn enqueue(&mut self, record: Record) -> Result<(), Ending> {
+        let mut record = match self.ingress.try_enqueue(record) {
+            Ok(()) => return Ok(()),
+            Err(EnqueueError::Full { record, .. }) => record,
+            Err(e) => return Err(e.into()),
+        };
+        // Acknowledge what is already queued before waiting, so that those
+        // acknowledgements do not wait on this record's queue.
+        self.flush().await?;
+        debug!(
+            class = self.ingress.class_name(record.class),
+            "class queue full: acknowledgement withheld, reads paused"
+        );
+        let queued = loop {
+            // Cancel safety: if shutdown wins, the dropped `enqueue` future
+            // drops the record it holds. It was never acknowledged, so a
+            // QoS 1 or 2 client still owns it, and QoS 0 promised at most
+            // once.
+            let outcome = tokio::select! {
+                outcome = self.ingress.enqueue(record, None) => outcome,
+                _ = self.shutdown.cancelled() => return Err(Ending::Shutdown),
+            };
+            match outcome {
+                // Without a deadline `enqueue` waits for room; if it ever
+                // hands the record back, wait again.
+                Err(EnqueueError::Full { record: back, .. }) => record = back,
+                other => break other,
+            }
+        };
+        // The client could not be heard while weir was not reading it.
+        self.heard();
+        queued.map_err(Ending::from)
+    }
+
+    fn reply(&mut self, reply: Reply) {
+        if let Some(version) = self.version {
+            encode(&mut self.out, version, reply);
+        }
+    }
+
+    /// A packet arrived: restart the keep-alive clock (MQTT allows 1.5
+    /// times the keep alive between packets).
+    fn heard(&mut self) {
+        self.deadline = self.keep_alive.map(|k| Instant::now() + k * 3 / 2);
+    }
+
+    /// Sends the queued replies, then reads more bytes from the client.
+    async fn fill(&mut self) -> Result<(), Ending> {
+        // Replies collect while complete packets are buffered; send them
+        // before waiting on the client, which may be waiting on them.
+        self.flush().await?;
+        self.inbuf.reserve(READ_CHUNK);
+        let deadline = self.deadline;
+        let wake = {
+            let expiry = async {
+                match deadline {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            // Cancel safety: `read_buf` is cancel safe (when another branch
+            // wins, no bytes were consumed); the other branches only wait.
+            tokio::select! {
+                _ = self.shutdown.cancelled() => Wake::Shutdown,
+                _ = expiry => Wake::Expired,
+                read = self.stream.read_buf(&mut self.inbuf) => Wake::Read(read),
+            }
+        };
+        match wake {
+            Wake::Shutdown => Err(Ending::Shutdown),
+            Wake::Expired => Err(match self.keep_alive {
+                Some(keep_alive) if self.version.is_some() => Ending::KeepAliveExpired(keep_alive),
+                _ => Ending::ConnectTimeout,
+            }),
+            Wake::Read(Ok(0)) if self.inbuf.is_empty() => Err(Ending::Eof),
+            Wake::Read(Ok(0)) => Err(ProtocolError::Truncated.into()),
+            Wake::Read(Ok(_)) => Ok(()),
+            Wake::Read(Err(e)) => Err(Ending::Io(e)),
+        }
+    }
+
+    /// Writes the queued replies.
+    async fn flush(&mut self) -> Result<(), Ending> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        match tokio::time::timeout(WRITE_TIMEOUT, self.stream.write_all(&self.out)).await {
+            Ok(Ok(())) => {
+                self.out.clear();
+                Ok(())
+            }
+            Ok(Err(e)) => Err(Ending::Io(e)),
+            Err(_) => Err(Ending::WriteTimeout),
+        }
+    }
+
+    /// Closes the connection in an orderly way: FIN, then discard what the
+    /// client still sends for a moment (see [`CLOSE_LINGER`]).
+    async fn linger(&mut self) {
+        let until = Instant::now() + CLOSE_LINGER;
+        if tokio::time::timeout_at(until, self.stream.shutdown())
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let mut discard = [0u8; 4096];
+        // Cancel safety: a read cut off by the timeout only loses bytes that
+        // are being discarded anyway.
+        while let Ok(Ok(n)) = tokio::time::timeout_at(until, self.stream.read(&mut discard)).await {
+            if n == 0 {
+                break;
+            }
+        }
+    }
+}
