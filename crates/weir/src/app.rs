@@ -97,13 +97,14 @@ impl App {
         let queues = Arc::new(if scheme.uses_classes() {
             MultiLevelQueue::new(&cfg.capacities)
         } else {
-            // Native: one FIFO as large as all class queues together.
-            let total = cfg.capacities.iter().fold(cfg.capacities[0], |mut acc, c| {
+            // Native: one FIFO as large as the largest class queue (records
+            // and bytes taken separately).
+            let largest = cfg.capacities.iter().fold(cfg.capacities[0], |mut acc, c| {
                 acc.records = acc.records.max(c.records);
                 acc.bytes = acc.bytes.max(c.bytes);
                 acc
             });
-            MultiLevelQueue::fifo(total)
+            MultiLevelQueue::fifo(largest)
         });
         let metrics = Arc::new(Metrics::new(&cfg.classes));
         let stop = CancellationToken::new();

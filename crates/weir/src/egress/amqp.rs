@@ -6,7 +6,8 @@
 //! # Message format
 //! - body: a protobuf `weir.v1.Batch` (`weir_proto::decode_batch` reads it);
 //! - `content_type`: [`weir_proto::CONTENT_TYPE`];
-//! - `content_encoding`: the compression (`identity` for now);
+//! - `content_encoding`: the body's compression, chosen per batch by the piping
+//!   model (`identity`, `gzip` or `zstd`; `weir_proto::Encoding`);
 //! - headers, each a signed 64-bit integer (AMQP type `l`; the only 64-bit
 //!   integer every client reads; a node id above `i64::MAX` shows up
 //!   negative, reinterpret it as unsigned): [`HEADER_NODE`],
