@@ -10,7 +10,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -67,10 +66,63 @@ pub struct App {
     egress: JoinHandle<()>,
 }
 
-async fn bind(addr: SocketAddr, what: &str, key: &str) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr).await.with_context(|| {
-        format!("cannot listen for {what} on {addr} (is another program using it? change `{key}`)")
-    })
+/// Why weir could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// A listener could not be bound.
+    #[error("cannot listen for {what} on {addr} (is another program using it? change `{key}`): {source}")]
+    Bind {
+        /// What would have listened.
+        what: &'static str,
+        /// The configured address.
+        addr: SocketAddr,
+        /// The config key that sets it.
+        key: &'static str,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file egress's directory could not be created.
+    #[error("cannot create the batch directory {} (egress.file.dir): {source}", dir.display())]
+    BatchDir {
+        /// The configured directory.
+        dir: std::path::PathBuf,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The configured scheme is not one weir knows.
+    #[error("scheduler.scheme: {0}")]
+    Scheme(String),
+    /// Peering could not start.
+    #[error(transparent)]
+    Peering(#[from] crate::peer::PeerError),
+    /// The async runtime or a signal handler could not be set up.
+    #[error("cannot {what}: {source}")]
+    Runtime {
+        /// What failed.
+        what: &'static str,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Binds `addr` for `what`, read back as bound (port 0 picks one).
+async fn bind(
+    addr: SocketAddr,
+    what: &'static str,
+    key: &'static str,
+) -> Result<(TcpListener, SocketAddr), AppError> {
+    let err = |source| AppError::Bind {
+        what,
+        addr,
+        key,
+        source,
+    };
+    let l = TcpListener::bind(addr).await.map_err(err)?;
+    let local = l.local_addr().map_err(err)?;
+    Ok((l, local))
 }
 
 fn spawn_egress<S: Sink>(
@@ -87,13 +139,13 @@ fn spawn_egress<S: Sink>(
 
 impl App {
     /// Binds every listener and starts every task.
-    pub async fn start(cfg: Config) -> anyhow::Result<App> {
+    pub async fn start(cfg: Config) -> Result<App, AppError> {
         let scheme: Scheme = cfg
             .scheduler
             .scheme
             .as_str()
             .parse()
-            .context("scheduler.scheme")?;
+            .map_err(|e: weir_core::janus::JanusError| AppError::Scheme(e.to_string()))?;
         let queues = Arc::new(if scheme.uses_classes() {
             MultiLevelQueue::new(&cfg.capacities)
         } else {
@@ -161,11 +213,9 @@ impl App {
         };
         let egress = match &cfg.egress.sink {
             EgressSink::File(f) => {
-                let sink = FileSink::new(&f.dir).with_context(|| {
-                    format!(
-                        "cannot create the batch directory {} (egress.file.dir)",
-                        f.dir.display()
-                    )
+                let sink = FileSink::new(&f.dir).map_err(|source| AppError::BatchDir {
+                    dir: f.dir.clone(),
+                    source,
                 })?;
                 spawn_egress(sink, link, rx, ctx)
             }
@@ -216,8 +266,8 @@ impl App {
         if let Some(m) = &cfg.ingress.mqtt {
             match &m.mode {
                 MqttMode::Listen { addr } => {
-                    let l = bind(*addr, "MQTT", "ingress.mqtt.listen").await?;
-                    mqtt_addr = Some(l.local_addr()?);
+                    let (l, local) = bind(*addr, "MQTT", "ingress.mqtt.listen").await?;
+                    mqtt_addr = Some(local);
                     listeners.spawn(ingress::mqtt::listen::serve(
                         l,
                         m.clone(),
@@ -237,8 +287,8 @@ impl App {
         }
         let mut grpc_addr = None;
         if let Some(g) = &cfg.ingress.grpc {
-            let l = bind(g.listen, "gRPC", "ingress.grpc.listen").await?;
-            grpc_addr = Some(l.local_addr()?);
+            let (l, local) = bind(g.listen, "gRPC", "ingress.grpc.listen").await?;
+            grpc_addr = Some(local);
             let (g, ing, stop) = (g.clone(), Arc::clone(&ingress), stop.clone());
             listeners.spawn(async move {
                 if let Err(e) = ingress::grpc::serve(l, g, ing, stop).await {
@@ -248,8 +298,8 @@ impl App {
         }
         let mut admin_addr = None;
         if let Some(addr) = cfg.admin.listen {
-            let l = bind(addr, "the admin endpoint", "admin.listen").await?;
-            admin_addr = Some(l.local_addr()?);
+            let (l, local) = bind(addr, "the admin endpoint", "admin.listen").await?;
+            admin_addr = Some(local);
             let (m, stop) = (Arc::clone(&metrics), stop.clone());
             listeners.spawn(async move {
                 if let Err(e) = crate::admin::serve(l, m, stop).await {
@@ -322,16 +372,22 @@ impl App {
 }
 
 /// Runs weir until SIGINT or SIGTERM, then shuts down cleanly.
-pub fn run_until_signal(cfg: Config) -> anyhow::Result<()> {
+pub fn run_until_signal(cfg: Config) -> Result<(), AppError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("weir")
         .build()
-        .context("cannot start the async runtime")?;
+        .map_err(|source| AppError::Runtime {
+            what: "start the async runtime",
+            source,
+        })?;
     rt.block_on(async {
         let app = App::start(cfg).await?;
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .context("cannot install the SIGTERM handler")?;
+            .map_err(|source| AppError::Runtime {
+                what: "install the SIGTERM handler",
+                source,
+            })?;
         // Cancel safety: every branch only waits for an event.
         tokio::select! {
             _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
