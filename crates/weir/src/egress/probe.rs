@@ -49,6 +49,23 @@ fn probe_batch(node: NodeId, seq: u64, bytes: u64) -> EncodedBatch {
     }
 }
 
+/// Why a probe gave no estimate.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The sizes asked for cannot separate `T_sc` from bandwidth.
+    #[error("the large transfer must be larger than the small one")]
+    Sizes,
+    /// The file egress's directory could not be created.
+    #[error("cannot create the batch directory (egress.file.dir): {0}")]
+    Dir(#[source] std::io::Error),
+    /// A transfer was not confirmed.
+    #[error("probe transfer failed: {0}")]
+    Transfer(#[source] super::sink::SinkError),
+    /// The two transfers do not determine the link.
+    #[error("the two transfers do not determine the link: {0}")]
+    Fit(String),
+}
+
 /// Delivers `REPEATS` probe batches of `size` padding bytes; their body
 /// size and the median transfer time.
 async fn measure<S: Sink>(
@@ -56,16 +73,14 @@ async fn measure<S: Sink>(
     node: NodeId,
     first_seq: u64,
     size: u64,
-) -> anyhow::Result<(u64, Duration)> {
+) -> Result<(u64, Duration), ProbeError> {
     let mut times = Vec::with_capacity(REPEATS);
     let mut body = 0;
     for i in 0..REPEATS as u64 {
         let batch = probe_batch(node, first_seq + i, size);
         body = batch.body.len() as u64;
         let started = Instant::now();
-        sink.deliver(&batch)
-            .await
-            .map_err(|e| anyhow::anyhow!("probe transfer failed: {e}"))?;
+        sink.deliver(&batch).await.map_err(ProbeError::Transfer)?;
         times.push(started.elapsed());
     }
     times.sort();
@@ -77,13 +92,13 @@ async fn probe_with<S: Sink>(
     node: NodeId,
     small: u64,
     large: u64,
-) -> anyhow::Result<ProbeReport> {
+) -> Result<ProbeReport, ProbeError> {
     // Sequence numbers from the clock, like every batch of this node.
     let seed = crate::clock::unix_micros();
     let small = measure(&mut sink, node, seed, small).await?;
     let large = measure(&mut sink, node, seed + REPEATS as u64, large).await?;
     let estimate = two_transfer_probe(small.0, small.1, large.0, large.1)
-        .map_err(|e| anyhow::anyhow!("the two transfers do not determine the link: {e}"))?;
+        .map_err(|e| ProbeError::Fit(e.to_string()))?;
     Ok(ProbeReport {
         small,
         large,
@@ -93,21 +108,28 @@ async fn probe_with<S: Sink>(
 
 /// Probes the uplink of `cfg`'s egress with transfers of about `small` and
 /// `large` bytes.
-pub async fn probe_link(cfg: &Config, small: u64, large: u64) -> anyhow::Result<ProbeReport> {
-    anyhow::ensure!(
-        large > small,
-        "the large transfer must be larger than the small one"
-    );
+pub async fn probe_link(cfg: &Config, small: u64, large: u64) -> Result<ProbeReport, ProbeError> {
+    if large <= small {
+        return Err(ProbeError::Sizes);
+    }
     let link = cfg.egress.link.as_ref().map(|l| LinkProfile {
         bytes_per_sec: l.bandwidth_bytes_per_sec,
         delay: l.delay,
     });
     let node = cfg.node.id;
     match (&cfg.egress.sink, link) {
-        (EgressSink::File(f), None) => probe_with(FileSink::new(&f.dir)?, node, small, large).await,
+        (EgressSink::File(f), None) => {
+            probe_with(
+                FileSink::new(&f.dir).map_err(ProbeError::Dir)?,
+                node,
+                small,
+                large,
+            )
+            .await
+        }
         (EgressSink::File(f), Some(p)) => {
             probe_with(
-                EmulatedLink::new(p, FileSink::new(&f.dir)?),
+                EmulatedLink::new(p, FileSink::new(&f.dir).map_err(ProbeError::Dir)?),
                 node,
                 small,
                 large,
