@@ -9,9 +9,12 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use std::hint::black_box;
 use weir_core::batching::BatchLimits;
 use weir_core::drain::{Drain, Drainer};
+use weir_core::janus::scheme::Scheme;
+use weir_core::link_estimate::LinkEstimate;
 use weir_core::queue::{ClassQueue, MultiLevelQueue, QueueCapacity};
+use weir_core::scheduler::{Poll, Scheduler, SchedulerParams};
 use weir_core::token_bucket::{BucketConfig, Take, TokenBucket};
-use weir_core::{ClassId, Record};
+use weir_core::{ClassId, ClassSet, Record};
 
 const CAP: QueueCapacity = QueueCapacity {
     records: 65_536,
@@ -140,5 +143,73 @@ fn drain(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, push_pop, token_bucket, drain);
+/// The scheduler core's per-batch step (`Scheduler::poll_batch`, the drain
+/// with batch plans and sequence numbers) and its window step
+/// (`poll_window`: queue counters, PBTT, re-planning), as the relay's task
+/// calls them.
+fn scheduler(c: &mut Criterion) {
+    const BATCH: usize = 64;
+    let classes = ClassSet::janus_default();
+    let params = SchedulerParams {
+        scheme: Scheme::QmOnly,
+        window: Duration::from_millis(100),
+        processing_delay: Duration::from_millis(1),
+        capacity: 1e12,
+        burst_bytes: 1e12,
+        limits: BatchLimits {
+            max_records: BATCH,
+            max_bytes: 1 << 20,
+        },
+        adaptive: true,
+        reference: vec![2, 6, 11],
+        track_uplink: false,
+        mix_classes: true,
+    };
+    let link = LinkEstimate {
+        bytes_per_sec: 1e12,
+        per_transaction: Duration::from_millis(1),
+    };
+    let mut g = c.benchmark_group("scheduler");
+    g.throughput(Throughput::Elements(BATCH as u64));
+    let q = MultiLevelQueue::new(&[CAP, CAP, CAP]);
+    let mut s = Scheduler::new(
+        params.clone(),
+        classes.clone(),
+        &q,
+        link,
+        0,
+        1,
+        Duration::ZERO,
+    );
+    let mut k = 0u8;
+    g.bench_function("poll_batch_64", |b| {
+        b.iter(|| {
+            for _ in 0..BATCH {
+                k = (k + 1) % 3;
+                let _ = q.push(record(k));
+            }
+            let mut out = 0;
+            while out < BATCH {
+                match s.poll_batch(Duration::ZERO, 0, &q) {
+                    Poll::Batch(batch) => out += black_box(batch).records.len(),
+                    other => panic!("{other:?}"),
+                }
+            }
+        })
+    });
+    g.throughput(Throughput::Elements(1));
+    let q = MultiLevelQueue::new(&[CAP, CAP, CAP]);
+    let mut s = Scheduler::new(params, classes, &q, link, 0, 1, Duration::ZERO);
+    let mut now = Duration::ZERO;
+    g.bench_function("poll_window", |b| {
+        b.iter(|| {
+            now += Duration::from_millis(100);
+            black_box(s.poll_window(now, &q, 0));
+            while s.poll_event().is_some() {}
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, push_pop, token_bucket, drain, scheduler);
 criterion_main!(benches);
