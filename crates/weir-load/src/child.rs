@@ -51,7 +51,7 @@ impl Weir {
     pub async fn start(env: &Env, name: &str, batch: &WeirArgs) -> anyhow::Result<Weir> {
         ensure!(
             env.weir_bin.is_file(),
-            "no weir binary at {} (build it with `cargo build --release -p weir --bins`, or pass --weir)",
+            "no weir binary at {} (build it with `cargo build --release -p weir -p weir-load`, or pass --weir)",
             env.weir_bin.display()
         );
         let [mqtt, admin] = free_ports()?;
