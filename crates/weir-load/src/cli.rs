@@ -1,0 +1,161 @@
+//! The command line: the two runs (`throughput`, `latency`), their knobs
+//! and the knobs of the generated weir config.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use serde::Serialize;
+
+/// The RabbitMQ the tests use (scripts/services.sh starts it).
+pub const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+#[derive(Parser)]
+#[command(
+    name = "weir-load",
+    about = "Load tool for weir's relay figures (issue 3): throughput, latency, memory, CPU"
+)]
+pub struct Cli {
+    /// The weir binary to run (default: `weir` next to this executable).
+    #[arg(long, global = true)]
+    pub weir: Option<PathBuf>,
+    /// RabbitMQ to relay to and consume from.
+    #[arg(long, global = true, default_value = AMQP_URL)]
+    pub amqp: String,
+    /// Also write the figures as JSON to this file.
+    #[arg(long, global = true)]
+    pub json: Option<PathBuf>,
+    /// Keep the weir child's config and log directory after a good run.
+    #[arg(long, global = true)]
+    pub keep: bool,
+    /// What fills each payload after its 16-byte stamp: random bytes
+    /// (incompressible, the honest case once weir compresses batches) or a
+    /// repeated byte (compresses about 50:1).
+    #[arg(long, global = true, value_enum, default_value_t = PayloadKind::Random)]
+    pub payload: PayloadKind,
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+#[derive(Subcommand)]
+pub enum Cmd {
+    /// Sustained MQTT QoS 1 through weir to RabbitMQ: records/s, memory, CPU.
+    Throughput(ThroughputArgs),
+    /// End-to-end latency of ls records through weir vs straight to RabbitMQ.
+    Latency(LatencyArgs),
+}
+
+/// Knobs of the generated weir config.
+#[derive(clap::Args, Clone, Debug, Serialize)]
+pub struct WeirArgs {
+    /// scheduler.max_batch_records.
+    #[arg(long, default_value_t = 1024)]
+    pub max_batch_records: u64,
+    /// scheduler.max_batch_bytes (also scheduler.burst, so that the token
+    /// bucket never cuts a batch shorter).
+    #[arg(long, default_value = "1MiB")]
+    pub max_batch_bytes: String,
+    /// Any other setting, as `table.key=value` with a TOML value (a bare
+    /// word is taken as a string), e.g. `--set compression.enabled=false`;
+    /// repeatable, applied last.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+}
+
+#[derive(clap::Args, Clone, Debug, Serialize)]
+pub struct ThroughputArgs {
+    /// Length of the measured, steady part.
+    #[arg(long, default_value_t = 15)]
+    pub seconds: u64,
+    /// Load before measuring starts (queues fill, connections settle).
+    #[arg(long, default_value_t = 3)]
+    pub warmup: u64,
+    /// MQTT connections publishing in parallel.
+    #[arg(long, default_value_t = 4)]
+    pub connections: usize,
+    /// Payload bytes per record (at least 16).
+    #[arg(long, default_value_t = 256)]
+    pub size: usize,
+    /// Unacknowledged QoS 1 publishes allowed per connection.
+    #[arg(long, default_value_t = 1000)]
+    pub window: usize,
+    /// Total publish rate (records/s); unlimited (as fast as weir acks)
+    /// unless given.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Class the records are routed to.
+    #[arg(long, value_enum, default_value_t = ClassArg::Ls)]
+    pub class: ClassArg,
+    #[command(flatten)]
+    pub weir_config: WeirArgs,
+}
+
+#[derive(clap::Args, Clone, Debug, Serialize)]
+pub struct LatencyArgs {
+    /// Records per second (5000 is 10% of the 50k/s goal).
+    #[arg(long, default_value_t = 5000.0)]
+    pub rate: f64,
+    /// Length of the measured part of each run.
+    #[arg(long, default_value_t = 15)]
+    pub seconds: u64,
+    /// Load before measuring starts.
+    #[arg(long, default_value_t = 2)]
+    pub warmup: u64,
+    /// Payload bytes per record (at least 16).
+    #[arg(long, default_value_t = 256)]
+    pub size: usize,
+    /// Run only one side.
+    #[arg(long, value_enum)]
+    pub only: Option<Side>,
+    /// How sends are spread over time (both sides alike).
+    #[arg(long, value_enum, default_value_t = Pacing::Even)]
+    pub pacing: Pacing,
+    /// Alternate weir and direct this many times (each `--seconds` long)
+    /// and pool the samples, so that noise from other programs on the
+    /// machine falls on both sides alike.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: u32,
+    #[command(flatten)]
+    pub weir_config: WeirArgs,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClassArg {
+    Ls,
+    Nm,
+    Lt,
+}
+
+impl ClassArg {
+    pub fn name(self) -> &'static str {
+        match self {
+            ClassArg::Ls => "ls",
+            ClassArg::Nm => "nm",
+            ClassArg::Lt => "lt",
+        }
+    }
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PayloadKind {
+    Random,
+    Repetitive,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pacing {
+    /// Each record at its own time (thread sleeps between sends).
+    Even,
+    /// Whatever is due at each 1 ms tick of tokio's timer, in one burst.
+    Tick,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Side {
+    /// Through weir only.
+    Weir,
+    /// Straight to RabbitMQ only.
+    Direct,
+}

@@ -1,0 +1,206 @@
+//! The MQTT publisher: QoS 1 connections to weir's MQTT listener, lean on
+//! purpose (rumqttc's MQTT 3.1.1 codec over a `TcpStream`, a window of
+//! unacknowledged publishes, many publishes per write).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use anyhow::{bail, ensure, Context};
+use bytes::BytesMut;
+use rumqttc::mqttbytes::{self, v4, QoS};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::Pacing;
+use crate::pacer::{Pacer, MAX_BURST};
+use crate::shared::{on_thread, Counters, DRAIN_PATIENCE};
+use crate::stamp::stamped;
+
+/// One publishing connection.
+pub struct MqttLoad {
+    pub addr: SocketAddr,
+    pub client_id: String,
+    pub topic: String,
+    pub size: usize,
+    /// Unacknowledged publishes allowed.
+    pub window: usize,
+    /// Records per second, or as fast as the window allows.
+    pub rate: Option<f64>,
+    /// How sends are spread when paced.
+    pub pacing: Pacing,
+    /// Stop after this many records.
+    pub limit: Option<u64>,
+}
+
+/// Runs every connection on the `load-pub` thread until `stop` fires (or
+/// each has sent its `limit`), then waits for their in-flight PUBACKs.
+pub fn run_publishers(
+    loads: Vec<MqttLoad>,
+    counters: Arc<Counters>,
+    stop: CancellationToken,
+) -> impl Future<Output = anyhow::Result<()>> + Send {
+    on_thread("load-pub", move || async move {
+        let tasks: Vec<_> = loads
+            .into_iter()
+            .map(|l| mqtt_publisher(l, Arc::clone(&counters), stop.clone()))
+            .collect();
+        for r in futures::future::join_all(tasks).await {
+            r?;
+        }
+        Ok(())
+    })
+}
+
+async fn mqtt_publisher(
+    load: MqttLoad,
+    counters: Arc<Counters>,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut stream = TcpStream::connect(load.addr)
+        .await
+        .with_context(|| format!("connecting to weir's MQTT listener {}", load.addr))?;
+    stream.set_nodelay(true)?;
+    let mut out = BytesMut::with_capacity(64 * 1024);
+    let mut connect = v4::Connect::new(load.client_id.clone());
+    // No keep alive: the drain at the end may be silent for a while.
+    connect.keep_alive = 0;
+    v4::Packet::Connect(connect).write(&mut out, usize::MAX)?;
+    stream.write_all(&out).await?;
+    out.clear();
+    let mut inbuf = BytesMut::with_capacity(64 * 1024);
+    loop {
+        match v4::Packet::read(&mut inbuf, usize::MAX) {
+            Ok(v4::Packet::ConnAck(ack)) => {
+                ensure!(
+                    ack.code == v4::ConnectReturnCode::Success,
+                    "weir refused the MQTT connection: {:?}",
+                    ack.code
+                );
+                break;
+            }
+            Ok(other) => bail!("expected CONNACK, got {other:?}"),
+            Err(mqttbytes::Error::InsufficientBytes(_)) => {
+                ensure!(
+                    stream.read_buf(&mut inbuf).await? > 0,
+                    "weir closed the connection before CONNACK"
+                );
+            }
+            Err(e) => bail!("bad CONNACK: {e}"),
+        }
+    }
+    let (mut rd, mut wr) = stream.into_split();
+    let window = Arc::new(Semaphore::new(load.window));
+    let done = CancellationToken::new();
+
+    let reader = {
+        let (window, counters, done) = (Arc::clone(&window), Arc::clone(&counters), done.clone());
+        async move {
+            loop {
+                let mut acks = 0;
+                loop {
+                    match v4::Packet::read(&mut inbuf, usize::MAX) {
+                        Ok(v4::Packet::PubAck(_)) => acks += 1,
+                        Ok(other) => bail!("unexpected packet from weir: {other:?}"),
+                        Err(mqttbytes::Error::InsufficientBytes(_)) => break,
+                        Err(e) => bail!("bad packet from weir: {e}"),
+                    }
+                }
+                if acks > 0 {
+                    counters.acked.fetch_add(acks as u64, Ordering::Relaxed);
+                    window.add_permits(acks);
+                }
+                // Cancel safety: `read_buf` is cancel safe (nothing is
+                // read unless it returns); `done` only waits.
+                tokio::select! {
+                    n = rd.read_buf(&mut inbuf) => {
+                        if n? == 0 {
+                            // After our DISCONNECT weir closes: expected.
+                            if done.is_cancelled() {
+                                return Ok(());
+                            }
+                            bail!("weir closed the MQTT connection");
+                        }
+                    }
+                    _ = done.cancelled() => return Ok(()),
+                }
+            }
+        }
+    };
+
+    let writer = async {
+        let mut pacer = load.rate.map(|rate| Pacer::new(rate, load.pacing));
+        let mut pkid: u16 = 0;
+        let mut sent_here = 0u64;
+        loop {
+            if stop.is_cancelled() || load.limit.is_some_and(|l| sent_here >= l) {
+                break;
+            }
+            let mut budget = MAX_BURST as u64;
+            if let Some(p) = &pacer {
+                let due = p.due();
+                if due == 0 {
+                    p.wait(&stop).await;
+                    continue;
+                }
+                budget = budget.min(due);
+            }
+            if let Some(l) = load.limit {
+                budget = budget.min(l - sent_here);
+            }
+            // Cancel safety: `acquire` is cancel safe; a permit is only
+            // used (forgotten) once held.
+            tokio::select! {
+                p = window.acquire() => p?.forget(),
+                _ = stop.cancelled() => break,
+            }
+            let mut n = 1;
+            while n < budget {
+                match window.try_acquire() {
+                    Ok(p) => {
+                        p.forget();
+                        n += 1;
+                    }
+                    Err(_) => break,
+                }
+            }
+            for _ in 0..n {
+                pkid = if pkid == u16::MAX { 1 } else { pkid + 1 };
+                let seq = counters.sent.fetch_add(1, Ordering::Relaxed);
+                let publish = v4::Publish {
+                    dup: false,
+                    qos: QoS::AtLeastOnce,
+                    retain: false,
+                    topic: load.topic.clone(),
+                    pkid,
+                    payload: stamped(load.size, seq),
+                };
+                publish.write(&mut out)?;
+            }
+            wr.write_all(&out).await?;
+            out.clear();
+            sent_here += n;
+            if let Some(p) = &mut pacer {
+                p.sent += n;
+            }
+        }
+        // Every permit back means every publish acknowledged.
+        tokio::time::timeout(DRAIN_PATIENCE, window.acquire_many(load.window as u32))
+            .await
+            .context("weir did not acknowledge every publish in time")??
+            .forget();
+        // Before DISCONNECT, so that the reader takes the close it causes
+        // as the end, not as an error.
+        done.cancel();
+        v4::Packet::Disconnect.write(&mut out, usize::MAX)?;
+        wr.write_all(&out).await?;
+        wr.shutdown().await?;
+        anyhow::Ok(())
+    };
+    let (r, w) = tokio::join!(reader, writer);
+    // The writer's failure is the cause; the reader's is usually its echo.
+    w.and(r)
+}

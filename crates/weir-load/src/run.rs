@@ -1,0 +1,52 @@
+//! The steps the throughput and latency runs share: how often they sample,
+//! priming weir, waiting for the consumer to catch up, and the egress
+//! cycles of the batches consumed.
+
+use std::time::Duration;
+
+use anyhow::ensure;
+use tokio::time::Instant;
+
+use crate::child::Weir;
+use crate::shared::{Counters, DRAIN_PATIENCE};
+
+/// How often `/proc` is sampled for the memory timeline.
+pub const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+
+/// After the consumer has caught up, how long it keeps listening so that a
+/// re-published batch (a duplicate) can show up.
+pub const LINGER: Duration = Duration::from_secs(1);
+
+/// Records sent before measuring idle memory, so that weir has connected
+/// to RabbitMQ (it connects on its first batch).
+pub const PRIMING_RECORDS: u64 = 100;
+
+/// Waits until the consumer has seen every acknowledged record.
+pub async fn wait_consumed(counters: &Counters, weir: &mut Weir) -> anyhow::Result<()> {
+    let deadline = Instant::now() + DRAIN_PATIENCE;
+    loop {
+        let (acked, consumed, _) = counters.get();
+        if consumed >= acked {
+            return Ok(());
+        }
+        weir.check_alive()?;
+        counters.check_consumer()?;
+        ensure!(
+            Instant::now() < deadline,
+            "after {DRAIN_PATIENCE:?} the consumer has {consumed} of {acked} acknowledged records (weir log: {})",
+            weir.log.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Gaps between consecutive weir batches created in `[from_us, to_us)`.
+/// weir's egress is serial and the queue has one consumer, so consumption
+/// order is creation order.
+pub fn egress_cycles(batches: &[u64], from_us: u64, to_us: u64) -> Vec<u64> {
+    batches
+        .windows(2)
+        .filter(|w| w[0] >= from_us && w[1] < to_us)
+        .map(|w| w[1].saturating_sub(w[0]))
+        .collect()
+}

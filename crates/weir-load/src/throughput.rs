@@ -1,0 +1,179 @@
+//! The `throughput` run: sustained MQTT QoS 1 through weir to RabbitMQ,
+//! measured over its steady part (records/s, memory, CPU, latency under
+//! load).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::amqp::{Body, Consumer};
+use crate::child::Weir;
+use crate::cli::{Pacing, ThroughputArgs};
+use crate::mqtt::{run_publishers, MqttLoad};
+use crate::report::{machine_info, CpuReport, Percentiles, ThroughputReport, TimelinePoint};
+use crate::run::{egress_cycles, wait_consumed, LINGER, PRIMING_RECORDS, SAMPLE_EVERY};
+use crate::sample::{hwm_kib, rss_kib, Snapshot};
+use crate::shared::{unique, Counters, Env};
+use crate::stamp::{payload_kind, unix_us_at, STAMP};
+
+pub async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<ThroughputReport> {
+    ensure!(a.size >= STAMP, "--size must be at least {STAMP} bytes");
+    ensure!(
+        (1..65_535).contains(&a.window),
+        "--window must be between 1 and 65534 (MQTT packet ids)"
+    );
+    ensure!(a.connections > 0, "--connections must be at least 1");
+    let name = unique("tput");
+    let topic_base = format!("{name}/{}", a.class.name());
+    let mut weir = Weir::start(env, &name, &a.weir_config).await?;
+    let counters = Arc::new(Counters::default());
+    let consumer = Consumer::start(
+        env.amqp.clone(),
+        weir.queue.clone(),
+        Body::WeirBatch,
+        Arc::clone(&counters),
+    )
+    .await?;
+    let rss_start = rss_kib(weir.pid).unwrap_or(0);
+
+    // Prime: weir connects to RabbitMQ on its first batch.
+    let prime = MqttLoad {
+        addr: weir.mqtt,
+        client_id: format!("{name}-prime"),
+        topic: format!("{topic_base}/prime"),
+        size: a.size,
+        window: 100,
+        rate: None,
+        pacing: Pacing::Tick,
+        limit: Some(PRIMING_RECORDS),
+    };
+    run_publishers(vec![prime], Arc::clone(&counters), CancellationToken::new()).await?;
+    wait_consumed(&counters, &mut weir).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rss_idle = rss_kib(weir.pid).unwrap_or(0);
+
+    let loads = (0..a.connections)
+        .map(|i| MqttLoad {
+            addr: weir.mqtt,
+            client_id: format!("{name}-{i}"),
+            topic: format!("{topic_base}/c{i}"),
+            size: a.size,
+            window: a.window,
+            rate: a.rate.map(|r| r / a.connections as f64),
+            // Several connections share the publisher thread, so none may
+            // block it with thread sleeps.
+            pacing: Pacing::Tick,
+            limit: None,
+        })
+        .collect();
+    let stop = CancellationToken::new();
+    let started = Instant::now();
+    let publishers = tokio::spawn(run_publishers(loads, Arc::clone(&counters), stop.clone()));
+    let warmup_end = started + Duration::from_secs(a.warmup);
+    let end = warmup_end + Duration::from_secs(a.seconds);
+    let mut samples = Vec::new();
+    let mut first: Option<Snapshot> = None;
+    let mut next = started;
+    loop {
+        next += SAMPLE_EVERY;
+        tokio::time::sleep_until(next.min(end)).await;
+        weir.check_alive()?;
+        counters.check_consumer()?;
+        if publishers.is_finished() {
+            publishers.await??;
+            bail!("the publishers stopped before the end of the run");
+        }
+        let now = Instant::now();
+        let (acked, consumed, _) = counters.get();
+        samples.push((now, acked, consumed, rss_kib(weir.pid).unwrap_or(0)));
+        if first.is_none() && now >= warmup_end {
+            first = Some(Snapshot::take(&weir, &counters).await?);
+        }
+        if now >= end {
+            break;
+        }
+    }
+    let last = Snapshot::take(&weir, &counters).await?;
+    stop.cancel();
+    publishers.await.context("publisher thread")??;
+    wait_consumed(&counters, &mut weir).await?;
+    tokio::time::sleep(LINGER).await;
+    let consumed = consumer.stop().await?;
+    let hwm = hwm_kib(weir.pid).unwrap_or(0);
+    weir.stop(env.keep).await?;
+
+    let first = first.context("the run ended before the warm-up did")?;
+    let secs = last.at.duration_since(first.at).as_secs_f64();
+    let d = |f: fn(&Snapshot) -> u64| (f(&last) - f(&first)) as f64;
+    let records = d(|s| s.consumed);
+    let batches = last.metrics.sum("weir_batches_confirmed_total")
+        - first.metrics.sum("weir_batches_confirmed_total");
+    let forwarded = last.metrics.sum("weir_records_forwarded_total")
+        - first.metrics.sum("weir_records_forwarded_total");
+    let egress_bytes =
+        last.metrics.sum("weir_egress_bytes_total") - first.metrics.sum("weir_egress_bytes_total");
+    let steady: Vec<u64> = samples
+        .iter()
+        .filter(|s| s.0 >= first.at && s.0 <= last.at)
+        .map(|s| s.3)
+        .collect();
+    let from_us = unix_us_at(first.at);
+    let to_us = unix_us_at(last.at);
+    let latencies = consumed
+        .samples
+        .iter()
+        .filter(|s| s.send_us >= from_us && s.send_us < to_us)
+        .map(|s| s.consumed_us.saturating_sub(s.send_us))
+        .collect();
+    let timeline = samples
+        .windows(2)
+        .map(|w| {
+            let dt = w[1].0.duration_since(w[0].0).as_secs_f64().max(1e-9);
+            TimelinePoint {
+                t: w[1].0.duration_since(started).as_secs_f64(),
+                consumed_per_sec: (w[1].2 - w[0].2) as f64 / dt,
+                acked_per_sec: (w[1].1 - w[0].1) as f64 / dt,
+                weir_rss_kib: w[1].3,
+            }
+        })
+        .collect();
+    Ok(ThroughputReport {
+        kind: "throughput",
+        machine: machine_info(),
+        payload: payload_kind(),
+        params: a.clone(),
+        consumed_per_sec: records / secs,
+        acked_per_sec: d(|s| s.acked) / secs,
+        batches_per_sec: batches / secs,
+        records_per_batch: if batches > 0.0 {
+            forwarded / batches
+        } else {
+            0.0
+        },
+        bytes_per_batch: if batches > 0.0 {
+            egress_bytes / batches
+        } else {
+            0.0
+        },
+        backpressured: (last.metrics.sum("weir_records_backpressured_total")
+            - first.metrics.sum("weir_records_backpressured_total")) as u64,
+        weir_rss_start_kib: rss_start,
+        weir_rss_idle_kib: rss_idle,
+        weir_rss_load_mean_kib: if steady.is_empty() {
+            0
+        } else {
+            steady.iter().sum::<u64>() / steady.len() as u64
+        },
+        weir_rss_load_peak_kib: steady.iter().copied().max().unwrap_or(0),
+        weir_rss_hwm_kib: hwm,
+        cpu: CpuReport::between(&first, &last, records, env.clk_tck),
+        latency_under_load_ms: Percentiles::of(latencies),
+        egress_cycle_ms: Percentiles::of(egress_cycles(&consumed.batches, from_us, to_us)),
+        integrity: consumed.integrity(counters.acked.load(Ordering::Relaxed)),
+        timeline,
+    })
+}
