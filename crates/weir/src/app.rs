@@ -17,7 +17,6 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use weir_core::drain::BatchLimits;
-use weir_core::janus::scheme::Scheme;
 use weir_core::queue::MultiLevelQueue;
 
 use crate::config::{Config, EgressSink, MqttMode};
@@ -85,12 +84,7 @@ fn spawn_egress<S: Sink>(
 impl App {
     /// Binds every listener and starts every task.
     pub async fn start(cfg: Config) -> anyhow::Result<App> {
-        let scheme: Scheme = cfg
-            .scheduler
-            .scheme
-            .as_str()
-            .parse()
-            .context("scheduler.scheme")?;
+        let scheme = cfg.scheduler.scheme;
         let queues = Arc::new(if scheme.uses_classes() {
             MultiLevelQueue::new(&cfg.capacities)
         } else {

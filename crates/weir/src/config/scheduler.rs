@@ -6,6 +6,8 @@
 use std::time::Duration;
 
 use serde::Deserialize;
+use weir_core::janus::redirect::{Strategy, DEFAULT_RANDOM_SEED};
+use weir_core::janus::scheme::Scheme;
 
 use super::classes::MAX_CAPACITY_RECORDS;
 use super::named::named_enum;
@@ -69,8 +71,9 @@ pub(crate) struct RawScheduler {
 /// `[scheduler]`
 #[derive(Debug, Clone, PartialEq)]
 pub struct SchedulerConfig {
-    /// Which node-level scheme and matcher to run.
-    pub scheme: SchemeName,
+    /// Which node-level scheme and matcher to run, chosen by one of the
+    /// names of [`SchemeName`].
+    pub scheme: Scheme,
     /// PBTT counting window `t` (JANUS Algorithm 1); at most the smallest
     /// class bound.
     pub window: Duration,
@@ -114,6 +117,24 @@ named_enum! {
         Lrfs = "lrfs",
         /// Request closest in size to the provider's availability.
         BestFit = "best-fit",
+    }
+}
+
+impl SchemeName {
+    /// The scheme this name selects: what [`Scheme`]'s own parser reads
+    /// from the same name (`random` with its default seed).
+    pub fn scheme(self) -> Scheme {
+        match self {
+            SchemeName::Native => Scheme::Native,
+            SchemeName::QmOnly => Scheme::QmOnly,
+            SchemeName::Pmrfs => Scheme::Janus(Strategy::Pmrfs),
+            SchemeName::Random => Scheme::Janus(Strategy::Random {
+                seed: DEFAULT_RANDOM_SEED,
+            }),
+            SchemeName::Fcfs => Scheme::Janus(Strategy::Fcfs),
+            SchemeName::Lrfs => Scheme::Janus(Strategy::Lrfs),
+            SchemeName::BestFit => Scheme::Janus(Strategy::BestFit),
+        }
     }
 }
 
@@ -190,7 +211,7 @@ pub(crate) fn scheduler(
         transaction_time: transaction_time?,
         track_uplink: raw.track_uplink.unwrap_or(TRACK_UPLINK),
         mix_classes: raw.mix_classes.unwrap_or(MIX_CLASSES),
-        scheme: scheme?,
+        scheme: scheme?.scheme(),
         window: window?,
         processing_delay: processing_delay?,
         uplink_bytes_per_sec: uplink?,
@@ -377,4 +398,20 @@ pub(crate) fn compression(p: &mut Problems, raw: RawCompression) -> Option<Compr
         sample_every: sample_every?,
         sample_interval: sample_interval?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each name gives the scheme weir-core's own parser reads from it, the
+    /// one weir ran before the config carried the parsed scheme.
+    #[test]
+    fn every_scheme_name_gives_the_scheme_of_that_name() {
+        for &name in SchemeName::NAMES {
+            let named = SchemeName::from_name(name).expect("a listed name");
+            assert_eq!(Ok(named.scheme()), name.parse::<Scheme>(), "{name}");
+            assert_eq!(named.scheme().to_string(), name);
+        }
+    }
 }
