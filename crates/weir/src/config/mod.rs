@@ -23,7 +23,7 @@
 //!
 //! Beside them, used by the sections and never using them:
 //! - `problems.rs`: [`Problem`] and the collector sections report to.
-//! - `named.rs`: values chosen by name, and the enums that list them.
+//! - `named.rs`: values chosen by name, and the macro declaring their enums.
 //! - `units.rs`: [`HumanDuration`], [`Size`] and [`Rate`] in human units.
 //!
 //! And on top of them: this file composes the whole ([`Config`], [`parse`],

@@ -33,6 +33,7 @@ impl fmt::Display for Problem {
 pub(crate) struct Problems(pub(crate) Vec<Problem>);
 
 impl Problems {
+    /// Records that the value at `path` is wrong, and why.
     pub(crate) fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
         self.0.push(Problem {
             path: path.into(),
@@ -40,6 +41,8 @@ impl Problems {
         });
     }
 
+    /// How many problems so far; a section compares it before and after to
+    /// tell whether it found any.
     pub(crate) fn len(&self) -> usize {
         self.0.len()
     }
@@ -64,6 +67,7 @@ impl Problems {
         }
     }
 
+    /// A duration, zero allowed, or its default.
     pub(crate) fn duration(
         &mut self,
         path: &str,
@@ -74,6 +78,7 @@ impl Problems {
             .map(|(v, _)| v.0)
     }
 
+    /// A duration greater than zero, or its default.
     pub(crate) fn positive_duration(
         &mut self,
         path: &str,
@@ -117,6 +122,7 @@ impl Problems {
         }
     }
 
+    /// A rate greater than zero, or its default (in bytes per second).
     pub(crate) fn positive_rate(
         &mut self,
         path: &str,
