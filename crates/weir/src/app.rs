@@ -16,7 +16,6 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use weir_core::batching::BatchLimits;
-use weir_core::janus::scheme::Scheme;
 use weir_core::queue::MultiLevelQueue;
 use weir_core::scheduler::{OutBatch, SchedulerParams};
 
@@ -91,9 +90,6 @@ pub enum AppError {
         #[source]
         source: std::io::Error,
     },
-    /// The configured scheme is not one weir knows.
-    #[error("scheduler.scheme: {0}")]
-    Scheme(String),
     /// Peering could not start.
     #[error(transparent)]
     Peering(#[from] crate::peer::PeerError),
@@ -140,12 +136,7 @@ fn spawn_egress<S: Sink>(
 impl App {
     /// Binds every listener and starts every task.
     pub async fn start(cfg: Config) -> Result<App, AppError> {
-        let scheme: Scheme = cfg
-            .scheduler
-            .scheme
-            .as_str()
-            .parse()
-            .map_err(|e: weir_core::janus::JanusError| AppError::Scheme(e.to_string()))?;
+        let scheme = cfg.scheduler.scheme;
         let queues = Arc::new(if scheme.uses_classes() {
             MultiLevelQueue::new(&cfg.capacities)
         } else {

@@ -8,32 +8,85 @@
 //! keys are refused, so a typo never silently falls back to a default.
 //!
 //! # Layout
-//! - `checked.rs`: [`Config`] and its sections, what the rest of weir reads.
-//! - `raw.rs`: the file as written (serde, `deny_unknown_fields`).
-//! - `validate.rs`: raw to checked, collecting every problem.
-//! - `defaults.rs`: every default, each with why it has that value.
+//! One file per section (or small group of sections), each holding the
+//! section as written (serde, `deny_unknown_fields`), its defaults (each
+//! with why it has that value), its checked type (what the rest of weir
+//! reads) and the function that turns the one into the other, collecting
+//! every problem:
+//! - `node.rs`: `[node]`.
+//! - `classes.rs`: `[[class]]` and `[classify]`.
+//! - `scheduler.rs`: `[scheduler]`, `[batching]` and `[compression]`.
+//! - `ingress.rs`: `[ingress.mqtt]` and `[ingress.grpc]`.
+//! - `egress.rs`: `[egress]` with its file, amqp and link tables.
+//! - `peering.rs`: `[peering]`.
+//! - `admin.rs`, `log.rs`: `[admin]`, `[log]`.
+//!
+//! Beside them, used by the sections and never using them:
+//! - `problems.rs`: [`Problem`] and the collector sections report to.
+//! - `named.rs`: values chosen by name, and the macro declaring their enums.
 //! - `units.rs`: [`HumanDuration`], [`Size`] and [`Rate`] in human units.
-//! - `tests.rs`: the shipped examples parse; errors name their keys.
+//!
+//! And on top of them: this file composes the whole ([`Config`], [`parse`],
+//! [`load`], and the checks across sections), `defaults.rs` gathers every
+//! default under [`defaults`], `error.rs` holds [`ConfigError`], and
+//! `tests.rs` checks that the shipped examples parse and that errors name
+//! their keys.
+//!
+//! A new section is one more file, one more field on `RawConfig` and
+//! [`Config`], and one more line in `validate`.
 
-mod checked;
+mod admin;
+mod classes;
 pub mod defaults;
-mod raw;
+mod egress;
+mod error;
+mod ingress;
+mod log;
+mod named;
+mod node;
+mod peering;
+mod problems;
+mod scheduler;
 pub mod units;
-mod validate;
 
 #[cfg(test)]
 mod tests;
 
-use std::fmt;
-use std::path::{Path, PathBuf};
+use std::net::SocketAddr;
+use std::path::Path;
 
-pub use checked::{
-    AdminConfig, AmqpEgress, BatchingSection, BrokerAddr, CompressionSection, Config, EgressConfig,
-    EgressSink, ExchangeType, FileEgress, GrpcIngress, IngressConfig, LinkEmulation, LinkPreset,
-    LogConfig, MqttIngress, MqttMode, MqttSubscribe, NodeConfig, PayloadKind, PeerConfig,
-    PeeringConfig, Qos0WhenFull, SchedulerConfig, SchemeName, SubscribeQos,
+use serde::Deserialize;
+use weir_core::class::{ClassId, ClassSet};
+use weir_core::classify::Classifier;
+use weir_core::queue::QueueCapacity;
+
+pub use admin::AdminConfig;
+pub use egress::{
+    AmqpEgress, EgressConfig, EgressSink, ExchangeType, FileEgress, LinkEmulation, LinkPreset,
+};
+pub use error::{ConfigError, Location};
+pub use ingress::{
+    BrokerAddr, GrpcIngress, IngressConfig, MqttIngress, MqttMode, MqttSubscribe, Qos0WhenFull,
+    SubscribeQos,
+};
+pub use log::LogConfig;
+pub use node::NodeConfig;
+pub use peering::{PeerConfig, PeeringConfig};
+pub use problems::Problem;
+pub use scheduler::{
+    BatchingSection, CompressionSection, PayloadKind, SchedulerConfig, SchemeName,
 };
 pub use units::{HumanDuration, Rate, Size, UnitError};
+
+use admin::RawAdmin;
+use classes::{RawClass, RawClassify};
+use egress::RawEgress;
+use ingress::RawIngress;
+use log::RawLog;
+use node::RawNode;
+use peering::RawPeering;
+use problems::Problems;
+use scheduler::{RawBatching, RawCompression, RawScheduler};
 
 /// The shipped default configuration, the file weir documents its keys in.
 pub const DEFAULT_CONFIG: &str = include_str!("../../../../config/default.toml");
@@ -50,108 +103,216 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 /// Parses and validates config `text`; `origin` (a file name, or something
 /// like `"<default>"`) is named in TOML errors.
 pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
-    let raw: raw::RawConfig = toml::from_str(text).map_err(|e| ConfigError::Toml {
+    let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Toml {
         origin: origin.to_owned(),
         location: e.span().map(|span| Location::of(text, span.start)),
         message: e.message().trim_end().to_owned(),
     })?;
-    validate::validate(raw).map_err(ConfigError::Invalid)
+    validate(raw).map_err(ConfigError::Invalid)
 }
 
-/// Why a config could not be loaded. weir exits with status 2 on any of
-/// these.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The file could not be read.
-    #[error("cannot read config file {}: {source}", path.display())]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// What the OS said.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Not TOML, or a value of the wrong type or an unknown key.
-    #[error("{origin}{}: {message}", location.map(|l| format!(":{l}")).unwrap_or_default())]
-    Toml {
-        /// The file name or other origin given to [`parse`].
-        origin: String,
-        /// Where in the text, when toml knows.
-        location: Option<Location>,
-        /// toml's description (names the unknown key or expected type).
-        message: String,
-    },
-    /// Well-formed but wrong: every problem found, in file order by section.
-    #[error("{}", Problems(.0))]
-    Invalid(Vec<Problem>),
+/// The whole file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    node: RawNode,
+    /// `[[class]]`; `None` when absent (the JANUS defaults apply).
+    class: Option<Vec<RawClass>>,
+    #[serde(default)]
+    classify: RawClassify,
+    #[serde(default)]
+    scheduler: RawScheduler,
+    #[serde(default)]
+    batching: RawBatching,
+    #[serde(default)]
+    compression: RawCompression,
+    #[serde(default)]
+    ingress: RawIngress,
+    #[serde(default)]
+    egress: RawEgress,
+    #[serde(default)]
+    admin: RawAdmin,
+    #[serde(default)]
+    peering: RawPeering,
+    #[serde(default)]
+    log: RawLog,
 }
 
-/// A 1-based line and column in the config text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Location {
-    /// Line, from 1.
-    pub line: usize,
-    /// Column in characters, from 1.
-    pub column: usize,
+/// A validated weir configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// `[node]`: who this node is.
+    pub node: NodeConfig,
+    /// `[[class]]`: the latency classes in priority order.
+    pub classes: ClassSet,
+    /// Queue capacity per class, indexed by [`ClassId::index`].
+    pub capacities: Vec<QueueCapacity>,
+    /// `[classify]`: which class each topic or stream goes to.
+    pub classifier: Classifier,
+    /// `[scheduler]`: JANUS parameters.
+    pub scheduler: SchedulerConfig,
+    /// `[batching]`: adaptive batching (buffer-aided relaying).
+    pub batching: BatchingSection,
+    /// `[compression]`: per-batch codec choice (the piping model).
+    pub compression: CompressionSection,
+    /// `[ingress]`: where records come from.
+    pub ingress: IngressConfig,
+    /// `[egress]`: where batches go.
+    pub egress: EgressConfig,
+    /// `[admin]`: the metrics listener.
+    pub admin: AdminConfig,
+    /// `[peering]`: redirection to neighbours; `None` without
+    /// `peering.listen`.
+    pub peering: Option<PeeringConfig>,
+    /// `[log]`: logging.
+    pub log: LogConfig,
 }
 
-impl Location {
-    /// The location of byte `offset` of `text`.
-    fn of(text: &str, offset: usize) -> Location {
-        let before = &text[..floor_char_boundary(text, offset)];
-        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-        Location {
-            line: before.matches('\n').count() + 1,
-            column: before[line_start..].chars().count() + 1,
+impl Config {
+    /// The queue capacity of `class`.
+    pub fn capacity(&self, class: ClassId) -> QueueCapacity {
+        self.capacities[class.index()]
+    }
+}
+
+/// Checks `raw`, returning the config or every problem found.
+fn validate(raw: RawConfig) -> Result<Config, Vec<Problem>> {
+    let mut p = Problems::default();
+    let node = node::node(&mut p, raw.node);
+    let node_id = node.as_ref().map_or(node::NODE_ID, |n| n.id);
+    let classes = classes::classes(&mut p, raw.class);
+    let classifier = classes::classify(&mut p, raw.classify, &classes.names);
+    let scheduler = scheduler::scheduler(&mut p, raw.scheduler, &classes.bounds);
+    let batching = scheduler::batching(&mut p, raw.batching);
+    let compression = scheduler::compression(&mut p, raw.compression);
+    let ingress = ingress::ingress(&mut p, raw.ingress, node_id);
+    let egress = egress::egress(&mut p, raw.egress);
+    let admin = admin::admin(&mut p, raw.admin);
+    let peering = peering::peering(&mut p, raw.peering, node_id);
+    let log = log::log(&mut p, raw.log);
+    if let Some(ingress) = &ingress {
+        check_record_fits(&mut p, ingress, &classes.capacity_bytes);
+    }
+    if let (Some(ingress), Some(admin)) = (&ingress, &admin) {
+        let peering = peering.as_ref().and_then(Option::as_ref);
+        check_listeners(&mut p, ingress, admin, peering);
+    }
+    match (
+        node,
+        classes.set,
+        classes.capacities,
+        classifier,
+        scheduler,
+        (batching, compression, peering),
+        ingress,
+        egress,
+        admin,
+        log,
+    ) {
+        (
+            Some(node),
+            Some(classes),
+            Some(capacities),
+            Some(classifier),
+            Some(scheduler),
+            (Some(batching), Some(compression), Some(peering)),
+            Some(ingress),
+            Some(egress),
+            Some(admin),
+            Some(log),
+        ) if p.0.is_empty() => Ok(Config {
+            node,
+            classes,
+            capacities,
+            classifier,
+            scheduler,
+            batching,
+            compression,
+            ingress,
+            egress,
+            admin,
+            peering,
+            log,
+        }),
+        _ => {
+            debug_assert!(!p.0.is_empty(), "a section failed without saying why");
+            Err(p.0)
         }
     }
 }
 
-/// The largest char boundary of `text` at or before `offset`.
-fn floor_char_boundary(text: &str, offset: usize) -> usize {
-    let mut i = offset.min(text.len());
-    while !text.is_char_boundary(i) {
-        i -= 1;
-    }
-    i
-}
-
-impl fmt::Display for Location {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.line, self.column)
-    }
-}
-
-/// One thing wrong with a config: where (a key path such as
-/// `classify.route[3].class`) and what, with how to fix it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    /// Key path of the offending value, or of the section it belongs to.
-    pub path: String,
-    /// What is wrong and what to do.
-    pub message: String,
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.path, self.message)
-    }
-}
-
-/// Every problem, one per line, under a count.
-struct Problems<'a>(&'a [Problem]);
-
-impl fmt::Display for Problems<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let n = self.0.len();
-        write!(
-            f,
-            "invalid configuration ({n} problem{}):",
-            if n == 1 { "" } else { "s" }
-        )?;
-        for problem in self.0 {
-            write!(f, "\n  {problem}")?;
+/// A record as large as an ingress accepts must fit every class queue, or
+/// it is refused as oversized however empty the queue is.
+fn check_record_fits(p: &mut Problems, ingress: &IngressConfig, capacities: &[(String, usize)]) {
+    let Some((class, smallest)) = capacities.iter().min_by_key(|(_, bytes)| *bytes) else {
+        return;
+    };
+    let limits = [
+        (
+            "ingress.mqtt.max_packet_size",
+            ingress.mqtt.as_ref().map(|m| m.max_packet_size),
+        ),
+        (
+            "ingress.grpc.max_message_size",
+            ingress.grpc.as_ref().map(|g| g.max_message_size),
+        ),
+    ];
+    for (path, limit) in limits {
+        if let Some(limit) = limit.filter(|limit| limit > smallest) {
+            p.push(
+                path,
+                format!(
+                    "{} is larger than the capacity_bytes of class {class:?} ({}); a record that large could never be queued; lower this or raise the capacity",
+                    Size(limit as u64),
+                    Size(*smallest as u64),
+                ),
+            );
         }
-        Ok(())
+    }
+}
+
+/// Two enabled listeners on one port (port 0 picks a free one, so never
+/// conflicts).
+fn check_listeners(
+    p: &mut Problems,
+    ingress: &IngressConfig,
+    admin: &AdminConfig,
+    peering: Option<&PeeringConfig>,
+) {
+    let mqtt = ingress.mqtt.as_ref().and_then(|m| match m.mode {
+        MqttMode::Listen { addr } => Some(addr),
+        MqttMode::Subscribe(_) => None,
+    });
+    let listeners = [
+        ("ingress.mqtt.listen", mqtt),
+        (
+            "ingress.grpc.listen",
+            ingress.grpc.as_ref().map(|g| g.listen),
+        ),
+        ("admin.listen", admin.listen),
+        ("peering.listen", peering.map(|p| p.listen)),
+    ];
+    let listeners: Vec<(&str, SocketAddr)> = listeners
+        .into_iter()
+        .filter_map(|(path, addr)| addr.map(|a| (path, a)))
+        .filter(|(_, addr)| addr.port() != 0)
+        .collect();
+    for (i, (path, addr)) in listeners.iter().enumerate() {
+        let clash = listeners[..i].iter().find(|(_, other)| {
+            other.port() == addr.port()
+                && other.is_ipv4() == addr.is_ipv4()
+                && (other.ip() == addr.ip()
+                    || other.ip().is_unspecified()
+                    || addr.ip().is_unspecified())
+        });
+        if let Some((other_path, other)) = clash {
+            p.push(
+                *path,
+                format!(
+                    "{addr} clashes with {other_path} ({other}); give each listener its own port"
+                ),
+            );
+        }
     }
 }

@@ -3,6 +3,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use weir_core::class::{ClassId, ClassSet};
+use weir_core::janus::redirect::Strategy;
+use weir_core::janus::scheme::Scheme;
 use weir_core::queue::QueueCapacity;
 
 use super::*;
@@ -92,7 +94,7 @@ fn empty_file_gives_the_defaults() {
     assert_eq!(c.capacity(ClassId(2)).records, 65_536);
     assert_eq!(c.classifier.default_class(), ClassId(2));
     assert!(c.classifier.rules().is_empty());
-    assert_eq!(c.scheduler.scheme, SchemeName::Pmrfs);
+    assert_eq!(c.scheduler.scheme, Scheme::Janus(Strategy::Pmrfs));
     assert_eq!(c.scheduler.window, Duration::from_millis(100));
     assert_eq!(c.scheduler.processing_delay, Duration::from_millis(1));
     assert_eq!(c.scheduler.uplink_bytes_per_sec, 2_250_000.0);

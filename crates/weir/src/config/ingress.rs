@@ -1,0 +1,403 @@
+//! `[ingress]`: where records come from. `[ingress.mqtt]` in listen mode
+//! (weir is the devices' broker) or subscribe mode (weir subscribes to a
+//! broker), and `[ingress.grpc]`: as written, their defaults, checked, and
+//! their validation. Also the `host:port` of a broker ([`BrokerAddr`]),
+//! which peering uses for its peers too.
+
+use std::fmt;
+use std::net::SocketAddr;
+
+use serde::Deserialize;
+use weir_core::classify::TopicFilter;
+
+use super::named::named_enum;
+use super::problems::Problems;
+use super::units::{Size, Written};
+
+/// Every ingress is on unless switched off: a new box accepts data at once.
+pub const INGRESS_ENABLED: bool = true;
+
+/// `[ingress]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawIngress {
+    #[serde(default)]
+    pub mqtt: RawMqtt,
+    #[serde(default)]
+    pub grpc: RawGrpc,
+}
+
+/// `[ingress]`: each ingress is `None` when disabled; at least one is on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IngressConfig {
+    /// `[ingress.mqtt]`
+    pub mqtt: Option<MqttIngress>,
+    /// `[ingress.grpc]`
+    pub grpc: Option<GrpcIngress>,
+}
+
+/// `[ingress]` checked, or `None` after recording why; `node_id` makes
+/// the default MQTT client id.
+pub(crate) fn ingress(p: &mut Problems, raw: RawIngress, node_id: u64) -> Option<IngressConfig> {
+    let mqtt = mqtt(p, raw.mqtt, node_id);
+    let grpc = grpc(p, raw.grpc);
+    let (mqtt, grpc) = (mqtt?, grpc?);
+    if mqtt.is_none() && grpc.is_none() {
+        p.push(
+            "ingress",
+            "both ingress.mqtt and ingress.grpc are disabled; enable at least one",
+        );
+        return None;
+    }
+    Some(IngressConfig { mqtt, grpc })
+}
+
+/// Listen mode: weir is the devices' broker, no extra hop.
+pub const MQTT_MODE: &str = "listen";
+
+/// The IANA MQTT port on every interface, as a broker would.
+pub const MQTT_LISTEN: &str = "0.0.0.0:1883";
+
+/// A Mosquitto on the same box, the usual subscribe-mode setup.
+pub const MQTT_BROKER: &str = "127.0.0.1:1883";
+
+/// Subscribe mode relays everything the broker carries unless told
+/// otherwise (`#` does not match `$SYS`).
+pub const MQTT_TOPICS: &[&str] = &["#"];
+
+/// At-least-once: a record the broker handed over is acknowledged only once
+/// queued, so a weir restart loses nothing.
+pub const MQTT_QOS: SubscribeQos = SubscribeQos::AtLeastOnce;
+
+/// 1 MiB is ample for sensor records and bounds what one client can make
+/// weir buffer for a single packet.
+pub const MQTT_MAX_PACKET_SIZE: u64 = 1024 * 1024;
+
+/// MQTT's own limit: a remaining length of at most 268 435 455 bytes plus a
+/// fixed header of at most 5 (MQTT 3.1.1 section 2.2.3).
+pub const MQTT_MAX_PACKET_LIMIT: u64 = 268_435_455 + 5;
+
+/// Back-pressure rather than loss, even for QoS 0: weir never drops a record
+/// unless the operator says so.
+pub const QOS0_WHEN_FULL: Qos0WhenFull = Qos0WhenFull::Block;
+
+/// `[ingress.mqtt]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawMqtt {
+    pub enabled: Option<bool>,
+    pub mode: Option<String>,
+    pub listen: Option<String>,
+    pub broker: Option<String>,
+    pub client_id: Option<String>,
+    pub topics: Option<Vec<String>>,
+    /// Signed so that any integer reaches validation and its message.
+    pub qos: Option<i64>,
+    pub max_packet_size: Option<Written<Size>>,
+    pub qos0_when_full: Option<String>,
+}
+
+/// `[ingress.mqtt]`
+#[derive(Debug, Clone, PartialEq)]
+pub struct MqttIngress {
+    /// Act as the broker, or subscribe to one.
+    pub mode: MqttMode,
+    /// Largest MQTT packet accepted, in bytes.
+    pub max_packet_size: usize,
+    /// What to do with a QoS 0 publish when its class queue is full.
+    pub qos0_when_full: Qos0WhenFull,
+}
+
+/// How weir gets MQTT traffic.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MqttMode {
+    /// Devices connect to weir, which speaks the broker side of MQTT 3.1.1.
+    Listen {
+        /// Address to accept MQTT connections on.
+        addr: SocketAddr,
+    },
+    /// weir connects to an existing broker and subscribes.
+    Subscribe(MqttSubscribe),
+}
+
+/// Subscribe-mode settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MqttSubscribe {
+    /// The broker to connect to.
+    pub broker: BrokerAddr,
+    /// MQTT client id weir connects with.
+    pub client_id: String,
+    /// Filters to subscribe to, at least one.
+    pub topics: Vec<TopicFilter>,
+    /// QoS requested for the subscriptions.
+    pub qos: SubscribeQos,
+}
+
+/// QoS of weir's MQTT subscriptions. QoS 2's four-way handshake buys
+/// nothing here: weir deduplicates by `(origin, seq)` downstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SubscribeQos {
+    /// QoS 0: records may be lost if weir restarts.
+    AtMostOnce,
+    /// QoS 1: acknowledged only once queued.
+    AtLeastOnce,
+}
+
+impl SubscribeQos {
+    /// The MQTT QoS number.
+    pub fn level(self) -> u8 {
+        match self {
+            SubscribeQos::AtMostOnce => 0,
+            SubscribeQos::AtLeastOnce => 1,
+        }
+    }
+}
+
+named_enum! {
+    /// What a full class queue does to a QoS 0 publish, which has no
+    /// acknowledgement to withhold.
+    pub enum Qos0WhenFull {
+        /// Stop reading the connection until there is room (back-pressure).
+        Block = "block",
+        /// Drop the record and count it.
+        Drop = "drop",
+    }
+}
+
+/// `[ingress.mqtt]` checked, or `None` after recording why.
+///
+/// `Some(None)` when valid but disabled.
+fn mqtt(p: &mut Problems, raw: RawMqtt, node_id: u64) -> Option<Option<MqttIngress>> {
+    const PATH: &str = "ingress.mqtt";
+    let before = p.len();
+    let enabled = raw.enabled.unwrap_or(INGRESS_ENABLED);
+    let mode = raw.mode.as_deref().unwrap_or(MQTT_MODE);
+    let mode = match mode {
+        "listen" => {
+            let subscribe_only = [
+                ("broker", raw.broker.is_some()),
+                ("client_id", raw.client_id.is_some()),
+                ("topics", raw.topics.is_some()),
+                ("qos", raw.qos.is_some()),
+            ];
+            for (key, _) in subscribe_only.iter().filter(|(_, given)| *given) {
+                p.push(
+                    format!("{PATH}.{key}"),
+                    "only used when mode = \"subscribe\"; remove it or set ingress.mqtt.mode = \"subscribe\"",
+                );
+            }
+            let listen = raw.listen.as_deref().unwrap_or(MQTT_LISTEN);
+            p.socket_addr(&format!("{PATH}.listen"), listen)
+                .map(|addr| MqttMode::Listen { addr })
+        }
+        "subscribe" => {
+            if raw.listen.is_some() {
+                p.push(
+                    format!("{PATH}.listen"),
+                    "only used when mode = \"listen\"; remove it or set ingress.mqtt.mode = \"listen\"",
+                );
+            }
+            subscribe(p, raw.broker, raw.client_id, raw.topics, raw.qos, node_id)
+                .map(MqttMode::Subscribe)
+        }
+        other => {
+            p.push(
+                format!("{PATH}.mode"),
+                format!("unknown mode {other:?} (known: listen, subscribe)"),
+            );
+            None
+        }
+    };
+    let max_packet_size = p.positive_size(
+        &format!("{PATH}.max_packet_size"),
+        raw.max_packet_size,
+        MQTT_MAX_PACKET_SIZE,
+        MQTT_MAX_PACKET_LIMIT,
+    );
+    let qos0_when_full = p.choice(
+        &format!("{PATH}.qos0_when_full"),
+        "policy",
+        raw.qos0_when_full,
+        QOS0_WHEN_FULL,
+    );
+    if p.len() != before {
+        return None;
+    }
+    let ingress = MqttIngress {
+        mode: mode?,
+        max_packet_size: max_packet_size?,
+        qos0_when_full: qos0_when_full?,
+    };
+    Some(enabled.then_some(ingress))
+}
+
+/// The subscribe-mode keys of `[ingress.mqtt]` checked, or `None` after
+/// recording why.
+fn subscribe(
+    p: &mut Problems,
+    broker: Option<String>,
+    client_id: Option<String>,
+    topics: Option<Vec<String>>,
+    qos: Option<i64>,
+    node_id: u64,
+) -> Option<MqttSubscribe> {
+    let before = p.len();
+    let broker = broker.unwrap_or_else(|| MQTT_BROKER.to_owned());
+    let broker = match parse_broker(&broker) {
+        Ok(addr) => Some(addr),
+        Err(why) => {
+            p.push("ingress.mqtt.broker", format!("{broker:?}: {why}"));
+            None
+        }
+    };
+    let client_id = client_id.unwrap_or_else(|| format!("weir-{node_id}"));
+    if client_id.is_empty() {
+        p.push(
+            "ingress.mqtt.client_id",
+            "must not be empty; leave it out for \"weir-<node.id>\"",
+        );
+    }
+    let topics = topics.unwrap_or_else(|| MQTT_TOPICS.iter().map(|t| t.to_string()).collect());
+    if topics.is_empty() {
+        p.push(
+            "ingress.mqtt.topics",
+            "subscribe to at least one topic filter, e.g. [\"#\"]",
+        );
+    }
+    let mut filters = Vec::with_capacity(topics.len());
+    for (i, topic) in topics.iter().enumerate() {
+        match TopicFilter::parse(topic) {
+            Ok(filter) => filters.push(filter),
+            Err(e) => p.push(format!("ingress.mqtt.topics[{i}]"), e.to_string()),
+        }
+    }
+    let qos = match qos {
+        None => Some(MQTT_QOS),
+        Some(0) => Some(SubscribeQos::AtMostOnce),
+        Some(1) => Some(SubscribeQos::AtLeastOnce),
+        Some(2) => {
+            p.push(
+                "ingress.mqtt.qos",
+                "QoS 2 is not supported (records are deduplicated downstream by origin and sequence number); use 1",
+            );
+            None
+        }
+        Some(other) => {
+            p.push(
+                "ingress.mqtt.qos",
+                format!("{other} is not an MQTT QoS; use 0 or 1"),
+            );
+            None
+        }
+    };
+    if p.len() != before {
+        return None;
+    }
+    Some(MqttSubscribe {
+        broker: broker?,
+        client_id,
+        topics: filters,
+        qos: qos?,
+    })
+}
+
+/// A broker's `host:port`; the host is resolved when connecting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerAddr {
+    /// Host name or IP address (IPv6 without brackets); never empty.
+    pub host: String,
+    /// TCP port; never 0.
+    pub port: u16,
+}
+
+impl fmt::Display for BrokerAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// `host:port`, `[v6-address]:port`.
+pub(crate) fn parse_broker(text: &str) -> Result<BrokerAddr, &'static str> {
+    const HOW: &str = "expected host:port, e.g. \"127.0.0.1:1883\" or \"broker.local:1883\"";
+    if text.contains("://") {
+        return Err("give host:port without a scheme, e.g. \"127.0.0.1:1883\"");
+    }
+    let (host, port) = text.rsplit_once(':').ok_or(HOW)?;
+    let host = match host.strip_prefix('[') {
+        Some(v6) => v6
+            .strip_suffix(']')
+            .ok_or("an IPv6 address needs its closing bracket, e.g. \"[::1]:1883\"")?,
+        None if host.contains(':') => {
+            return Err("write an IPv6 address in brackets, e.g. \"[::1]:1883\"")
+        }
+        None => host,
+    };
+    if host.is_empty() {
+        return Err(HOW);
+    }
+    if host.contains(|c: char| c.is_whitespace() || c == '/') {
+        return Err("the host contains a space or a slash");
+    }
+    match port.parse::<u16>() {
+        Ok(0) | Err(_) => Err("the port must be a number from 1 to 65535"),
+        Ok(port) => Ok(BrokerAddr {
+            host: host.to_owned(),
+            port,
+        }),
+    }
+}
+
+/// The conventional gRPC port on every interface.
+pub const GRPC_LISTEN: &str = "0.0.0.0:50051";
+
+/// tonic's own default decode limit, so clients see no surprise.
+pub const GRPC_MAX_MESSAGE_SIZE: u64 = 4 * 1024 * 1024;
+
+/// gRPC frames carry a 4-byte length, so no message can be larger.
+pub const GRPC_MAX_MESSAGE_LIMIT: u64 = u32::MAX as u64;
+
+/// `[ingress.grpc]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawGrpc {
+    pub enabled: Option<bool>,
+    pub listen: Option<String>,
+    pub max_message_size: Option<Written<Size>>,
+}
+
+/// `[ingress.grpc]`
+#[derive(Debug, Clone, PartialEq)]
+pub struct GrpcIngress {
+    /// Address to accept gRPC connections on.
+    pub listen: SocketAddr,
+    /// Largest gRPC message accepted, in bytes.
+    pub max_message_size: usize,
+}
+
+/// `[ingress.grpc]` checked, or `None` after recording why.
+///
+/// `Some(None)` when valid but disabled.
+fn grpc(p: &mut Problems, raw: RawGrpc) -> Option<Option<GrpcIngress>> {
+    let before = p.len();
+    let enabled = raw.enabled.unwrap_or(INGRESS_ENABLED);
+    let listen = raw.listen.as_deref().unwrap_or(GRPC_LISTEN);
+    let listen = p.socket_addr("ingress.grpc.listen", listen);
+    let max_message_size = p.positive_size(
+        "ingress.grpc.max_message_size",
+        raw.max_message_size,
+        GRPC_MAX_MESSAGE_SIZE,
+        GRPC_MAX_MESSAGE_LIMIT,
+    );
+    if p.len() != before {
+        return None;
+    }
+    let ingress = GrpcIngress {
+        listen: listen?,
+        max_message_size: max_message_size?,
+    };
+    Some(enabled.then_some(ingress))
+}

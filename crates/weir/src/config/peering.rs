@@ -1,0 +1,199 @@
+//! `[peering]`: redirection of overflow to neighbouring nodes without a
+//! coordinator (docs/peering.md), with its `[[peering.peers]]`: as written,
+//! their defaults, checked, and their validation.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::Deserialize;
+use weir_core::record::NodeId;
+
+use super::ingress::{parse_broker, BrokerAddr};
+use super::problems::Problems;
+use super::units::{HumanDuration, Written};
+
+/// Peers exchange tuples once per PBTT window (the default `scheduler.window`),
+/// so each round matches on tuples at most one window old.
+pub const PEER_HEARTBEAT: Duration = Duration::from_millis(100);
+
+/// Five missed heartbeats: one lost packet or a GC-like stall does not drop
+/// a peer, a dead one stops being matched within half a second.
+pub const PEER_DEAD_AFTER: Duration = Duration::from_millis(500);
+
+/// Ten rounds: a receiver renews every round, so a reservation survives a
+/// few lost renewals, and a dead receiver's reservation is freed in a second.
+pub const PEER_LEASE: Duration = Duration::from_secs(1);
+
+/// `[peering]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPeering {
+    pub listen: Option<String>,
+    #[serde(default)]
+    pub peers: Vec<RawPeer>,
+    pub heartbeat: Option<Written<HumanDuration>>,
+    pub dead_after: Option<Written<HumanDuration>>,
+    pub lease: Option<Written<HumanDuration>>,
+}
+
+/// One `[[peering.peers]]` (or inline `{ id = 2, addr = "..." }`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPeer {
+    pub id: Option<u64>,
+    pub addr: Option<String>,
+}
+
+/// `[peering]`: redirection of overflow to neighbouring nodes without a
+/// coordinator (docs/peering.md).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeeringConfig {
+    /// Where this node serves `weir.v1.Peer`.
+    pub listen: SocketAddr,
+    /// The nodes it peers with; ids unique and not this node's.
+    pub peers: Vec<PeerConfig>,
+    /// How often it sends its state to each peer and runs a redirection
+    /// round.
+    pub heartbeat: Duration,
+    /// Silence after which a peer counts as gone; longer than `heartbeat`.
+    pub dead_after: Duration,
+    /// How long a reservation lasts unless renewed; longer than
+    /// `heartbeat`.
+    pub lease: Duration,
+}
+
+/// One `peering.peers` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerConfig {
+    /// Its `node.id`.
+    pub id: NodeId,
+    /// Where it serves `weir.v1.Peer` (`peering.listen` on that node).
+    pub addr: BrokerAddr,
+}
+
+/// `[peering]` checked against this node's `node_id`, or `None` after
+/// recording why.
+///
+/// `Some(None)` when valid and off (no `listen`).
+pub(crate) fn peering(
+    p: &mut Problems,
+    raw: RawPeering,
+    node_id: u64,
+) -> Option<Option<PeeringConfig>> {
+    const PATH: &str = "peering";
+    let before = p.len();
+    let listen = raw
+        .listen
+        .as_deref()
+        .map(|text| p.socket_addr(&format!("{PATH}.listen"), text));
+    if raw.listen.is_none() && !raw.peers.is_empty() {
+        p.push(
+            format!("{PATH}.listen"),
+            "missing; peers are only used by a node that serves the peer protocol too, e.g. listen = \"0.0.0.0:7070\"",
+        );
+    }
+    let heartbeat =
+        p.positive_duration(&format!("{PATH}.heartbeat"), raw.heartbeat, PEER_HEARTBEAT);
+    let dead_after = p.positive_duration(
+        &format!("{PATH}.dead_after"),
+        raw.dead_after,
+        PEER_DEAD_AFTER,
+    );
+    let lease = p.positive_duration(&format!("{PATH}.lease"), raw.lease, PEER_LEASE);
+    if let (Some(heartbeat), Some(dead_after)) = (heartbeat, dead_after) {
+        if dead_after <= heartbeat {
+            p.push(
+                format!("{PATH}.dead_after"),
+                format!(
+                    "{} must be longer than peering.heartbeat ({}), or a live peer is declared gone between two heartbeats; a few heartbeats is usual",
+                    HumanDuration(dead_after),
+                    HumanDuration(heartbeat)
+                ),
+            );
+        }
+    }
+    if let (Some(heartbeat), Some(lease)) = (heartbeat, lease) {
+        if lease <= heartbeat {
+            p.push(
+                format!("{PATH}.lease"),
+                format!(
+                    "{} must be longer than peering.heartbeat ({}): receivers renew their reservations once per heartbeat",
+                    HumanDuration(lease),
+                    HumanDuration(heartbeat)
+                ),
+            );
+        }
+    }
+    let mut peers: Vec<PeerConfig> = Vec::with_capacity(raw.peers.len());
+    let mut seen: Vec<(u64, usize)> = Vec::with_capacity(raw.peers.len());
+    for (i, peer) in raw.peers.into_iter().enumerate() {
+        let path = format!("{PATH}.peers[{i}]");
+        let id = match peer.id {
+            None => {
+                p.push(format!("{path}.id"), "missing; give the peer's node.id");
+                None
+            }
+            Some(0) => {
+                p.push(
+                    format!("{path}.id"),
+                    "0 is reserved; give the peer's node.id",
+                );
+                None
+            }
+            Some(id) if id == node_id => {
+                p.push(
+                    format!("{path}.id"),
+                    format!("{id} is this node's own node.id; list only the other nodes"),
+                );
+                None
+            }
+            Some(id) => {
+                match seen.iter().find(|(other, _)| *other == id) {
+                    Some((_, first)) => {
+                        p.push(
+                        format!("{path}.id"),
+                        format!("{id} is already the id of {PATH}.peers[{first}]; node ids are unique"),
+                    );
+                        None
+                    }
+                    None => {
+                        seen.push((id, i));
+                        Some(id)
+                    }
+                }
+            }
+        };
+        let addr = match peer.addr {
+            None => {
+                p.push(
+                    format!("{path}.addr"),
+                    "missing; give the peer's peering.listen as host:port, e.g. \"10.0.0.2:7070\"",
+                );
+                None
+            }
+            Some(text) => match parse_broker(&text) {
+                Ok(addr) => Some(addr),
+                Err(why) => {
+                    p.push(format!("{path}.addr"), format!("{text:?}: {why}"));
+                    None
+                }
+            },
+        };
+        if let (Some(id), Some(addr)) = (id, addr) {
+            peers.push(PeerConfig { id, addr });
+        }
+    }
+    if p.len() != before {
+        return None;
+    }
+    let Some(listen) = listen else {
+        return Some(None);
+    };
+    Some(Some(PeeringConfig {
+        listen: listen?,
+        peers,
+        heartbeat: heartbeat?,
+        dead_after: dead_after?,
+        lease: lease?,
+    }))
+}
