@@ -71,6 +71,9 @@ fn config(url: &str, n: &Names) -> AmqpEgress {
         queue: n.queue.clone(),
         routing_key: n.routing_key.clone(),
         confirm_timeout: Duration::from_secs(5),
+        // Connecting has its own bound: tests that shorten confirm_timeout
+        // must not make a slow connect on a loaded machine fail them.
+        connect_timeout: Duration::from_secs(30),
         reconnect_backoff_max: Duration::from_millis(500),
     }
 }

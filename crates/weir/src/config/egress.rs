@@ -157,6 +157,12 @@ pub const AMQP_ROUTING_KEY: &str = "weir.batches";
 /// the batch is retried rather than waited on forever.
 pub const AMQP_CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Connecting includes a TCP handshake, AMQP's own handshake, opening a
+/// channel and declaring the topology: several round trips, on a cellular
+/// uplink or to a broker that is just starting; an attempt slower than this
+/// is abandoned and retried with backoff.
+pub const AMQP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Reconnect attempts back off up to this, so a broker outage costs a
 /// reconnect every 30 s at worst and recovery is noticed quickly.
 pub const AMQP_RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -175,6 +181,7 @@ pub(crate) struct RawAmqp {
     pub queue: Option<String>,
     pub routing_key: Option<String>,
     pub confirm_timeout: Option<Written<HumanDuration>>,
+    pub connect_timeout: Option<Written<HumanDuration>>,
     pub reconnect_backoff_max: Option<Written<HumanDuration>>,
 }
 
@@ -193,6 +200,9 @@ pub struct AmqpEgress {
     pub routing_key: String,
     /// How long to wait for a publisher confirm before retrying.
     pub confirm_timeout: Duration,
+    /// How long connecting (TCP, AMQP handshake, channel, declarations)
+    /// may take before the attempt counts as failed and is retried.
+    pub connect_timeout: Duration,
     /// Longest pause between reconnect attempts.
     pub reconnect_backoff_max: Duration,
 }
@@ -245,6 +255,11 @@ fn amqp_egress(p: &mut Problems, raw: RawAmqp) -> Option<AmqpEgress> {
         raw.confirm_timeout,
         AMQP_CONFIRM_TIMEOUT,
     );
+    let connect_timeout = p.positive_duration(
+        &format!("{PATH}.connect_timeout"),
+        raw.connect_timeout,
+        AMQP_CONNECT_TIMEOUT,
+    );
     let reconnect_backoff_max = p.positive_duration(
         &format!("{PATH}.reconnect_backoff_max"),
         raw.reconnect_backoff_max,
@@ -260,6 +275,7 @@ fn amqp_egress(p: &mut Problems, raw: RawAmqp) -> Option<AmqpEgress> {
         queue: queue?,
         routing_key: routing_key?,
         confirm_timeout: confirm_timeout?,
+        connect_timeout: connect_timeout?,
         reconnect_backoff_max: reconnect_backoff_max?,
     })
 }

@@ -144,6 +144,7 @@ fn subscribe_example_reads_as_written() {
     };
     assert_eq!(amqp.exchange_type, ExchangeType::Direct);
     assert_eq!(amqp.confirm_timeout, Duration::from_secs(10));
+    assert_eq!(amqp.connect_timeout, Duration::from_secs(10));
     assert_eq!(
         c.classifier.classify_mqtt("factory/l1/vibration"),
         ClassId(0)
@@ -282,6 +283,7 @@ fn every_mistake_is_reported_with_its_key_path() {
 
         [egress.amqp]
         url = "http://user:secret@host/"
+        connect_timeout = "0s"
 
         [egress.link]
         preset = "4g"
@@ -339,6 +341,7 @@ fn every_mistake_is_reported_with_its_key_path() {
     assert_problem(&ps, "ingress.grpc.listen", "not an IP address and port");
     assert_problem(&ps, "egress.amqp", "egress.kind is \"file\"");
     assert_problem(&ps, "egress.amqp.url", "must start with amqp://");
+    assert_problem(&ps, "egress.amqp.connect_timeout", "");
     assert_problem(&ps, "egress.link", "not both");
     assert_problem(&ps, "log.level", "\"infoo\"");
     assert!(

@@ -185,7 +185,7 @@ impl AmqpSink {
                 // per real attempt; the run loop's own backoff overlaps it.
                 tokio::time::sleep_until(at).await;
             }
-            let limit = self.cfg.confirm_timeout;
+            let limit = self.cfg.connect_timeout;
             match tokio::time::timeout(limit, Link::open(target, &self.cfg, self.node)).await {
                 Ok(Ok(link)) => {
                     tracing::info!(
@@ -203,7 +203,7 @@ impl AmqpSink {
                 Err(_) => {
                     sup.failed(self.cfg.reconnect_backoff_max);
                     return Err(SinkError::Unavailable(format!(
-                        "connecting to RabbitMQ took longer than {limit:?} (egress.amqp.confirm_timeout)"
+                        "connecting to RabbitMQ took longer than {limit:?} (egress.amqp.connect_timeout)"
                     )));
                 }
             }
@@ -282,7 +282,7 @@ impl Target {
         // abandoned attempt to a black-holed host does not linger.
         if uri.query.connection_timeout.is_none() {
             uri.query.connection_timeout = Some(
-                cfg.confirm_timeout
+                cfg.connect_timeout
                     .as_millis()
                     .try_into()
                     .unwrap_or(u64::MAX),
@@ -600,6 +600,7 @@ mod tests {
             queue: "weir.batches".into(),
             routing_key: "weir.batches".into(),
             confirm_timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(1),
             reconnect_backoff_max: Duration::from_secs(1),
         }
     }
