@@ -12,12 +12,7 @@
 
 pub mod codec;
 
-/// The generated `weir.v1` package. `bytes` fields are [`bytes::Bytes`], so
-/// payloads move without copies.
-pub mod pb {
-    #![allow(missing_docs, clippy::all)]
-    tonic::include_proto!("weir.v1");
-}
+pub mod pb;
 
 pub use codec::{
     compress, decode_batch, decompress, encode_batch, CompressError, DecodeError, Encoding,

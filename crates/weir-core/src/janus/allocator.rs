@@ -18,7 +18,7 @@
 
 use crate::class::{ClassId, ClassSet};
 
-use super::{non_negative, JanusError};
+use super::error::{non_negative, JanusError};
 
 /// What one class saw over the last counting window (JANUS Algorithm 1
 /// line 3 and Section IV-A).

@@ -34,8 +34,9 @@ use std::time::Duration;
 use crate::class::ClassSet;
 
 use super::allocator::{check_capacity, check_window, fit_within};
+use super::allocator::{Allocation, BandwidthTuple, BwAllocator, ClassLoad};
+use super::error::{non_negative, JanusError};
 use super::redirect::{apply_grant, Grant};
-use super::{non_negative, Allocation, BandwidthTuple, BwAllocator, ClassLoad, JanusError};
 
 /// A class's Eq. 22 demand may exceed its allocation by this fraction
 /// before PBTT reallocates for it: measurement noise of one window does not

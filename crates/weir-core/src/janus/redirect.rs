@@ -25,7 +25,8 @@ use crate::class::ClassId;
 use crate::record::NodeId;
 
 use super::allocator::fit_within;
-use super::{non_negative, Allocation, BandwidthTuple, JanusError};
+use super::allocator::{Allocation, BandwidthTuple};
+use super::error::{non_negative, JanusError};
 
 /// Amounts at or below this many units/s are treated as nothing: they are
 /// floating-point residue of subtractions, far below one byte or record per

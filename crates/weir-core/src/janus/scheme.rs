@@ -16,7 +16,8 @@ use std::str::FromStr;
 
 use crate::class::ClassId;
 
-use super::{JanusError, Strategy};
+use super::error::JanusError;
+use super::redirect::Strategy;
 
 /// How a node schedules its outbound traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
