@@ -1,0 +1,116 @@
+//! What a node knows of its peers: the latest advert of each, and which are
+//! alive ([`PeerView`]).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::state::Advert;
+use crate::record::NodeId;
+
+/// A peer's latest advert and when it arrived.
+#[derive(Debug, Clone)]
+pub(crate) struct Heard {
+    advert: Advert,
+    received: Duration,
+}
+
+/// What [`PeerView::observe`] made of a heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Observed {
+    /// A peer not known, or known and gone, is (again) alive.
+    Joined,
+    /// A newer advert of a live peer.
+    Updated,
+    /// Not newer than the advert held (a reordered or repeated message):
+    /// ignored, so the view never goes back in time.
+    Stale,
+}
+
+/// One node's view of its peers: the latest advert of each, alive while
+/// heard from within `dead_after`.
+#[derive(Debug, Clone)]
+pub struct PeerView {
+    dead_after: Duration,
+    peers: BTreeMap<NodeId, Heard>,
+}
+
+impl PeerView {
+    /// An empty view in which a peer is gone after `dead_after` of silence.
+    pub fn new(dead_after: Duration) -> Self {
+        PeerView {
+            dead_after,
+            peers: BTreeMap::new(),
+        }
+    }
+
+    /// Records a heartbeat from `peer` received at `now`.
+    ///
+    /// A peer that is gone may come back with a smaller round (it restarted
+    /// with a clock that went back), so rounds are only compared while it
+    /// is alive.
+    pub fn observe(&mut self, peer: NodeId, advert: Advert, now: Duration) -> Observed {
+        let dead_after = self.dead_after;
+        match self.peers.get_mut(&peer) {
+            Some(h) => {
+                let alive = now.saturating_sub(h.received) < dead_after;
+                if alive && advert.round <= h.advert.round {
+                    return Observed::Stale;
+                }
+                *h = Heard {
+                    advert,
+                    received: now,
+                };
+                if alive {
+                    Observed::Updated
+                } else {
+                    Observed::Joined
+                }
+            }
+            None => {
+                self.peers.insert(
+                    peer,
+                    Heard {
+                        advert,
+                        received: now,
+                    },
+                );
+                Observed::Joined
+            }
+        }
+    }
+
+    /// True if `peer` was heard from less than `dead_after` before `now`.
+    pub fn is_alive(&self, peer: NodeId, now: Duration) -> bool {
+        self.peers
+            .get(&peer)
+            .is_some_and(|h| now.saturating_sub(h.received) < self.dead_after)
+    }
+
+    /// The live peers and their latest adverts, by node id.
+    pub fn alive(&self, now: Duration) -> impl Iterator<Item = (NodeId, &Advert)> + '_ {
+        self.peers
+            .iter()
+            .filter(move |(_, h)| now.saturating_sub(h.received) < self.dead_after)
+            .map(|(&id, h)| (id, &h.advert))
+    }
+
+    /// How many peers are alive at `now`.
+    pub fn alive_count(&self, now: Duration) -> usize {
+        self.alive(now).count()
+    }
+
+    /// The latest advert of `peer`, alive or not.
+    pub fn advert(&self, peer: NodeId) -> Option<&Advert> {
+        self.peers.get(&peer).map(|h| &h.advert)
+    }
+
+    /// When `peer` was last heard from.
+    pub fn last_heard(&self, peer: NodeId) -> Option<Duration> {
+        self.peers.get(&peer).map(|h| h.received)
+    }
+
+    /// The silence after which a peer is gone.
+    pub fn dead_after(&self) -> Duration {
+        self.dead_after
+    }
+}
