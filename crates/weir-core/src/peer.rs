@@ -10,7 +10,7 @@
 //! 1. advertises its PBTT tuple on heartbeats and keeps the latest
 //!    [`Advert`] of every peer in a [`PeerView`]; a peer not heard from for
 //!    `dead_after` is gone;
-//! 2. each round runs the *same* deterministic matcher ([`redirect()`]) over
+//! 2. each round runs the *same* deterministic matcher ([`redirect()`](crate::janus::redirect())) over
 //!    its view plus its own tuple ([`decide`]) and keeps only the grants in
 //!    which it is the receiver;
 //! 3. asks each of those providers to reserve the granted rate for a lease.
@@ -31,7 +31,7 @@
 //! provider carrying more than the spare it had when it said yes.
 //!
 //! Units are whatever the tuples use (weir: bytes/s; a record counts for
-//! [`Record::size`] bytes); time is a [`Duration`] since any epoch the
+//! [`Record::size`](crate::record::Record::size) bytes); time is a [`Duration`](std::time::Duration) since any epoch the
 //! caller picks.
 //!
 //! # Layout

@@ -16,7 +16,7 @@ pub fn key_of(record: &Record) -> RecordKey {
 
 /// Records sent to a provider and not yet settled. A record leaves only
 /// when the provider acknowledges it (it has delivered it: the cloud
-/// confirmed it, or a further provider did; see [`Custody`]) or when it is
+/// confirmed it, or a further provider did; see [`Custody`](crate::peer::Custody)) or when it is
 /// taken back (refused, or the stream broke), so a provider that dies
 /// mid-stream, even one that had already queued the record, loses nothing:
 /// whatever it did not acknowledge is still here.

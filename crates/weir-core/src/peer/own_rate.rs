@@ -9,8 +9,8 @@ use std::time::Duration;
 pub const OWN_RATE_TAU: Duration = Duration::from_secs(1);
 
 /// The rate of a node's own arrivals (everything but what peers forwarded
-/// to it), smoothed over [`OWN_RATE_TAU`]: what [`lendable`] subtracts from
-/// `C_out` ([`BandwidthState::own_rate`]).
+/// to it), smoothed over [`OWN_RATE_TAU`]: what [`lendable`](crate::peer::lendable) subtracts from
+/// `C_out` ([`BandwidthState::own_rate`](crate::peer::BandwidthState::own_rate)).
 #[derive(Debug, Clone, Default)]
 pub struct OwnRate {
     rate: f64,

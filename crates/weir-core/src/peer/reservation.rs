@@ -124,7 +124,7 @@ impl Reservations {
     /// renewal is judged afresh.
     ///
     /// `spare` is what the node can lend *counting what its reservations
-    /// carry now as lendable* ([`lendable`]): the PBTT tuple's Eq. 22
+    /// carry now as lendable* ([`lendable`](crate::peer::lendable)): the PBTT tuple's Eq. 22
     /// demands already include the forwarded records in the provider's
     /// queues, so its bare spare would count every flowing reservation
     /// twice (once as load, once as reserved), and a renewal would shrink

@@ -35,7 +35,7 @@ pub fn match_nodes<'a>(
 ///
 /// Every node runs this on what it knows; where views agree, nodes agree on
 /// the whole matching, and where they do not, providers arbitrate
-/// ([`Reservations::grant`]).
+/// ([`Reservations::grant`](crate::peer::Reservations::grant)).
 pub fn decide(
     strategy: Strategy,
     me: NodeId,

@@ -19,7 +19,7 @@ pub const LEND_SHARE: f64 = 0.9;
 /// While the node is late (a class broke its bound by Eq. 1, e.g. the
 /// uplink is slower than `C_out` says), it lends no more than its PBTT
 /// tuple shows: [`LEND_SHARE`] of its spare plus what its reservations
-/// carry now ([`Reservations::carried`]: the tuple's Eq. 22 demands
+/// carry now ([`Reservations::carried`](crate::peer::Reservations::carried): the tuple's Eq. 22 demands
 /// already count those records as load), less its shortage. Renewals then
 /// shrink until it catches up.
 ///

@@ -24,7 +24,7 @@ pub struct BandwidthState {
 impl BandwidthState {
     /// A node at `tuple` with nothing else known: its capacity taken as
     /// the tuple's spare, no own traffic, not late (so it lends
-    /// [`LEND_SHARE`] of that spare). For tests and tools that set tuples
+    /// [`LEND_SHARE`](crate::peer::LEND_SHARE) of that spare). For tests and tools that set tuples
     /// by hand.
     pub fn from_tuple(tuple: BandwidthTuple) -> Self {
         BandwidthState {

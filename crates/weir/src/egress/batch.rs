@@ -25,7 +25,7 @@ pub struct EncodedBatch {
     pub encoding: Encoding,
 }
 
-/// Encodes records into a `weir.v1.Batch` body (identity encoding; [`run`]
+/// Encodes records into a `weir.v1.Batch` body (identity encoding; [`run`](crate::egress::run)
 /// then compresses it when the chooser says it pays).
 pub fn encode(node: NodeId, classes: &ClassSet, batch: &OutBatch) -> EncodedBatch {
     let pb = pb::Batch {

@@ -8,7 +8,7 @@
 //!   must withhold the PUBACK until the record is in its class queue.
 //! - `subscribe`: weir is a client of an existing broker.
 //!
-//! Both hand records to the shared [`Intake`](super::Intake),
+//! Both hand records to the shared [`Intake`](crate::intake::Intake),
 //! which classifies them by topic and applies back-pressure when a class
 //! queue is full.
 //!
