@@ -14,6 +14,8 @@ mod common;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::amqp::*;
+use common::process::{parse_config, GRPC_ONLY};
 use common::*;
 use weir::app::App;
 use weir::intake::Intake;
@@ -47,16 +49,13 @@ window = "100ms"
 uplink = "780kbit/s"
 burst = "8KiB"
 max_batch_bytes = "8KiB"
-[ingress.mqtt]
-enabled = false
-[ingress.grpc]
-listen = "127.0.0.1:0"
+{GRPC_ONLY}
 {amqp}
 [egress.link]
 preset = "3g"
 "#
     );
-    weir::config::parse(&text, "priority").unwrap_or_else(|e| panic!("{e}"))
+    parse_config(&text, "priority")
 }
 
 async fn put(ingress: &Intake, stream: &str, payload: Vec<u8>) {

@@ -9,8 +9,11 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::amqp::*;
+use common::mqtt::{require_mosquitto, MqttClient, MOSQUITTO, MOSQUITTO_PORT};
+use common::process::parse_config;
 use common::*;
-use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use rumqttc::QoS;
 use weir::app::App;
 use weir_proto::pb::ingress_client::IngressClient;
 use weir_proto::pb::PublishRequest;
@@ -53,38 +56,26 @@ listen = "127.0.0.1:0"
 {amqp}
 "#
     );
-    weir::config::parse(&text, test).unwrap_or_else(|e| panic!("{e}"))
+    parse_config(&text, test)
 }
 
+/// Publishes `PER_SOURCE` QoS 1 records on each of `topics` (topic,
+/// payload tag); returns how many PUBACKs came back.
 async fn mqtt_publish(port: u16, client_id: &str, topics: &[(String, String)]) -> usize {
-    let mut opts = MqttOptions::new(client_id, "127.0.0.1", port);
-    opts.set_keep_alive(Duration::from_secs(30));
-    let (client, mut eventloop) = AsyncClient::new(opts, 64);
-    let total = topics.len() * PER_SOURCE;
-    let poller = tokio::spawn(async move {
-        let mut acks = 0;
-        while acks < total {
-            match eventloop.poll().await {
-                Ok(Event::Incoming(Packet::PubAck(_))) => acks += 1,
-                Ok(_) => {}
-                Err(e) => panic!("MQTT client error: {e}"),
-            }
-        }
-        acks
-    });
+    let mut client = MqttClient::connect(port, client_id).await;
     for i in 0..PER_SOURCE {
         for (topic, tag) in topics {
             client
-                .publish(topic.clone(), QoS::AtLeastOnce, false, payload(tag, i))
-                .await
-                .unwrap();
+                .publish(topic, QoS::AtLeastOnce, payload(tag, i))
+                .await;
         }
     }
-    let acks = tokio::time::timeout(PATIENCE, poller)
-        .await
-        .unwrap()
-        .unwrap();
-    let _ = client.disconnect().await;
+    let mut acks = 0;
+    while acks < topics.len() * PER_SOURCE {
+        client.next_ack().await;
+        acks += 1;
+    }
+    let _ = client.client.disconnect().await;
     acks
 }
 
@@ -193,24 +184,27 @@ async fn mqtt_listen_and_grpc_three_classes_reach_rabbitmq_exactly_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mqtt_subscribe_mode_through_mosquitto_reaches_rabbitmq_exactly_once() {
+    require_mosquitto().await;
     let test = "subscribe";
     let name = unique(test);
-    delete_queue(&format!("{name}.q")).await;
+    let queue = format!("{name}.q");
+    delete_queue(&queue).await;
     let app = App::start(config(
         test,
         &format!(
-            "[ingress.mqtt]\nmode = \"subscribe\"\nbroker = \"127.0.0.1:1883\"\nclient_id = \"{name}-weir\"\ntopics = [\"{name}/#\"]\nqos = 1"
+            "[ingress.mqtt]\nmode = \"subscribe\"\nbroker = \"{MOSQUITTO}\"\nclient_id = \"{name}-weir\"\ntopics = [\"{name}/#\"]\nqos = 1"
         ),
     ))
     .await
     .unwrap();
+
     // Let weir's subscription land before publishing.
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let expected = mqtt_publish_three_classes(1883, &name, "sub").await;
+    let expected = mqtt_publish_three_classes(MOSQUITTO_PORT, &name, "sub").await;
     let total = expected.len() * PER_SOURCE;
-    let all = consume_until(&format!("{name}.q"), |s| s.len() >= total).await;
+    let all = consume_until(&queue, |s| s.len() >= total).await;
     app.shutdown(Duration::from_secs(30)).await;
     check(&all, &expected);
-    delete_queue(&format!("{name}.q")).await;
+    delete_queue(&queue).await;
 }

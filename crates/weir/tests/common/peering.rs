@@ -13,7 +13,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use super::{amqp_egress, Seen};
+use super::amqp::{amqp_egress, Seen};
 
 /// Records of `lt` per second offered to node 1: 1,000 x ~290 bytes is
 /// about 2.3 Mbit/s against its 1 Mbit/s uplink.
