@@ -9,6 +9,8 @@
 //! proxy that the test can cut, stall, or use to inject
 //! `connection.blocked`.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,7 +23,7 @@ use lapin::options::{
     QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::Channel;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{broadcast, mpsc, watch};
@@ -36,10 +38,9 @@ use weir_core::link_estimate::LinkEstimate;
 use weir_core::scheduler::OutBatch;
 use weir_core::{ClassId, ClassSet, NodeId, Record};
 
-const BROKER: &str = "127.0.0.1:5672";
-const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-/// Bounds every wait so that a broken test fails instead of hanging.
-const PATIENCE: Duration = Duration::from_secs(60);
+use common::amqp::{connect_test_client, AMQP_URL as URL, BROKER};
+use common::process::parse_config;
+use common::{eventually, logs, tally, unique, PATIENCE};
 
 /// A node id unique to this process and test, so connection names
 /// (`weir node <id>`) never collide with another test's.
@@ -55,7 +56,7 @@ struct Names {
 }
 
 fn names(test: &str) -> Names {
-    let base = format!("weir-test-{}-{test}", std::process::id());
+    let base = unique(test);
     Names {
         exchange: format!("{base}.x"),
         queue: format!("{base}.q"),
@@ -73,24 +74,6 @@ fn config(url: &str, n: &Names) -> AmqpEgress {
         confirm_timeout: Duration::from_secs(5),
         reconnect_backoff_max: Duration::from_millis(500),
     }
-}
-
-/// Shows the sink's logs in a failing test's output (`RUST_LOG` filters).
-fn logs() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,lapin=warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_test_writer()
-        .try_init();
-}
-
-async fn connect_test_client() -> Connection {
-    Connection::connect(URL, ConnectionProperties::default())
-        .await
-        .unwrap_or_else(|e| {
-            panic!("RabbitMQ is not reachable at {BROKER} as guest/guest ({e}); start it with `bash scripts/services.sh`")
-        })
 }
 
 /// A batch of `n` records of `class`, with payloads that are not UTF-8 and
@@ -192,12 +175,9 @@ async fn cleanup(channel: &Channel, n: &Names) {
     }
 }
 
+/// How many times each batch seq arrived.
 fn counts(seen: &[Consumed]) -> BTreeMap<u64, usize> {
-    let mut m = BTreeMap::new();
-    for c in seen {
-        *m.entry(c.seq).or_insert(0) += 1;
-    }
-    m
+    tally(seen.iter().map(|c| c.seq))
 }
 
 async fn deliver(sink: &mut AmqpSink, batch: &EncodedBatch) -> Result<(), SinkError> {
@@ -356,8 +336,7 @@ fn spawn_run(
     Arc<Metrics>,
     tokio::task::JoinHandle<()>,
 ) {
-    let cfg = weir::config::parse(weir::config::DEFAULT_CONFIG, "the default config")
-        .expect("the default config parses");
+    let cfg = parse_config(weir::config::DEFAULT_CONFIG, "the default config");
     let metrics = Arc::new(Metrics::new(&cfg.classes));
     let link_prior = LinkEstimate {
         bytes_per_sec: cfg.scheduler.uplink_bytes_per_sec,
@@ -648,13 +627,11 @@ async fn uplink_outage_loses_nothing() {
     let producer = tokio::spawn(async move { send_batches(&tx, node, 5..15).await });
     // Deliveries fail while the uplink is down (the counter counts batches
     // that needed a retry, once each)...
-    tokio::time::timeout(PATIENCE, async {
-        while metrics.batches_republished.get() == 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("deliveries fail and are retried while the uplink is down");
+    eventually(
+        "deliveries to fail and be retried while the uplink is down",
+        || metrics.batches_republished.get() > 0,
+    )
+    .await;
     // ...and nothing is lost once it is back.
     proxy.set(Mode::Pass);
     tokio::time::timeout(PATIENCE, producer)

@@ -9,11 +9,15 @@
 //! files are read back: mixed batches hold several classes, most urgent
 //! first; per-class batches hold one.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::process::{file_egress, parse_config, GRPC_ONLY};
+use common::tmp;
 use weir::app::App;
 use weir::intake::Intake;
 
@@ -48,20 +52,16 @@ mix_classes = {mix}
 adaptive = false
 [compression]
 enabled = false
-[ingress.mqtt]
-enabled = false
-[ingress.grpc]
-listen = "127.0.0.1:0"
-[egress.file]
-dir = "{dir}"
+{GRPC_ONLY}
+{file}
 [egress.link]
 bandwidth = "8Mbit/s"
 delay = "100ms"
 "#,
         node = if mix { 1 } else { 2 },
-        dir = dir.display(),
+        file = file_egress(dir),
     );
-    weir::config::parse(&text, "mixed").unwrap_or_else(|e| panic!("{e}"))
+    parse_config(&text, "mixed")
 }
 
 async fn put(ingress: &Intake, stream: &str, i: usize) {
@@ -100,8 +100,7 @@ fn delivered(batches: &[Vec<String>], class: &str) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lower_classes_ride_urgent_transactions_instead_of_starving() {
-    let base = std::env::temp_dir().join(format!("weir-mixed-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&base);
+    let base = tmp("mixed");
     let (mixed_dir, split_dir) = (base.join("mixed"), base.join("split"));
     let mixed = App::start(config(&mixed_dir, true)).await.unwrap();
     let split = App::start(config(&split_dir, false)).await.unwrap();
