@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::PATIENCE;
 
@@ -53,6 +53,37 @@ pub fn sigterm(pid: u32) {
         .status()
         .expect("run kill");
     assert!(sent.success(), "kill -TERM {pid} failed");
+}
+
+/// Whether process `pid` catches SIGTERM (`SigCgt` in
+/// `/proc/<pid>/status`, a hex mask with bit `signal - 1` set).
+fn catches_sigterm(pid: u32) -> bool {
+    const SIGTERM: u32 = 15;
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (SIGTERM - 1)) != 0)
+}
+
+/// Waits (blocking) until weir in `child` has installed its SIGTERM
+/// handler, which it does once started: a SIGTERM before that would kill
+/// it outright instead of shutting it down. Panics if it exits first.
+pub fn wait_until_catching_sigterm(child: &mut Child) {
+    let give_up = Instant::now() + PATIENCE;
+    while !catches_sigterm(child.id()) {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("weir exited with {status} before it was up");
+        }
+        assert!(
+            Instant::now() < give_up,
+            "weir never installed its SIGTERM handler"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Waits until `addr` answers TCP connections.
