@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::amqp::*;
+use common::ingress::LT;
 use common::process::{parse_config, GRPC_ONLY};
 use common::*;
 use weir::app::App;
@@ -84,8 +85,14 @@ async fn ls_overtakes_an_lt_backlog_on_3g_and_meets_its_bound() {
         )
         .await;
     }
-    // Let the backlog start draining, then send ls records spaced out.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Once the backlog has started draining (not after a fixed time: on a
+    // loaded machine that may be before the first batch left), send ls
+    // records spaced out.
+    let lt_queue = app.ingress.queues().class(LT);
+    eventually("the lt backlog to start draining", || {
+        lt_queue.len() < LT_BACKLOG
+    })
+    .await;
     for i in 0..LS_RECORDS {
         put(&app.ingress, "ls", format!("ls-{i}").into_bytes()).await;
         tokio::time::sleep(Duration::from_millis(250)).await;
