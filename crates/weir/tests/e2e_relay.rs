@@ -6,6 +6,8 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -198,13 +200,47 @@ async fn mqtt_subscribe_mode_through_mosquitto_reaches_rabbitmq_exactly_once() {
     .await
     .unwrap();
 
-    // Let weir's subscription land before publishing.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // weir's SUBSCRIBE takes effect some time after it starts, and a
+    // publish before that reaches nobody: probe (QoS 0, on a topic of its
+    // own, relayed to `lt` like any other) until one reaches RabbitMQ.
+    let probe = format!("{name}/probe");
+    let is_probe = {
+        let probe = probe.clone();
+        move |s: &Seen| s.record.key == probe
+    };
+    let total = 3 * PER_SOURCE;
+    let subscribed = Arc::new(AtomicBool::new(false));
+    let consumer = tokio::spawn({
+        let (queue, subscribed, is_probe) =
+            (queue.clone(), Arc::clone(&subscribed), is_probe.clone());
+        async move {
+            consume_until(&queue, |s| {
+                let probes = s.iter().filter(|s| is_probe(s)).count();
+                if probes > 0 {
+                    subscribed.store(true, Ordering::Release);
+                }
+                s.len() - probes >= total
+            })
+            .await
+        }
+    });
+    let prober = MqttClient::connect(MOSQUITTO_PORT, &format!("{name}-probe")).await;
+    let (prober, subscribed, probe) = (&prober, &subscribed, &probe);
+    eventually_async("weir's subscription to relay a probe", move || async move {
+        if !subscribed.load(Ordering::Acquire) {
+            prober.publish(probe, QoS::AtMostOnce, "probe").await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        subscribed.load(Ordering::Acquire)
+    })
+    .await;
 
     let expected = mqtt_publish_three_classes(MOSQUITTO_PORT, &name, "sub").await;
-    let total = expected.len() * PER_SOURCE;
-    let all = consume_until(&queue, |s| s.len() >= total).await;
+    assert_eq!(expected.len() * PER_SOURCE, total);
+    let all = consumer.await.unwrap();
     app.shutdown(Duration::from_secs(30)).await;
+    // Probes are not the test's records (late ones may trail in).
+    let all: Vec<Seen> = all.into_iter().filter(|s| !is_probe(s)).collect();
     check(&all, &expected);
     delete_queue(&queue).await;
 }
