@@ -92,8 +92,9 @@ impl Cluster {
             .iter()
             .map(|a| Arc::clone(a.ingress.metrics()))
             .collect();
+        // A deadline that passed would abandon records the tests count.
         for app in self.apps.drain(..) {
-            app.shutdown(Duration::from_secs(60)).await;
+            app.shutdown(PATIENCE).await;
         }
         metrics
     }
