@@ -346,10 +346,20 @@ async fn a_provider_process_killed_mid_stream_loses_nothing_and_duplicates_are_c
     let grpc = addrs(&c);
 
     // SIGKILL whichever provider first carries node 1's overflow, while it
-    // holds some of it unacknowledged.
+    // holds some of it unacknowledged. "While the load lasts" is until the
+    // offers have ended, not `LOAD` after they began: on a loaded machine
+    // they take longer.
+    let load_over = AtomicBool::new(false);
+    let load = async {
+        let offered = offer_all(grpc).await;
+        load_over.store(true, Ordering::Release);
+        offered
+    };
     let killer = async {
-        let deadline = tokio::time::Instant::now() + LOAD;
         loop {
+            // Read before looking, so that the last look starts after the
+            // load ended.
+            let over = load_over.load(Ordering::Acquire);
             for i in 1..=2 {
                 let text = c.nodes[i].metrics().await;
                 let took = metric(&text, "weir_peer_records_redirected_in_total");
@@ -360,15 +370,25 @@ async fn a_provider_process_killed_mid_stream_loses_nothing_and_duplicates_are_c
                 }
             }
             assert!(
-                tokio::time::Instant::now() < deadline,
+                !over,
                 "no provider took {KILL_AFTER} of node 1's records and held some while the load lasted"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
-    let ((accepted, _), (victim, took, held)) = tokio::join!(offer_all(grpc), killer);
+    let ((accepted, _), (victim, took, held)) = tokio::join!(load, killer);
     let survivor = 3 - victim;
     let victim_id = victim as u64 + 1;
+    // Node 1 takes back what the killed node held once it sees the stream
+    // break, which on a loaded machine may be after the offers ended.
+    let node1 = &c.nodes[0];
+    eventually_async(
+        "node 1 to take back what the killed provider held",
+        move || async move {
+            metric(&node1.metrics().await, "weir_peer_records_requeued_total") > 0.0
+        },
+    )
+    .await;
     let node1 = c.nodes[0].metrics().await;
     let taken_back = metric(&node1, "weir_peer_records_requeued_total") as usize;
     c.nodes[0].shut_down().await;
