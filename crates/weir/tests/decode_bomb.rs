@@ -2,20 +2,15 @@
 //! (the encoding read from the file name, or `--encoding` for stdin), and a
 //! compression bomb is refused at the cap instead of expanded.
 
+mod common;
+
 use std::io::Write;
 use std::process::{Command, Stdio};
 
 use bytes::Bytes;
+use common::process::WEIR;
+use common::tmp;
 use weir_proto::{compress, encode_batch, pb, Encoding};
-
-const WEIR: &str = env!("CARGO_BIN_EXE_weir");
-
-fn tmp(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("weir-decode-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 fn batch() -> pb::Batch {
     pb::Batch {
@@ -46,7 +41,7 @@ fn bomb(encoding: Encoding, frames: usize) -> Vec<u8> {
 
 #[test]
 fn compressed_batch_files_decode_by_their_name() {
-    let dir = tmp("files");
+    let dir = tmp("decode-files");
     let body = encode_batch(&batch());
     for enc in [Encoding::Gzip, Encoding::Zstd] {
         let file = dir.join(format!("7-00000000000000000001.{}.weirbatch", enc.as_str()));
@@ -85,7 +80,7 @@ fn compressed_batch_files_decode_by_their_name() {
 
 #[test]
 fn a_compression_bomb_is_refused_at_the_cap() {
-    let dir = tmp("bomb");
+    let dir = tmp("decode-bomb");
     // 1 GiB of zeros for zstd, 256 MiB for gzip (DEFLATE's ratio is ~1000:1).
     for (enc, mib) in [(Encoding::Zstd, 1024), (Encoding::Gzip, 256)] {
         let body = bomb(enc, mib);

@@ -10,6 +10,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::amqp::*;
+use common::process::{parse_config, GRPC_ONLY};
 use common::*;
 use weir::app::App;
 use weir_core::compression::Codec;
@@ -29,17 +31,14 @@ class = "nm"
 [scheduler]
 uplink = "4Mbit/s"
 transaction_time = "20ms"
-[ingress.mqtt]
-enabled = false
-[ingress.grpc]
-listen = "127.0.0.1:0"
+{GRPC_ONLY}
 {amqp}
 [egress.link]
 bandwidth = "4Mbit/s"
 delay = "20ms"
 "#
     );
-    weir::config::parse(&text, test).unwrap_or_else(|e| panic!("{e}"))
+    parse_config(&text, test)
 }
 
 /// Timestamped accelerometer rows, as the piping paper's accel.csv: each

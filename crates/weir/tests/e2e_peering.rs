@@ -23,7 +23,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::amqp::*;
 use common::peering::*;
+use common::process::parse_config;
 use common::*;
 use weir::app::App;
 use weir::intake::Intake;
@@ -38,7 +40,7 @@ fn config(name: &str, id: u64, ports: &[u16]) -> weir::config::Config {
         admin: None,
     };
     let text = node_config(name, id, ports, &listen);
-    weir::config::parse(&text, "peering").unwrap_or_else(|e| panic!("{e}"))
+    parse_config(&text, "peering")
 }
 
 /// Offers `lt_rate` lt records/s (and `ls_rate` ls) to `ingress` for
@@ -90,8 +92,9 @@ impl Cluster {
             .iter()
             .map(|a| Arc::clone(a.ingress.metrics()))
             .collect();
+        // A deadline that passed would abandon records the tests count.
         for app in self.apps.drain(..) {
-            app.shutdown(Duration::from_secs(60)).await;
+            app.shutdown(PATIENCE).await;
         }
         metrics
     }
@@ -99,10 +102,7 @@ impl Cluster {
 
 async fn cluster(test: &str) -> Cluster {
     // Shown when a test fails: what each node's rounds decided.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter("weir::peer=debug")
-        .with_test_writer()
-        .try_init();
+    logs_with("weir::peer=debug");
     let name = unique(test);
     let queue = format!("{name}.q");
     delete_queue(&queue).await;
@@ -116,17 +116,11 @@ async fn cluster(test: &str) -> Cluster {
         );
     }
     // Let heartbeats go round before traffic starts.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while apps
-        .iter()
-        .any(|a| a.peering.as_ref().unwrap().status().alive.len() < 2)
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "peers never saw each other"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the peers to see each other", || {
+        apps.iter()
+            .all(|a| a.peering.as_ref().unwrap().status().alive.len() >= 2)
+    })
+    .await;
     Cluster { apps, queue }
 }
 

@@ -24,20 +24,20 @@ mod common;
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::amqp::*;
 use common::peering::*;
+use common::process::{metric, scrape, sigterm, spawn_weir, wait_port, write_config};
 use common::*;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use weir_proto::pb::ingress_client::IngressClient;
 use weir_proto::pb::PublishRequest;
-
-const WEIR: &str = env!("CARGO_BIN_EXE_weir");
 
 /// The scenarios share 2 CPU cores: run them one at a time so that one does
 /// not eat the other's latency.
@@ -68,16 +68,9 @@ impl Node {
         grpc: SocketAddr,
         admin: SocketAddr,
     ) -> Node {
-        let file = dir.join(format!("node-{id}.toml"));
-        std::fs::write(&file, config).unwrap();
+        let file = write_config(dir, &format!("node-{id}.toml"), config);
         let log = dir.join(format!("node-{id}.log"));
-        let child = Command::new(WEIR)
-            .args(["run", "--config", file.to_str().unwrap()])
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {WEIR}: {e}"));
+        let child = spawn_weir(&file, std::fs::File::create(&log).unwrap());
         Node {
             id,
             child: Some(child),
@@ -109,11 +102,7 @@ impl Node {
     /// SIGTERM, then waits for the exit (weir drains its queues first).
     async fn terminate(&mut self) -> ExitStatus {
         let mut child = self.child.take().expect("running");
-        let sent = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(sent.success());
+        sigterm(child.id());
         let deadline = tokio::time::Instant::now() + PATIENCE;
         loop {
             if let Some(status) = child.try_wait().unwrap() {
@@ -164,9 +153,7 @@ async fn cluster(test: &str) -> Cluster {
     let name = unique(&format!("proc-{test}"));
     let queue = format!("{name}.q");
     delete_queue(&queue).await;
-    let dir = std::env::temp_dir().join(&name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = tmp(&format!("proc-{test}"));
     let ports = free_ports(9);
     let (peer, grpc, admin) = (&ports[0..3], &ports[3..6], &ports[6..9]);
     let addr = |port: u16| -> SocketAddr { format!("127.0.0.1:{port}").parse().unwrap() };
@@ -190,17 +177,16 @@ async fn cluster(test: &str) -> Cluster {
         wait_port(node.grpc).await;
         wait_port(node.admin).await;
     }
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    for node in &mut nodes {
-        while metric(&node.metrics().await, "weir_peers_alive") < 2.0 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "node {} never saw its peers; see {}",
+    for node in &nodes {
+        eventually_async(
+            &format!(
+                "node {} to see its peers (see {})",
                 node.id,
                 node.log.display()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            ),
+            move || async move { metric(&node.metrics().await, "weir_peers_alive") >= 2.0 },
+        )
+        .await;
     }
     Cluster { nodes, queue, dir }
 }
@@ -360,10 +346,20 @@ async fn a_provider_process_killed_mid_stream_loses_nothing_and_duplicates_are_c
     let grpc = addrs(&c);
 
     // SIGKILL whichever provider first carries node 1's overflow, while it
-    // holds some of it unacknowledged.
+    // holds some of it unacknowledged. "While the load lasts" is until the
+    // offers have ended, not `LOAD` after they began: on a loaded machine
+    // they take longer.
+    let load_over = AtomicBool::new(false);
+    let load = async {
+        let offered = offer_all(grpc).await;
+        load_over.store(true, Ordering::Release);
+        offered
+    };
     let killer = async {
-        let deadline = tokio::time::Instant::now() + LOAD;
         loop {
+            // Read before looking, so that the last look starts after the
+            // load ended.
+            let over = load_over.load(Ordering::Acquire);
             for i in 1..=2 {
                 let text = c.nodes[i].metrics().await;
                 let took = metric(&text, "weir_peer_records_redirected_in_total");
@@ -374,15 +370,25 @@ async fn a_provider_process_killed_mid_stream_loses_nothing_and_duplicates_are_c
                 }
             }
             assert!(
-                tokio::time::Instant::now() < deadline,
+                !over,
                 "no provider took {KILL_AFTER} of node 1's records and held some while the load lasted"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
-    let ((accepted, _), (victim, took, held)) = tokio::join!(offer_all(grpc), killer);
+    let ((accepted, _), (victim, took, held)) = tokio::join!(load, killer);
     let survivor = 3 - victim;
     let victim_id = victim as u64 + 1;
+    // Node 1 takes back what the killed node held once it sees the stream
+    // break, which on a loaded machine may be after the offers ended.
+    let node1 = &c.nodes[0];
+    eventually_async(
+        "node 1 to take back what the killed provider held",
+        move || async move {
+            metric(&node1.metrics().await, "weir_peer_records_requeued_total") > 0.0
+        },
+    )
+    .await;
     let node1 = c.nodes[0].metrics().await;
     let taken_back = metric(&node1, "weir_peer_records_requeued_total") as usize;
     c.nodes[0].shut_down().await;

@@ -14,6 +14,9 @@ mod common;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::amqp::*;
+use common::ingress::LT;
+use common::process::{parse_config, GRPC_ONLY};
 use common::*;
 use weir::app::App;
 use weir::intake::Intake;
@@ -47,16 +50,13 @@ window = "100ms"
 uplink = "780kbit/s"
 burst = "8KiB"
 max_batch_bytes = "8KiB"
-[ingress.mqtt]
-enabled = false
-[ingress.grpc]
-listen = "127.0.0.1:0"
+{GRPC_ONLY}
 {amqp}
 [egress.link]
 preset = "3g"
 "#
     );
-    weir::config::parse(&text, "priority").unwrap_or_else(|e| panic!("{e}"))
+    parse_config(&text, "priority")
 }
 
 async fn put(ingress: &Intake, stream: &str, payload: Vec<u8>) {
@@ -85,8 +85,14 @@ async fn ls_overtakes_an_lt_backlog_on_3g_and_meets_its_bound() {
         )
         .await;
     }
-    // Let the backlog start draining, then send ls records spaced out.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Once the backlog has started draining (not after a fixed time: on a
+    // loaded machine that may be before the first batch left), send ls
+    // records spaced out.
+    let lt_queue = app.ingress.queues().class(LT);
+    eventually("the lt backlog to start draining", || {
+        lt_queue.len() < LT_BACKLOG
+    })
+    .await;
     for i in 0..LS_RECORDS {
         put(&app.ingress, "ls", format!("ls-{i}").into_bytes()).await;
         tokio::time::sleep(Duration::from_millis(250)).await;

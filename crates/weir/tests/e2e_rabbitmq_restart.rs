@@ -10,6 +10,8 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::amqp::*;
+use common::process::parse_config;
 use common::*;
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use weir::app::App;
@@ -53,7 +55,7 @@ confirm_timeout = "3s"
 reconnect_backoff_max = "1s"
 "#
     );
-    let cfg = weir::config::parse(&text, "restart").unwrap();
+    let cfg = parse_config(&text, "restart");
     let app = App::start(cfg).await.unwrap();
     let port = app.mqtt_addr.unwrap().port();
 

@@ -6,11 +6,16 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::amqp::*;
+use common::mqtt::{require_mosquitto, MqttClient, MOSQUITTO, MOSQUITTO_PORT};
+use common::process::parse_config;
 use common::*;
-use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use rumqttc::QoS;
 use weir::app::App;
 use weir_proto::pb::ingress_client::IngressClient;
 use weir_proto::pb::PublishRequest;
@@ -53,38 +58,26 @@ listen = "127.0.0.1:0"
 {amqp}
 "#
     );
-    weir::config::parse(&text, test).unwrap_or_else(|e| panic!("{e}"))
+    parse_config(&text, test)
 }
 
+/// Publishes `PER_SOURCE` QoS 1 records on each of `topics` (topic,
+/// payload tag); returns how many PUBACKs came back.
 async fn mqtt_publish(port: u16, client_id: &str, topics: &[(String, String)]) -> usize {
-    let mut opts = MqttOptions::new(client_id, "127.0.0.1", port);
-    opts.set_keep_alive(Duration::from_secs(30));
-    let (client, mut eventloop) = AsyncClient::new(opts, 64);
-    let total = topics.len() * PER_SOURCE;
-    let poller = tokio::spawn(async move {
-        let mut acks = 0;
-        while acks < total {
-            match eventloop.poll().await {
-                Ok(Event::Incoming(Packet::PubAck(_))) => acks += 1,
-                Ok(_) => {}
-                Err(e) => panic!("MQTT client error: {e}"),
-            }
-        }
-        acks
-    });
+    let mut client = MqttClient::connect(port, client_id).await;
     for i in 0..PER_SOURCE {
         for (topic, tag) in topics {
             client
-                .publish(topic.clone(), QoS::AtLeastOnce, false, payload(tag, i))
-                .await
-                .unwrap();
+                .publish(topic, QoS::AtLeastOnce, payload(tag, i))
+                .await;
         }
     }
-    let acks = tokio::time::timeout(PATIENCE, poller)
-        .await
-        .unwrap()
-        .unwrap();
-    let _ = client.disconnect().await;
+    let mut acks = 0;
+    while acks < topics.len() * PER_SOURCE {
+        client.next_ack().await;
+        acks += 1;
+    }
+    let _ = client.client.disconnect().await;
     acks
 }
 
@@ -193,24 +186,61 @@ async fn mqtt_listen_and_grpc_three_classes_reach_rabbitmq_exactly_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mqtt_subscribe_mode_through_mosquitto_reaches_rabbitmq_exactly_once() {
+    require_mosquitto().await;
     let test = "subscribe";
     let name = unique(test);
-    delete_queue(&format!("{name}.q")).await;
+    let queue = format!("{name}.q");
+    delete_queue(&queue).await;
     let app = App::start(config(
         test,
         &format!(
-            "[ingress.mqtt]\nmode = \"subscribe\"\nbroker = \"127.0.0.1:1883\"\nclient_id = \"{name}-weir\"\ntopics = [\"{name}/#\"]\nqos = 1"
+            "[ingress.mqtt]\nmode = \"subscribe\"\nbroker = \"{MOSQUITTO}\"\nclient_id = \"{name}-weir\"\ntopics = [\"{name}/#\"]\nqos = 1"
         ),
     ))
     .await
     .unwrap();
-    // Let weir's subscription land before publishing.
-    tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let expected = mqtt_publish_three_classes(1883, &name, "sub").await;
-    let total = expected.len() * PER_SOURCE;
-    let all = consume_until(&format!("{name}.q"), |s| s.len() >= total).await;
+    // weir's SUBSCRIBE takes effect some time after it starts, and a
+    // publish before that reaches nobody: probe (QoS 0, on a topic of its
+    // own, relayed to `lt` like any other) until one reaches RabbitMQ.
+    let probe = format!("{name}/probe");
+    let is_probe = {
+        let probe = probe.clone();
+        move |s: &Seen| s.record.key == probe
+    };
+    let total = 3 * PER_SOURCE;
+    let subscribed = Arc::new(AtomicBool::new(false));
+    let consumer = tokio::spawn({
+        let (queue, subscribed, is_probe) =
+            (queue.clone(), Arc::clone(&subscribed), is_probe.clone());
+        async move {
+            consume_until(&queue, |s| {
+                let probes = s.iter().filter(|s| is_probe(s)).count();
+                if probes > 0 {
+                    subscribed.store(true, Ordering::Release);
+                }
+                s.len() - probes >= total
+            })
+            .await
+        }
+    });
+    let prober = MqttClient::connect(MOSQUITTO_PORT, &format!("{name}-probe")).await;
+    let (prober, subscribed, probe) = (&prober, &subscribed, &probe);
+    eventually_async("weir's subscription to relay a probe", move || async move {
+        if !subscribed.load(Ordering::Acquire) {
+            prober.publish(probe, QoS::AtMostOnce, "probe").await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        subscribed.load(Ordering::Acquire)
+    })
+    .await;
+
+    let expected = mqtt_publish_three_classes(MOSQUITTO_PORT, &name, "sub").await;
+    assert_eq!(expected.len() * PER_SOURCE, total);
+    let all = consumer.await.unwrap();
     app.shutdown(Duration::from_secs(30)).await;
+    // Probes are not the test's records (late ones may trail in).
+    let all: Vec<Seen> = all.into_iter().filter(|s| !is_probe(s)).collect();
     check(&all, &expected);
-    delete_queue(&format!("{name}.q")).await;
+    delete_queue(&queue).await;
 }

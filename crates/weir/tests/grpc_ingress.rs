@@ -2,6 +2,8 @@
 //! publishes of three classes, back-pressure on a full class queue, size
 //! limits, garbage frames, health and reflection, and shutdown.
 
+mod common;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::pin;
@@ -31,30 +33,19 @@ use tonic_reflection::pb::v1alpha;
 use weir::config::GrpcIngress;
 use weir::ingress::grpc::{self, GrpcError, STREAM_FULL_WAIT};
 use weir::intake::Intake;
-use weir::metrics::Metrics;
-use weir_core::classify::{Classifier, Rule, Source};
-use weir_core::queue::{MultiLevelQueue, QueueCapacity};
-use weir_core::{ClassId, ClassSet, Record};
+use weir_core::queue::QueueCapacity;
+use weir_core::{ClassId, Record};
 use weir_proto::pb::ingress_client::IngressClient;
 use weir_proto::pb::{PublishAck, PublishRequest};
 
-/// Only to turn a hang into a failure; no test depends on it being short.
-const HANG: Duration = Duration::from_secs(30);
+use common::ingress::{grpc_rule, intake, roomy, take_all, LS, LT, NM};
+use common::{eventually, PATIENCE};
+
 const NODE: u64 = 7;
-const LS: ClassId = ClassId(0);
-const NM: ClassId = ClassId(1);
-const LT: ClassId = ClassId(2);
 /// Stream name to class, as the classifier is configured.
 const STREAMS: [(&str, ClassId); 3] = [("alarms", LS), ("telemetry", NM), ("logs", LT)];
 const PUBLISH: &str = "/weir.v1.Ingress/Publish";
 const PUBLISH_STREAM: &str = "/weir.v1.Ingress/PublishStream";
-
-fn roomy() -> QueueCapacity {
-    QueueCapacity {
-        records: 10_000,
-        bytes: 64 << 20,
-    }
-}
 
 struct Weir {
     ingress: Arc<Intake>,
@@ -67,27 +58,12 @@ impl Weir {
     /// weir's gRPC ingress on 127.0.0.1:0 over queues of these capacities
     /// (ls, nm, lt); unrouted streams go to nm.
     async fn start(capacities: [QueueCapacity; 3], max_message_size: usize) -> Weir {
-        let classes = ClassSet::janus_default();
         let rules = STREAMS
             .iter()
-            .map(|&(name, class)| Rule {
-                source: Source::GrpcStream(name.into()),
-                class,
-            })
+            .map(|&(name, class)| grpc_rule(name, class))
             .collect();
-        let classifier = Classifier::new(rules, NM).unwrap();
-        let queues = Arc::new(MultiLevelQueue::new(&capacities));
-        let metrics = Arc::new(Metrics::new(&classes));
         let shutdown = CancellationToken::new();
-        let ingress = Arc::new(Intake::new(
-            NODE,
-            classes,
-            classifier,
-            queues,
-            1,
-            shutdown.clone(),
-            metrics,
-        ));
+        let ingress = intake(NODE, rules, NM, capacities, shutdown.clone());
         let cfg = GrpcIngress {
             listen: "127.0.0.1:0".parse().unwrap(),
             max_message_size,
@@ -129,8 +105,7 @@ impl Weir {
 
     /// Every record now queued in `class`, oldest first.
     fn drain(&self, class: ClassId) -> Vec<Record> {
-        let queue = self.ingress.queues().class(class);
-        std::iter::from_fn(|| queue.pop()).collect()
+        take_all(&self.ingress, class)
     }
 
     fn protocol_errors(&self) -> u64 {
@@ -147,8 +122,9 @@ impl Weir {
     }
 }
 
+/// Turns a hang into a failure; no test depends on how long it takes.
 async fn timeout<F: std::future::Future>(f: F) -> F::Output {
-    tokio::time::timeout(HANG, f)
+    tokio::time::timeout(PATIENCE, f)
         .await
         .expect("timed out: weir's gRPC ingress stopped answering")
 }
@@ -348,10 +324,8 @@ async fn streaming_publish_waits_for_room_then_continues() {
         acks.push(timeout(inbound.message()).await.unwrap().unwrap());
     }
     // The fifth record found the queue full: the stream is now waiting.
-    timeout(async {
-        while weir.ingress.queues().class(LT).stats().rejected_full == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+    eventually("the fifth record to find the lt queue full", || {
+        weir.ingress.queues().class(LT).stats().rejected_full > 0
     })
     .await;
 

@@ -6,43 +6,32 @@
 //! event (a PUBACK, a counter, a record in a queue, end of stream), bounded
 //! by [`PATIENCE`] only so that a broken build fails instead of hanging.
 
+mod common;
+
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use rumqttc::QoS;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use weir::config::{MqttIngress, MqttMode, Qos0WhenFull};
 use weir::ingress::mqtt::listen;
 use weir::intake::Intake;
-use weir::metrics::Metrics;
-use weir_core::classify::{Classifier, Rule, Source, TopicFilter};
-use weir_core::queue::{MultiLevelQueue, QueueCapacity};
-use weir_core::{ClassId, ClassSet, Record};
+use weir_core::queue::QueueCapacity;
+use weir_core::{ClassId, Record};
 
-/// Upper bound on any single wait, only so that a failure does not hang.
-const PATIENCE: Duration = Duration::from_secs(60);
-
-const LS: ClassId = ClassId(0);
-const NM: ClassId = ClassId(1);
-const LT: ClassId = ClassId(2);
+use common::ingress::{intake, mqtt_rule, roomy, take_all, LS, LT, NM};
+use common::mqtt::{mosquitto_pub, mqtt_str, packet, MqttClient};
+use common::process::metric;
+use common::{eventually, logs_with, PATIENCE};
 
 /// Bytes that are not UTF-8, to show payloads pass through untouched.
 const BINARY: &[u8] = &[0x00, 0xFF, 0xC3, 0x28, 0x80, b'\n', 0xFE];
-
-fn roomy() -> QueueCapacity {
-    QueueCapacity {
-        records: 10_000,
-        bytes: 64 << 20,
-    }
-}
 
 /// weir's MQTT listener over the JANUS classes: `ls/#`, `nm/#` and `lt/#`
 /// route to their classes, anything else to `nm`.
@@ -55,31 +44,14 @@ struct Weir {
 
 impl Weir {
     async fn start(capacity: QueueCapacity, max_packet_size: usize, qos0: Qos0WhenFull) -> Self {
-        let _ = tracing_subscriber::fmt()
-            .with_test_writer()
-            .with_env_filter("weir=debug")
-            .try_init();
-        let classes = ClassSet::janus_default();
-        let rule = |filter: &str, class| Rule {
-            source: Source::MqttFilter(TopicFilter::parse(filter).expect("valid filter")),
-            class,
-        };
-        let classifier = Classifier::new(
-            vec![rule("ls/#", LS), rule("nm/#", NM), rule("lt/#", LT)],
-            NM,
-        )
-        .expect("valid rules");
-        let metrics = Arc::new(Metrics::new(&classes));
+        logs_with("weir=debug");
+        let rules = vec![
+            mqtt_rule("ls/#", LS),
+            mqtt_rule("nm/#", NM),
+            mqtt_rule("lt/#", LT),
+        ];
         let shutdown = CancellationToken::new();
-        let ingress = Arc::new(Intake::new(
-            42,
-            classes,
-            classifier,
-            Arc::new(MultiLevelQueue::new(&[capacity; 3])),
-            1,
-            shutdown.clone(),
-            metrics,
-        ));
+        let ingress = intake(42, rules, NM, [capacity; 3], shutdown.clone());
         let listener = listen::bind("127.0.0.1:0".parse().unwrap())
             .await
             .expect("bind 127.0.0.1:0");
@@ -105,8 +77,7 @@ impl Weir {
 
     /// Every record now in `class`'s queue, oldest first.
     fn drain(&self, class: ClassId) -> Vec<Record> {
-        let queue = self.ingress.queues().class(class);
-        std::iter::from_fn(|| queue.pop()).collect()
+        take_all(&self.ingress, class)
     }
 
     /// Waits until `class`'s queue holds `n` records, then takes them.
@@ -124,10 +95,7 @@ impl Weir {
     /// A counter from the Prometheus text, e.g.
     /// `weir_records_backpressured_total{class="ls"}`.
     fn counter(&self, series: &str) -> u64 {
-        let text = self.ingress.metrics().render();
-        text.lines()
-            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-            .unwrap_or(0)
+        metric(&self.ingress.metrics().render(), series) as u64
     }
 
     async fn stop(self) {
@@ -139,43 +107,9 @@ impl Weir {
     }
 }
 
-/// Polls `done` until it holds; only [`PATIENCE`] bounds the wait.
-async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let give_up = Instant::now() + PATIENCE;
-    while !done() {
-        assert!(Instant::now() < give_up, "gave up waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 /// A record's (topic, payload).
 fn pair(r: &Record) -> (Bytes, Bytes) {
     (r.key.clone(), r.payload.clone())
-}
-
-/// Runs `mosquitto_pub` with `args` against weir, feeding `stdin`.
-async fn mosquitto_pub(weir: &Weir, args: &[&str], stdin: &[u8]) {
-    let port = weir.addr.port().to_string();
-    let mut child = tokio::process::Command::new("mosquitto_pub")
-        .args(["-h", "127.0.0.1", "-p", &port])
-        .args(args)
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("mosquitto_pub is installed (apt-get install mosquitto-clients)");
-    let mut input = child.stdin.take().unwrap();
-    input.write_all(stdin).await.unwrap();
-    drop(input);
-    let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
-        .await
-        .expect("mosquitto_pub finishes")
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "mosquitto_pub {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 #[tokio::test]
@@ -184,25 +118,25 @@ async fn mosquitto_pub_records_reach_their_class_queues() {
 
     for version in ["mqttv311", "mqttv5"] {
         mosquitto_pub(
-            &weir,
+            weir.addr.port(),
             &["-V", version, "-q", "1", "-t", "ls/door", "-m", "opened"],
             b"",
         )
         .await;
         mosquitto_pub(
-            &weir,
+            weir.addr.port(),
             &["-V", version, "-q", "0", "-t", "nm/temp", "-m", "21.5"],
             b"",
         )
         .await;
         mosquitto_pub(
-            &weir,
+            weir.addr.port(),
             &["-V", version, "-q", "1", "-t", "lt/log", "-l"],
             b"line 1\nline 2\nline 3\n",
         )
         .await;
         mosquitto_pub(
-            &weir,
+            weir.addr.port(),
             &["-V", version, "-q", "2", "-t", "lt/blob", "-s"],
             BINARY,
         )
@@ -231,76 +165,12 @@ async fn mosquitto_pub_records_reach_their_class_queues() {
     weir.stop().await;
 }
 
-/// A rumqttc 3.1.1 client whose event loop runs in a task, reporting each
-/// PUBACK's packet id.
-struct Client {
-    client: AsyncClient,
-    acks: mpsc::UnboundedReceiver<u16>,
-    _events: JoinHandle<()>,
-}
-
-impl Client {
-    async fn connect(weir: &Weir, id: &str) -> Self {
-        let mut options = MqttOptions::new(id, "127.0.0.1", weir.addr.port());
-        options.set_keep_alive(Duration::from_secs(30));
-        let (client, mut events) = AsyncClient::new(options, 100);
-        let (tx, acks) = mpsc::unbounded_channel();
-        let (connected_tx, connected) = tokio::sync::oneshot::channel();
-        let mut connected_tx = Some(connected_tx);
-        let id = id.to_owned();
-        let task = tokio::spawn(async move {
-            loop {
-                match events.poll().await {
-                    Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                        if let Some(c) = connected_tx.take() {
-                            let _ = c.send(());
-                        }
-                    }
-                    Ok(Event::Incoming(Packet::PubAck(ack))) => {
-                        let _ = tx.send(ack.pkid);
-                    }
-                    Ok(_) => {}
-                    // Ends the task, so `next_ack` fails with a clear message
-                    // (shutdown at the end of a test ends it too).
-                    Err(e) => {
-                        eprintln!("client {id} connection ended: {e}");
-                        break;
-                    }
-                }
-            }
-        });
-        tokio::time::timeout(PATIENCE, connected)
-            .await
-            .expect("CONNACK")
-            .expect("event loop alive");
-        Client {
-            client,
-            acks,
-            _events: task,
-        }
-    }
-
-    async fn publish(&self, topic: &str, qos: QoS, payload: impl Into<Vec<u8>>) {
-        self.client
-            .publish(topic, qos, false, payload)
-            .await
-            .expect("request queued");
-    }
-
-    async fn next_ack(&mut self) -> u16 {
-        tokio::time::timeout(PATIENCE, self.acks.recv())
-            .await
-            .expect("a PUBACK")
-            .expect("the client's connection is up (see its error above)")
-    }
-}
-
 #[tokio::test]
 async fn rumqttc_records_of_three_classes_arrive_intact() {
     let weir = Weir::start(roomy(), 1 << 20, Qos0WhenFull::Block).await;
 
     // MQTT 3.1.1.
-    let mut client = Client::connect(&weir, "dev-311").await;
+    let mut client = MqttClient::connect(weir.addr.port(), "dev-311").await;
     client.publish("ls/a", QoS::AtLeastOnce, BINARY).await;
     client.publish("nm/b", QoS::AtMostOnce, "zero").await;
     client
@@ -378,7 +248,7 @@ async fn a_full_queue_withholds_pubacks_until_there_is_room() {
         bytes: 1 << 20,
     };
     let weir = Weir::start(two, 1 << 20, Qos0WhenFull::Block).await;
-    let mut client = Client::connect(&weir, "pressed").await;
+    let mut client = MqttClient::connect(weir.addr.port(), "pressed").await;
     const N: usize = 6;
     for i in 0..N {
         client
@@ -428,7 +298,7 @@ async fn qos0_drop_policy_counts_drops_and_keeps_the_connection() {
         bytes: 1 << 20,
     };
     let weir = Weir::start(one, 1 << 20, Qos0WhenFull::Drop).await;
-    let mut client = Client::connect(&weir, "dropper").await;
+    let mut client = MqttClient::connect(weir.addr.port(), "dropper").await;
     for i in 0..3 {
         client
             .publish("ls/q0", QoS::AtMostOnce, format!("d{i}"))
@@ -454,20 +324,6 @@ async fn qos0_drop_policy_counts_drops_and_keeps_the_connection() {
     client.next_ack().await;
     assert_eq!(weir.take(LS, 1).await[0].payload, "later");
     weir.stop().await;
-}
-
-/// An MQTT string: length prefix and bytes.
-fn mqtt_str(buf: &mut BytesMut, s: &[u8]) {
-    buf.put_u16(s.len() as u16);
-    buf.put_slice(s);
-}
-
-/// A packet: first byte, remaining length (under 128), body.
-fn packet(byte1: u8, body: &[u8]) -> Vec<u8> {
-    assert!(body.len() < 128);
-    let mut p = vec![byte1, body.len() as u8];
-    p.extend_from_slice(body);
-    p
 }
 
 /// A CONNECT for protocol `level` (4 is 3.1.1, 5 is MQTT 5).
@@ -520,7 +376,7 @@ async fn refused(weir: &Weir, bytes: &[u8]) -> Vec<u8> {
 async fn bad_input_closes_only_that_connection() {
     const MAX: usize = 1024;
     let weir = Weir::start(roomy(), MAX, Qos0WhenFull::Block).await;
-    let mut good = Client::connect(&weir, "good").await;
+    let mut good = MqttClient::connect(weir.addr.port(), "good").await;
 
     let connack = [0x20, 0x02, 0x00, 0x00];
     let big = vec![b'x'; 2000];

@@ -9,8 +9,9 @@
 //! event, bounded by [`PATIENCE`] only so a broken build fails instead of
 //! hanging.
 
-use std::collections::HashMap;
-use std::process::Stdio;
+mod common;
+
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,78 +19,30 @@ use bytes::Bytes;
 use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use weir::config::{BrokerAddr, MqttIngress, MqttMode, MqttSubscribe, Qos0WhenFull, SubscribeQos};
 use weir::ingress::mqtt::subscribe;
 use weir::intake::Intake;
-use weir::metrics::Metrics;
-use weir_core::classify::{Classifier, Rule, Source, TopicFilter};
-use weir_core::queue::{MultiLevelQueue, QueueCapacity};
-use weir_core::{ClassId, ClassSet, Record};
+use weir_core::classify::TopicFilter;
+use weir_core::queue::QueueCapacity;
+use weir_core::{ClassId, Record};
 
-/// Upper bound on any single wait, only so that a failure does not hang.
-const PATIENCE: Duration = Duration::from_secs(60);
-
-const MOSQUITTO: &str = "127.0.0.1:1883";
-
-const LS: ClassId = ClassId(0);
-const NM: ClassId = ClassId(1);
-const LT: ClassId = ClassId(2);
-
-/// Fails with a clear message when Mosquitto is not there.
-async fn require_mosquitto() {
-    if let Err(e) = TcpStream::connect(MOSQUITTO).await {
-        panic!(
-            "Mosquitto is not listening on {MOSQUITTO} ({e}); start it with `bash scripts/services.sh`"
-        );
-    }
-}
-
-/// A topic prefix and client-id stem unique to this process and test.
-fn unique(test: &str) -> String {
-    format!("weir-test-{}-{test}", std::process::id())
-}
+use common::ingress::{intake, mqtt_rule, roomy, take_all, LS, LT, NM};
+use common::mqtt::{
+    mosquitto_pub, packet, require_mosquitto, MqttClient, MOSQUITTO_PORT as MOSQUITTO,
+};
+use common::{eventually, tally, unique, PATIENCE};
 
 /// The JANUS classes with `ls`/`nm` routed by topic under `prefix` and
 /// everything else (the probe topic included) in `lt`.
 fn ingress(prefix: &str, capacity: QueueCapacity) -> Arc<Intake> {
-    let classes = ClassSet::janus_default();
-    let filter = |f: String| Source::MqttFilter(TopicFilter::parse(&f).expect("valid filter"));
-    let classifier = Classifier::new(
-        vec![
-            Rule {
-                source: filter(format!("{prefix}/ls/#")),
-                class: LS,
-            },
-            Rule {
-                source: filter(format!("{prefix}/nm/+")),
-                class: NM,
-            },
-        ],
-        LT,
-    )
-    .expect("valid rules");
-    let queues = Arc::new(MultiLevelQueue::new(&[capacity; 3]));
-    let metrics = Arc::new(Metrics::new(&classes));
-    Arc::new(Intake::new(
-        7,
-        classes,
-        classifier,
-        queues,
-        1,
-        CancellationToken::new(),
-        metrics,
-    ))
-}
-
-fn roomy() -> QueueCapacity {
-    QueueCapacity {
-        records: 10_000,
-        bytes: 64 << 20,
-    }
+    let rules = vec![
+        mqtt_rule(&format!("{prefix}/ls/#"), LS),
+        mqtt_rule(&format!("{prefix}/nm/+"), NM),
+    ];
+    intake(7, rules, LT, [capacity; 3], CancellationToken::new())
 }
 
 /// Subscribe-mode settings for Mosquitto, filters under `prefix`.
@@ -105,7 +58,7 @@ fn settings(
     let sub = MqttSubscribe {
         broker: BrokerAddr {
             host: "127.0.0.1".into(),
-            port: 1883,
+            port: MOSQUITTO,
         },
         client_id: client_id.into(),
         topics,
@@ -147,74 +100,9 @@ impl Weir {
     }
 }
 
-/// A rumqttc publisher with a clean session; reports every PUBACK.
-struct Publisher {
-    client: AsyncClient,
-    pubacks: mpsc::UnboundedReceiver<()>,
-    task: JoinHandle<()>,
-}
-
-impl Publisher {
-    async fn connect(client_id: &str) -> Publisher {
-        let mut options = MqttOptions::new(client_id, "127.0.0.1", 1883);
-        options.set_max_packet_size(1 << 20, 1 << 20);
-        let (client, mut eventloop) = AsyncClient::new(options, 100);
-        let (tx, pubacks) = mpsc::unbounded_channel();
-        let (connected_tx, connected) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(async move {
-            let mut connected_tx = Some(connected_tx);
-            loop {
-                match eventloop.poll().await {
-                    Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                        if let Some(tx) = connected_tx.take() {
-                            let _ = tx.send(());
-                        }
-                    }
-                    Ok(Event::Incoming(Packet::PubAck(_))) => {
-                        let _ = tx.send(());
-                    }
-                    Ok(_) => {}
-                    Err(e) => panic!("test publisher lost Mosquitto: {e}"),
-                }
-            }
-        });
-        tokio::time::timeout(PATIENCE, connected)
-            .await
-            .expect("test publisher could not connect to Mosquitto")
-            .expect("test publisher task ended");
-        Publisher {
-            client,
-            pubacks,
-            task,
-        }
-    }
-
-    async fn publish(&self, topic: &str, qos: QoS, payload: &[u8]) {
-        self.client
-            .publish(topic, qos, false, payload.to_vec())
-            .await
-            .expect("publish request");
-    }
-
-    /// Publishes every message at QoS 1 and waits until Mosquitto has
-    /// acknowledged (so stored) all of them.
-    async fn publish_confirmed(&mut self, messages: &[(String, Vec<u8>)]) {
-        for (topic, payload) in messages {
-            self.publish(topic, QoS::AtLeastOnce, payload).await;
-        }
-        for _ in messages {
-            tokio::time::timeout(PATIENCE, self.pubacks.recv())
-                .await
-                .expect("Mosquitto did not acknowledge a QoS 1 publish")
-                .expect("test publisher task ended");
-        }
-    }
-}
-
-impl Drop for Publisher {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+/// A test publisher to Mosquitto (clean session) as `client_id`.
+async fn connect_publisher(client_id: &str) -> MqttClient {
+    MqttClient::connect(MOSQUITTO, client_id).await
 }
 
 /// Moves every queued record into `out`, waking an ingress that waits for
@@ -237,19 +125,11 @@ async fn drain_until(
     what: &str,
     done: impl Fn(&[Record]) -> bool,
 ) {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    eventually(what, || {
         drain(ingress, out);
-        if done(out) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; {} records so far",
-            out.len()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        done(out)
+    })
+    .await;
 }
 
 fn has(records: &[Record], topic: &str, payload: &[u8]) -> bool {
@@ -262,7 +142,7 @@ fn has(records: &[Record], topic: &str, payload: &[u8]) -> bool {
 /// proves its SUBSCRIBE is in force (it is asynchronous, and a publish
 /// before it takes effect reaches nobody). Probes are drained and dropped,
 /// with everything else queued meanwhile.
-async fn await_subscribed(ingress: &Intake, publisher: &Publisher, prefix: &str) {
+async fn await_subscribed(ingress: &Intake, publisher: &MqttClient, prefix: &str) {
     let topic = format!("{prefix}/probe");
     let deadline = Instant::now() + PATIENCE;
     let mut seen = Vec::new();
@@ -295,7 +175,7 @@ fn without_probes(records: Vec<Record>, prefix: &str) -> Vec<Record> {
 /// Publishes a QoS 1 fence on `{prefix}/lt/fence` and drains until it is
 /// through. Mosquitto delivers to one subscriber in order, so anything
 /// published earlier, redeliveries included, is then in `out`.
-async fn fence(ingress: &Intake, publisher: &mut Publisher, prefix: &str, out: &mut Vec<Record>) {
+async fn fence(ingress: &Intake, publisher: &mut MqttClient, prefix: &str, out: &mut Vec<Record>) {
     let topic = format!("{prefix}/lt/fence");
     publisher
         .publish_confirmed(&[(topic.clone(), b"fence".to_vec())])
@@ -304,14 +184,8 @@ async fn fence(ingress: &Intake, publisher: &mut Publisher, prefix: &str, out: &
 }
 
 /// Counts of each (topic, payload) pair.
-fn counts(records: &[Record]) -> HashMap<(Bytes, Bytes), usize> {
-    let mut counts = HashMap::new();
-    for r in records {
-        *counts
-            .entry((r.key.clone(), r.payload.clone()))
-            .or_default() += 1;
-    }
-    counts
+fn counts(records: &[Record]) -> BTreeMap<(Bytes, Bytes), usize> {
+    tally(records.iter().map(|r| (r.key.clone(), r.payload.clone())))
 }
 
 /// A payload that is not text: every byte value once, then a tag.
@@ -321,31 +195,6 @@ fn binary(tag: &str) -> Vec<u8> {
     payload
 }
 
-/// Runs `mosquitto_pub` with `args`, feeding `stdin`.
-async fn mosquitto_pub(args: &[&str], stdin: &[u8]) {
-    let mut child = tokio::process::Command::new("mosquitto_pub")
-        .args(["-h", "127.0.0.1", "-p", "1883"])
-        .args(args)
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot run mosquitto_pub ({e}); install mosquitto-clients (scripts/services.sh)"
-            )
-        });
-    let mut input = child.stdin.take().expect("piped stdin");
-    input
-        .write_all(stdin)
-        .await
-        .expect("write to mosquitto_pub");
-    drop(input);
-    let status = tokio::time::timeout(PATIENCE, child.wait())
-        .await
-        .expect("mosquitto_pub hung")
-        .expect("wait for mosquitto_pub");
-    assert!(status.success(), "mosquitto_pub {args:?} failed: {status}");
-}
-
 #[tokio::test]
 async fn three_classes_from_mosquitto_pub_and_rumqttc_arrive_once_with_identical_bytes() {
     require_mosquitto().await;
@@ -353,7 +202,7 @@ async fn three_classes_from_mosquitto_pub_and_rumqttc_arrive_once_with_identical
     let ingress = ingress(&prefix, roomy());
     let (cfg, sub) = settings(&prefix, &format!("{prefix}-weir"), Qos0WhenFull::Block);
     let weir = Weir::start(&cfg, &sub, &ingress);
-    let mut publisher = Publisher::connect(&format!("{prefix}-pub")).await;
+    let mut publisher = connect_publisher(&format!("{prefix}-pub")).await;
     await_subscribed(&ingress, &publisher, &prefix).await;
 
     // (topic, payload, class) of everything published.
@@ -366,6 +215,7 @@ async fn three_classes_from_mosquitto_pub_and_rumqttc_arrive_once_with_identical
             let lines: Vec<String> = (0..5).map(|i| format!("cli-q{qos}-{n}-{i}")).collect();
             let cli_id = format!("{prefix}-cli-{n}-{qos}");
             mosquitto_pub(
+                MOSQUITTO,
                 &["-i", &cli_id, "-q", qos, "-t", &topic, "-l"],
                 format!("{}\n", lines.join("\n")).as_bytes(),
             )
@@ -377,7 +227,12 @@ async fn three_classes_from_mosquitto_pub_and_rumqttc_arrive_once_with_identical
         // `-s`: the whole of stdin as one binary message.
         let payload = binary(&format!("cli-bin-{n}"));
         let cli_id = format!("{prefix}-cli-{n}-bin");
-        mosquitto_pub(&["-i", &cli_id, "-q", "1", "-t", &topic, "-s"], &payload).await;
+        mosquitto_pub(
+            MOSQUITTO,
+            &["-i", &cli_id, "-q", "1", "-t", &topic, "-s"],
+            &payload,
+        )
+        .await;
         expected.push((topic.clone(), payload, *class));
     }
     let classes = [("ls/lib/a/b", LS), ("nm/lib", NM), ("lt/lib", LT)];
@@ -386,7 +241,7 @@ async fn three_classes_from_mosquitto_pub_and_rumqttc_arrive_once_with_identical
         for (qos, q) in [(QoS::AtMostOnce, 0), (QoS::AtLeastOnce, 1)] {
             for i in 0..20 {
                 let payload = binary(&format!("lib-q{q}-{n}-{i}"));
-                publisher.publish(&topic, qos, &payload).await;
+                publisher.publish(&topic, qos, payload.as_slice()).await;
                 expected.push((topic.clone(), payload, *class));
             }
         }
@@ -440,7 +295,7 @@ async fn persistent_session_redelivers_what_was_not_acked_and_what_came_while_of
     );
     let (cfg, sub) = settings(&prefix, &format!("{prefix}-weir"), Qos0WhenFull::Block);
     let weir = Weir::start(&cfg, &sub, &ingress);
-    let mut publisher = Publisher::connect(&format!("{prefix}-pub")).await;
+    let mut publisher = connect_publisher(&format!("{prefix}-pub")).await;
     await_subscribed(&ingress, &publisher, &prefix).await;
     let mut got = Vec::new();
     drain(&ingress, &mut got);
@@ -456,15 +311,10 @@ async fn persistent_session_redelivers_what_was_not_acked_and_what_came_while_of
     // weir queued three, then found the queue full and is now holding the
     // fourth without acking it.
     let nm = ingress.queues().class(NM);
-    let deadline = Instant::now() + PATIENCE;
-    while nm.len() < 3 || nm.stats().rejected_full == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "weir never filled the nm queue (len {})",
-            nm.len()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("weir to fill the nm queue", || {
+        nm.len() >= 3 && nm.stats().rejected_full > 0
+    })
+    .await;
     weir.stop().await;
 
     let offline = batch("b");
@@ -501,13 +351,13 @@ async fn resubscribes_after_a_session_takeover_wipes_the_subscriptions() {
     let client_id = format!("{prefix}-weir");
     let (cfg, sub) = settings(&prefix, &client_id, Qos0WhenFull::Block);
     let weir = Weir::start(&cfg, &sub, &ingress);
-    let mut publisher = Publisher::connect(&format!("{prefix}-pub")).await;
+    let mut publisher = connect_publisher(&format!("{prefix}-pub")).await;
     await_subscribed(&ingress, &publisher, &prefix).await;
 
     // A second client with weir's id: Mosquitto disconnects weir (MQTT 3.1.1
     // section 3.1.4), and as it asks for a clean session the stored session
     // and its subscriptions are discarded. It then leaves.
-    let mut options = MqttOptions::new(client_id.clone(), "127.0.0.1", 1883);
+    let mut options = MqttOptions::new(client_id.clone(), "127.0.0.1", MOSQUITTO);
     options.set_clean_session(true);
     let (intruder, mut eventloop) = AsyncClient::new(options, 10);
     let takeover = async {
@@ -562,7 +412,7 @@ async fn qos0_when_full_drop_counts_drops_and_keeps_reading() {
     );
     let (cfg, sub) = settings(&prefix, &format!("{prefix}-weir"), Qos0WhenFull::Drop);
     let weir = Weir::start(&cfg, &sub, &ingress);
-    let mut publisher = Publisher::connect(&format!("{prefix}-pub")).await;
+    let mut publisher = connect_publisher(&format!("{prefix}-pub")).await;
     await_subscribed(&ingress, &publisher, &prefix).await;
     drain(&ingress, &mut Vec::new());
 
@@ -582,19 +432,15 @@ async fn qos0_when_full_drop_counts_drops_and_keeps_reading() {
     publisher
         .publish_confirmed(&[(topic.clone(), b"fence".to_vec())])
         .await;
-    let lt = ingress.queues().class(LT);
-    let deadline = Instant::now() + PATIENCE;
     let mut fenced = Vec::new();
-    while !has(&fenced, &topic, b"fence") {
-        assert!(Instant::now() < deadline, "the fence never arrived");
-        while let Some(r) = lt.pop() {
-            fenced.push(r);
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("the fence", || {
+        fenced.extend(take_all(&ingress, LT));
+        has(&fenced, &topic, b"fence")
+    })
+    .await;
     weir.stop().await;
 
-    let ls: Vec<Record> = std::iter::from_fn(|| ingress.queues().class(LS).pop()).collect();
+    let ls = take_all(&ingress, LS);
     let payloads: Vec<&[u8]> = ls.iter().map(|r| &r.payload[..]).collect();
     assert_eq!(payloads, [&b"q0-0"[..], b"q0-1"], "the first two are kept");
     assert_eq!(ingress.metrics().dropped_total(LS), 8);
@@ -613,7 +459,7 @@ async fn qos0_when_full_block_waits_and_loses_nothing() {
     );
     let (cfg, sub) = settings(&prefix, &format!("{prefix}-weir"), Qos0WhenFull::Block);
     let weir = Weir::start(&cfg, &sub, &ingress);
-    let publisher = Publisher::connect(&format!("{prefix}-pub")).await;
+    let publisher = connect_publisher(&format!("{prefix}-pub")).await;
     await_subscribed(&ingress, &publisher, &prefix).await;
     let mut got = Vec::new();
     drain(&ingress, &mut got);
@@ -627,11 +473,10 @@ async fn qos0_when_full_block_waits_and_loses_nothing() {
     }
     // Let weir hit the full queue before anything drains.
     let ls = ingress.queues().class(LS);
-    let deadline = Instant::now() + PATIENCE;
-    while ls.stats().rejected_full == 0 {
-        assert!(Instant::now() < deadline, "weir never found the queue full");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("weir to find the ls queue full", || {
+        ls.stats().rejected_full > 0
+    })
+    .await;
     drain_until(&ingress, &mut got, "all ten QoS 0 records", |r| {
         (0..10).all(|i| has(r, &topic, format!("q0-{i}").as_bytes()))
     })
@@ -657,25 +502,6 @@ async fn read_packet(stream: &mut TcpStream) -> (u8, Vec<u8>) {
     let mut body = vec![0; len];
     stream.read_exact(&mut body).await.expect("packet body");
     (first, body)
-}
-
-/// An MQTT packet with this first byte and body.
-fn packet(first: u8, body: &[u8]) -> Vec<u8> {
-    let mut out = vec![first];
-    let mut len = body.len();
-    loop {
-        let mut byte = (len % 128) as u8;
-        len /= 128;
-        if len > 0 {
-            byte |= 0x80;
-        }
-        out.push(byte);
-        if len == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(body);
-    out
 }
 
 /// A PUBLISH with raw topic bytes (QoS 0 when `pkid` is `None`).

@@ -1,202 +1,104 @@
-//! Helpers shared by the end-to-end tests: configs with loopback listeners,
-//! a RabbitMQ consumer that decodes weir batches, unique names, metrics
-//! scraped from the admin listener; `peering` holds the three-node peering
-//! scenario.
+//! Test support shared by every integration test (each test binary
+//! declares `mod common;` and uses the part it needs):
+//!
+//! - this file: the one bound on every wait ([`PATIENCE`]), polling until
+//!   a condition holds ([`eventually`]), names and directories unique to
+//!   the process and test, logs, counting;
+//! - `amqp`: the test RabbitMQ, weir's `[egress.amqp]` section pointing at
+//!   it, and a consumer that decodes weir batches;
+//! - `mqtt`: the test Mosquitto, `mosquitto_pub`, a rumqttc client that
+//!   reports PUBACKs, raw MQTT packets;
+//! - `ingress`: the JANUS class ids, queue capacities, and an [`Intake`]
+//!   (`weir::intake::Intake`) over the default classes for the tests that
+//!   drive one ingress without an `App`;
+//! - `process`: the `weir` binary, config snippets, starting weir and
+//!   signalling it, the admin endpoint's metrics;
+//! - `peering`: the three-node peering scenario.
+//!
+//! Timing: nothing here judges how fast the machine is. Waits are for
+//! observable events, bounded by [`PATIENCE`] only so that a broken build
+//! fails instead of hanging; CI runs on a busy 2-core machine.
 #![allow(dead_code)]
 
+pub mod amqp;
+pub mod ingress;
+pub mod mqtt;
 pub mod peering;
+pub mod process;
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use futures::StreamExt;
-use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, QueueDeclareOptions, QueueDeleteOptions,
-};
-use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties};
-use weir_proto::pb;
+use tokio::time::Instant;
 
-/// The test RabbitMQ (scripts/services.sh starts it).
-pub const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-
-/// Bounds every wait so that a broken test fails instead of hanging.
+/// Bounds every wait so that a broken test fails instead of hanging. Only
+/// its expiry fails a test, so it is generous: it must never be what a
+/// loaded machine runs into.
 pub const PATIENCE: Duration = Duration::from_secs(90);
 
-/// The `[egress]` section publishing to the test RabbitMQ with exchange
-/// `<name>.x`, queue `<name>.q` and routing key `<name>`; further
-/// `[egress.amqp]` keys may follow it.
-pub fn amqp_egress(name: &str) -> String {
-    format!(
-        "[egress]\nkind = \"amqp\"\n[egress.amqp]\nurl = \"{AMQP_URL}\"\nexchange = \"{name}.x\"\nqueue = \"{name}.q\"\nrouting_key = \"{name}\""
-    )
-}
+/// How often [`eventually`] looks again.
+pub const POLL: Duration = Duration::from_millis(10);
 
-/// A name unique to this process and `test`.
+/// A name unique to this process and `test`: AMQP exchanges and queues,
+/// MQTT topic prefixes and client ids, directories.
 pub fn unique(test: &str) -> String {
-    format!("weir-e2e-{}-{test}", std::process::id())
+    format!("weir-test-{}-{test}", std::process::id())
 }
 
-/// A record as the cloud saw it, with when it was consumed.
-#[derive(Debug, Clone)]
-pub struct Seen {
-    /// The record.
-    pub record: pb::Record,
-    /// When the consumer got it, microseconds since the Unix epoch.
-    pub consumed_us: u64,
-    /// The AMQP message's content encoding.
-    pub encoding: String,
-    /// The node that sent the batch (differs from the record's origin when
-    /// a peer carried it).
-    pub batch_node: u64,
+/// A fresh, empty directory unique to this process and `name`.
+pub fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(unique(name));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
-/// Microseconds since the Unix epoch.
-pub fn now_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as u64
-}
-
-/// How long the consumer keeps listening after `done` is satisfied, so that
-/// a duplicate has the chance to show up before a test judges.
-pub const LINGER: Duration = Duration::from_secs(2);
-
-/// How often [`consume_until`] asks `done` again while no message comes.
-const RECHECK: Duration = Duration::from_millis(100);
-
-/// Consumes weir batches from `queue` until `done` says the records seen so
-/// far are enough (then lingers [`LINGER`] for stragglers), or `PATIENCE`
-/// passes; acks every message.
-pub async fn consume_until(queue: &str, mut done: impl FnMut(&[Seen]) -> bool) -> Vec<Seen> {
-    let conn = Connection::connect(AMQP_URL, ConnectionProperties::default())
-        .await
-        .expect("RabbitMQ on 127.0.0.1:5672 (run scripts/services.sh)");
-    let ch = conn.create_channel().await.unwrap();
-    ch.queue_declare(
-        queue.into(),
-        QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
-    let mut consumer = ch
-        .basic_consume(
-            queue.into(),
-            "e2e-consumer".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    let mut seen = Vec::new();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let now = tokio::time::Instant::now();
-        let lingering = done(&seen);
-        // `done` may also depend on things other than the records (the
-        // test's own progress): look again at least this often.
-        let until = if lingering {
-            now + LINGER
-        } else {
-            deadline.min(now + RECHECK)
-        };
-        let delivery = match tokio::time::timeout_at(until, consumer.next()).await {
-            Ok(Some(Ok(delivery))) => delivery,
-            Ok(_) => break,
-            Err(_) if lingering || until >= deadline => break,
-            Err(_) => continue,
-        };
-        let consumed_us = now_us();
-        let encoding = delivery
-            .properties
-            .content_encoding()
-            .as_ref()
-            .map(|s| s.to_string())
-            .unwrap_or_default();
-        let batch = weir_proto::decode_batch(&delivery.data, &encoding, 64 << 20)
-            .expect("every message is a weir batch");
-        for record in batch.records {
-            seen.push(Seen {
-                record,
-                consumed_us,
-                encoding: encoding.clone(),
-                batch_node: batch.node,
-            });
-        }
-        delivery.ack(BasicAckOptions::default()).await.unwrap();
-    }
-    let _ = conn.close(200, "done".into()).await;
-    seen
-}
-
-/// Deletes a queue (and its messages).
-pub async fn delete_queue(queue: &str) {
-    if let Ok(conn) = Connection::connect(AMQP_URL, ConnectionProperties::default()).await {
-        if let Ok(ch) = conn.create_channel().await {
-            let _ = ch
-                .queue_delete(queue.into(), QueueDeleteOptions::default())
-                .await;
-        }
-        let _ = conn.close(200, "done".into()).await;
+/// Polls `done` until it holds; panics naming `what` once [`PATIENCE`]
+/// has passed.
+pub async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let give_up = Instant::now() + PATIENCE;
+    while !done() {
+        assert!(Instant::now() < give_up, "gave up waiting for {what}");
+        tokio::time::sleep(POLL).await;
     }
 }
 
-/// Counts of each (origin, seq) among `seen`.
-pub fn counts(seen: &[Seen]) -> HashMap<(u64, u64), usize> {
-    let mut m = HashMap::new();
-    for s in seen {
-        *m.entry((s.record.origin, s.record.seq)).or_insert(0) += 1;
-    }
-    m
-}
-
-/// Waits until `path` answers TCP connections.
-pub async fn wait_port(addr: std::net::SocketAddr) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{addr} never answered"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+/// [`eventually`] for a condition that has to wait itself (a scrape, a
+/// request).
+pub async fn eventually_async<F, Fut>(what: &str, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let give_up = Instant::now() + PATIENCE;
+    while !done().await {
+        assert!(Instant::now() < give_up, "gave up waiting for {what}");
+        tokio::time::sleep(POLL).await;
     }
 }
 
-/// The Prometheus text of the admin listener at `addr` (`GET /metrics`).
-pub async fn scrape(addr: std::net::SocketAddr) -> std::io::Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut conn = tokio::net::TcpStream::connect(addr).await?;
-    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: weir\r\n\r\n")
-        .await?;
-    let mut text = String::new();
-    conn.read_to_string(&mut text).await?;
-    match text.split_once("\r\n\r\n") {
-        // HTTP/1.0: the body is not chunked and ends with the connection.
-        Some((head, body)) if head.starts_with("HTTP/1.0 200") => Ok(body.to_owned()),
-        _ => Err(std::io::Error::other(format!(
-            "unexpected answer from {addr}/metrics: {text}"
-        ))),
-    }
+/// Shows weir's logs in a failing test's output: `RUST_LOG` if set, else
+/// `info,lapin=warn`.
+pub fn logs() {
+    logs_with("info,lapin=warn");
 }
 
-/// The sum of every series of `name` (all label sets) in Prometheus text;
-/// 0 when there is none.
-pub fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let rest = l.strip_prefix(name)?;
-            let value = if rest.starts_with('{') {
-                rest.rsplit_once(' ')?.1
-            } else {
-                rest.strip_prefix(' ')?
-            };
-            value.trim().parse::<f64>().ok()
-        })
-        .sum()
+/// Like [`logs`], with `filter` when `RUST_LOG` is not set.
+pub fn logs_with(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
+
+/// How many times each key occurs.
+pub fn tally<K: Ord>(keys: impl IntoIterator<Item = K>) -> BTreeMap<K, usize> {
+    let mut counts = BTreeMap::new();
+    for key in keys {
+        *counts.entry(key).or_insert(0) += 1;
+    }
+    counts
 }

@@ -1,0 +1,174 @@
+//! MQTT: the test Mosquitto (scripts/services.sh starts it),
+//! `mosquitto_pub`, a rumqttc client that reports PUBACKs, and raw packets
+//! for what no well-behaved client sends.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use bytes::BufMut;
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::PATIENCE;
+
+/// The test Mosquitto's address.
+pub const MOSQUITTO: &str = "127.0.0.1:1883";
+/// Its port.
+pub const MOSQUITTO_PORT: u16 = 1883;
+
+/// Fails with a clear message when Mosquitto is not there.
+pub async fn require_mosquitto() {
+    if let Err(e) = TcpStream::connect(MOSQUITTO).await {
+        panic!(
+            "Mosquitto is not listening on {MOSQUITTO} ({e}); start it with `bash scripts/services.sh`"
+        );
+    }
+}
+
+/// Runs `mosquitto_pub -h 127.0.0.1 -p <port>` with `args`, feeding
+/// `stdin`; asserts that it succeeds.
+pub async fn mosquitto_pub(port: u16, args: &[&str], stdin: &[u8]) {
+    let port = port.to_string();
+    let mut child = tokio::process::Command::new("mosquitto_pub")
+        .args(["-h", "127.0.0.1", "-p", &port])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run mosquitto_pub ({e}); install mosquitto-clients (scripts/services.sh)"
+            )
+        });
+    let mut input = child.stdin.take().expect("piped stdin");
+    input
+        .write_all(stdin)
+        .await
+        .expect("write to mosquitto_pub");
+    drop(input);
+    let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("mosquitto_pub finishes")
+        .expect("wait for mosquitto_pub");
+    assert!(
+        out.status.success(),
+        "mosquitto_pub {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A rumqttc MQTT 3.1.1 client (clean session) whose event loop runs in a
+/// task, reporting each PUBACK's packet id; the task ends (and so does
+/// [`MqttClient::next_ack`]) when the connection does.
+pub struct MqttClient {
+    /// The client, for anything not wrapped here.
+    pub client: AsyncClient,
+    /// Packet ids of PUBACKs, in arrival order.
+    pub acks: mpsc::UnboundedReceiver<u16>,
+    task: JoinHandle<()>,
+}
+
+impl MqttClient {
+    /// Connects as `id` to the broker on 127.0.0.1:`port` and waits for the
+    /// CONNACK.
+    pub async fn connect(port: u16, id: &str) -> MqttClient {
+        let mut options = MqttOptions::new(id, "127.0.0.1", port);
+        options.set_keep_alive(Duration::from_secs(30));
+        options.set_max_packet_size(1 << 20, 1 << 20);
+        let (client, mut events) = AsyncClient::new(options, 100);
+        let (tx, acks) = mpsc::unbounded_channel();
+        let (connected_tx, connected) = tokio::sync::oneshot::channel();
+        let mut connected_tx = Some(connected_tx);
+        let who = id.to_owned();
+        let task = tokio::spawn(async move {
+            loop {
+                match events.poll().await {
+                    Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                        if let Some(c) = connected_tx.take() {
+                            let _ = c.send(());
+                        }
+                    }
+                    Ok(Event::Incoming(Packet::PubAck(ack))) => {
+                        let _ = tx.send(ack.pkid);
+                    }
+                    Ok(_) => {}
+                    // Ends the task, so `next_ack` fails with a clear message
+                    // (shutdown at the end of a test ends it too).
+                    Err(e) => {
+                        eprintln!("MQTT client {who} connection ended: {e}");
+                        break;
+                    }
+                }
+            }
+        });
+        tokio::time::timeout(PATIENCE, connected)
+            .await
+            .unwrap_or_else(|_| panic!("no CONNACK for {id} from 127.0.0.1:{port}"))
+            .unwrap_or_else(|_| panic!("{id} could not connect to 127.0.0.1:{port}"));
+        MqttClient { client, acks, task }
+    }
+
+    /// Queues a publish (not retained).
+    pub async fn publish(&self, topic: &str, qos: QoS, payload: impl Into<Vec<u8>>) {
+        self.client
+            .publish(topic, qos, false, payload)
+            .await
+            .expect("request queued");
+    }
+
+    /// The next PUBACK's packet id.
+    pub async fn next_ack(&mut self) -> u16 {
+        tokio::time::timeout(PATIENCE, self.acks.recv())
+            .await
+            .expect("a PUBACK")
+            .expect("the client's connection is up (see its error above)")
+    }
+
+    /// Publishes every message at QoS 1 and waits until the broker has
+    /// acknowledged all of them.
+    pub async fn publish_confirmed(&mut self, messages: &[(String, Vec<u8>)]) {
+        for (topic, payload) in messages {
+            self.publish(topic, QoS::AtLeastOnce, payload.as_slice())
+                .await;
+        }
+        for _ in messages {
+            self.next_ack().await;
+        }
+    }
+}
+
+impl Drop for MqttClient {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// An MQTT packet with this first byte and body (remaining length encoded
+/// as a variable byte integer).
+pub fn packet(first: u8, body: &[u8]) -> Vec<u8> {
+    let mut out = vec![first];
+    let mut len = body.len();
+    loop {
+        let mut byte = (len % 128) as u8;
+        len /= 128;
+        if len > 0 {
+            byte |= 0x80;
+        }
+        out.push(byte);
+        if len == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(body);
+    out
+}
+
+/// Appends an MQTT string: length prefix and bytes (unchecked).
+pub fn mqtt_str(buf: &mut impl BufMut, s: &[u8]) {
+    buf.put_u16(s.len() as u16);
+    buf.put_slice(s);
+}
