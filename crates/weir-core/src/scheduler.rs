@@ -40,7 +40,7 @@ use crate::janus::scheme::Scheme;
 use crate::janus::{Grant, JanusError};
 use crate::link_estimate::LinkEstimate;
 use crate::peer::{BandwidthState, OwnRate};
-use crate::queue::MultiLevelQueue;
+use crate::queue::{MultiLevelQueue, QueueCapacity};
 use crate::record::Record;
 
 use planner::Planner;
@@ -82,6 +82,25 @@ pub struct SchedulerParams {
     pub track_uplink: bool,
     /// Whether batches take riders of other classes ([`crate::drain`]).
     pub mix_classes: bool,
+}
+
+/// The queues a scheme drains: one per class, or for Native one FIFO as
+/// large as the largest class queue (records and bytes taken separately).
+pub fn queues_for(scheme: Scheme, capacities: &[QueueCapacity]) -> MultiLevelQueue {
+    if scheme.uses_classes() {
+        return MultiLevelQueue::new(capacities);
+    }
+    let largest = capacities.iter().fold(
+        QueueCapacity {
+            records: 0,
+            bytes: 0,
+        },
+        |acc, c| QueueCapacity {
+            records: acc.records.max(c.records),
+            bytes: acc.bytes.max(c.bytes),
+        },
+    );
+    MultiLevelQueue::fifo(largest)
 }
 
 /// A batch closed by the scheduler: records grouped by class, most urgent
@@ -198,8 +217,6 @@ struct OwnLoad {
 pub struct Scheduler {
     params: SchedulerParams,
     classes: ClassSet,
-    /// Queues per class (false: Native's single FIFO).
-    per_class: bool,
     queue_count: usize,
     pbtt: Option<Pbtt>,
     drainer: Drainer,
@@ -255,9 +272,8 @@ impl Scheduler {
         };
         let mut drainer = Drainer::new(&initial, params.burst_bytes, params.limits, now);
         drainer.set_mixing(params.mix_classes);
-        let per_class = queue_count == classes.len();
         // Batch plans only for class queues: Native's single FIFO mixes bounds.
-        let planner = (params.adaptive && per_class)
+        let planner = (params.adaptive && queue_count == classes.len())
             .then(|| Planner::new(classes.len(), params.limits, params.reference.clone()));
         let last_arrived = queues
             .iter()
@@ -271,7 +287,6 @@ impl Scheduler {
             capacity: params.capacity,
             next_window: now + params.window,
             classes,
-            per_class,
             queue_count,
             pbtt,
             drainer,
@@ -297,10 +312,15 @@ impl Scheduler {
         self.publish_peer_state = on;
     }
 
+    /// Whether there is a queue per class (not Native's single FIFO).
+    fn per_class(&self) -> bool {
+        self.queue_count == self.classes.len()
+    }
+
     /// The per-class rider budgets at the current `C_out` (none for
     /// Native's FIFO, which has no classes to mix).
     fn rider_budgets(&self) -> Vec<usize> {
-        if !self.per_class {
+        if !self.per_class() {
             return Vec::new();
         }
         self.classes
@@ -317,19 +337,6 @@ impl Scheduler {
     /// The per-class rates in force.
     pub fn rates(&self) -> Vec<f64> {
         self.drainer.rates()
-    }
-
-    /// The most bytes a batch holding a record of `class` may carry (its
-    /// rider budget), `usize::MAX` when unlimited.
-    pub fn rider_budget(&self, class: ClassId) -> usize {
-        if !self.per_class {
-            return usize::MAX;
-        }
-        rider_budget(
-            self.classes.get(class).bound,
-            self.capacity,
-            RIDER_FLOOR_BYTES,
-        )
     }
 
     /// When the next window is due: the latest the driver may sleep until.

@@ -16,8 +16,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use weir_core::batching::BatchLimits;
-use weir_core::queue::MultiLevelQueue;
-use weir_core::scheduler::{OutBatch, SchedulerParams};
+use weir_core::scheduler::{self, OutBatch, SchedulerParams};
 
 use crate::config::{Config, EgressSink, MqttMode};
 use crate::egress::file::FileSink;
@@ -27,7 +26,6 @@ use crate::handoff::LinkReady;
 use crate::ingress;
 use crate::intake::Intake;
 use crate::metrics::Metrics;
-use crate::scheduler;
 
 /// Batches between the scheduler and the egress: one, handed over when the
 /// egress says the link is free ([`LinkReady`]), so priority is
@@ -137,18 +135,7 @@ impl App {
     /// Binds every listener and starts every task.
     pub async fn start(cfg: Config) -> Result<App, AppError> {
         let scheme = cfg.scheduler.scheme;
-        let queues = Arc::new(if scheme.uses_classes() {
-            MultiLevelQueue::new(&cfg.capacities)
-        } else {
-            // Native: one FIFO as large as the largest class queue (records
-            // and bytes taken separately).
-            let largest = cfg.capacities.iter().fold(cfg.capacities[0], |mut acc, c| {
-                acc.records = acc.records.max(c.records);
-                acc.bytes = acc.bytes.max(c.bytes);
-                acc
-            });
-            MultiLevelQueue::fifo(largest)
-        });
+        let queues = Arc::new(scheduler::queues_for(scheme, &cfg.capacities));
         let metrics = Arc::new(Metrics::new(&cfg.classes));
         let stop = CancellationToken::new();
         let abort = CancellationToken::new();
@@ -237,10 +224,10 @@ impl App {
             track_uplink: cfg.scheduler.track_uplink,
             mix_classes: cfg.scheduler.mix_classes,
         };
-        let scheduler = tokio::spawn(scheduler::run(
+        let scheduler = tokio::spawn(crate::scheduler::run(
             params,
             seed,
-            scheduler::Feedback {
+            crate::scheduler::Feedback {
                 link: link_rx,
                 delivered: delivered_rx,
                 peer: peering.as_mut().and_then(|p| p.scheduler_port()),

@@ -12,7 +12,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use weir_core::link_estimate::LinkEstimate;
-use weir_core::scheduler::{Delivered, Event, OutBatch, Poll, Scheduler, SchedulerParams};
+use weir_core::scheduler::{
+    Delivered, Event, OutBatch, Poll, Scheduler, SchedulerParams, SchedulerWarning,
+};
 
 use crate::clock::unix_micros;
 use crate::handoff::{LinkReady, PeerPort};
@@ -63,8 +65,8 @@ pub async fn run(
     let mut stopping = false;
     let mut link_free = false;
 
+    publish(&mut core, feedback.peer.as_ref(), &metrics);
     loop {
-        publish(&mut core, feedback.peer.as_ref(), &metrics);
         if !link_free {
             // Cancel safety: `acquire` is cancel safe; a permit is only
             // consumed (forgotten) once held.
@@ -162,6 +164,9 @@ fn publish(core: &mut Scheduler, peer: Option<&PeerPort>, metrics: &crate::metri
                 if let Some(port) = peer {
                     port.state.send_replace(state);
                 }
+            }
+            Event::Warning(w @ SchedulerWarning::PbttUnavailable(_)) => {
+                tracing::error!(warning = %w, "scheduler");
             }
             Event::Warning(w) => tracing::warn!(warning = %w, "scheduler"),
         }

@@ -226,6 +226,25 @@ fn native_drains_one_fifo_in_arrival_order() {
 }
 
 #[test]
+fn native_drains_a_fifo_as_large_as_the_largest_class_queue() {
+    let caps = [
+        QueueCapacity {
+            records: 10,
+            bytes: 5000,
+        },
+        QueueCapacity {
+            records: 40,
+            bytes: 1000,
+        },
+    ];
+    let q = queues_for(Scheme::Native, &caps);
+    assert_eq!(q.classes(), 1);
+    let cap = q.class(ClassId(1)).capacity();
+    assert_eq!((cap.records, cap.bytes), (40, 5000));
+    assert_eq!(queues_for(Scheme::QmOnly, &caps).classes(), 2);
+}
+
+#[test]
 fn batches_are_numbered_in_order() {
     let mut p = params(Scheme::QmOnly);
     p.limits.max_records = 1;

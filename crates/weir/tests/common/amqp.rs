@@ -54,14 +54,6 @@ pub struct Seen {
     pub batch_node: u64,
 }
 
-/// Microseconds since the Unix epoch.
-pub fn now_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as u64
-}
-
 /// How long the consumer keeps listening after `done` is satisfied, so that
 /// a duplicate has the chance to show up before a test judges.
 pub const LINGER: Duration = Duration::from_secs(2);
@@ -112,7 +104,7 @@ pub async fn consume_until(queue: &str, mut done: impl FnMut(&[Seen]) -> bool) -
             Err(_) if lingering || until >= deadline => break,
             Err(_) => continue,
         };
-        let consumed_us = now_us();
+        let consumed_us = weir::clock::unix_micros();
         let encoding = delivery
             .properties
             .content_encoding()
