@@ -45,6 +45,7 @@ pub mod peer;
 pub mod queue;
 pub mod record;
 pub mod scheduler;
+pub mod spool;
 pub mod token_bucket;
 
 pub use class::{ClassId, ClassSet, ClassSetError, LatencyClass};

@@ -1,0 +1,368 @@
+//! The bookkeeping of one class's log: its segments, the next index, what
+//! is released, what may be deleted, and what a full quota means.
+
+use std::collections::VecDeque;
+
+use super::released::Released;
+
+/// What a class does with a record that does not fit its quota (or the
+/// spool's total, or the disk's free-space reserve).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FullPolicy {
+    /// Hold the record back until space returns: the device's
+    /// acknowledgement waits (back-pressure). Nothing is lost.
+    #[default]
+    Block,
+    /// Make room by deleting the class's oldest segment; its records that
+    /// were not yet read back into memory are dropped and counted.
+    DropOldest,
+    /// Acknowledge and drop the new record, counted.
+    DropNewest,
+}
+
+/// One segment file of a log, as the bookkeeping sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentMeta {
+    /// Index of its first record (also its file name).
+    pub first_index: u64,
+    /// One past its last record's index.
+    pub end_index: u64,
+    /// Its length on disk, header included.
+    pub bytes: u64,
+}
+
+/// What to do with a record about to be appended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// It fits: append it.
+    Append,
+    /// Over a limit and the policy is [`FullPolicy::Block`]: wait for space.
+    Block,
+    /// Over a limit and the policy is [`FullPolicy::DropNewest`]: drop it.
+    DropNewest,
+    /// Over a limit and the policy is [`FullPolicy::DropOldest`]: call
+    /// [`ClassLog::evict_oldest`], then ask again.
+    EvictOldest,
+}
+
+/// The limits an append is checked against, besides the class's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpoolRoom {
+    /// Bytes all classes' logs take now.
+    pub total_bytes: u64,
+    /// The spool's total quota.
+    pub total_max: u64,
+    /// Free bytes on the spool's filesystem (as last measured).
+    pub disk_free: u64,
+    /// Free bytes weir never eats into.
+    pub disk_reserve: u64,
+}
+
+/// A segment dropped whole by [`FullPolicy::DropOldest`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Eviction {
+    /// The segment to delete.
+    pub segment: SegmentMeta,
+    /// Whether it was the segment being appended to (its file must be
+    /// closed; the next append starts a new one).
+    pub was_active: bool,
+    /// Records in it that were not released before.
+    pub dropped: u64,
+}
+
+/// The bookkeeping of one class's log. The last segment is the one being
+/// appended to; all others are sealed.
+#[derive(Debug, Clone)]
+pub struct ClassLog {
+    segments: VecDeque<SegmentMeta>,
+    next_index: u64,
+    released: Released,
+    segment_bytes: u64,
+    max_bytes: u64,
+    policy: FullPolicy,
+    bytes: u64,
+}
+
+impl ClassLog {
+    /// A log holding `segments` (ascending, as found on disk; empty for a
+    /// new log), with `released` as read from its checkpoint. New segments
+    /// start once the active one would pass `segment_bytes`; the class may
+    /// hold `max_bytes` on disk.
+    pub fn new(
+        segments: Vec<SegmentMeta>,
+        released: Released,
+        segment_bytes: u64,
+        max_bytes: u64,
+        policy: FullPolicy,
+    ) -> Self {
+        let next_index = segments.last().map_or(released.low_water(), |s| {
+            s.end_index.max(released.low_water())
+        });
+        let bytes = segments.iter().map(|s| s.bytes).sum();
+        ClassLog {
+            segments: segments.into(),
+            next_index,
+            released,
+            segment_bytes,
+            max_bytes,
+            policy,
+            bytes,
+        }
+    }
+
+    /// Index the next append gets.
+    pub fn next_index(&self) -> u64 {
+        self.next_index
+    }
+
+    /// Bytes on disk, headers included.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The release state (for checkpoints).
+    pub fn released(&self) -> &Released {
+        &self.released
+    }
+
+    /// Records appended and not released.
+    pub fn unreleased(&self) -> u64 {
+        self.next_index - self.released.low_water() - self.released.above().count() as u64
+    }
+
+    /// The segments, oldest first.
+    pub fn segments(&self) -> impl ExactSizeIterator<Item = &SegmentMeta> {
+        self.segments.iter()
+    }
+
+    /// Whether `index` is released.
+    pub fn is_released(&self, index: u64) -> bool {
+        self.released.is_released(index)
+    }
+
+    /// Whether a frame of `frame_len` bytes may be appended now.
+    pub fn admit(&self, frame_len: u64, room: &SpoolRoom) -> Admit {
+        let over = self.bytes + frame_len > self.max_bytes
+            || room.total_bytes + frame_len > room.total_max
+            || room.disk_free < room.disk_reserve.saturating_add(frame_len);
+        if !over {
+            return Admit::Append;
+        }
+        match self.policy {
+            FullPolicy::Block => Admit::Block,
+            FullPolicy::DropNewest => Admit::DropNewest,
+            FullPolicy::DropOldest if self.segments.is_empty() => Admit::Block,
+            FullPolicy::DropOldest => Admit::EvictOldest,
+        }
+    }
+
+    /// Whether appending a frame of `frame_len` bytes must first start a
+    /// new segment (there is none, or the active one would pass
+    /// `segment_bytes` and already holds a record).
+    pub fn needs_segment(&self, frame_len: u64) -> bool {
+        match self.segments.back() {
+            None => true,
+            Some(s) => s.end_index > s.first_index && s.bytes + frame_len > self.segment_bytes,
+        }
+    }
+
+    /// A new active segment of `header_len` bytes starts at
+    /// [`Self::next_index`]; the previous one is sealed.
+    pub fn start_segment(&mut self, header_len: u64) -> SegmentMeta {
+        let s = SegmentMeta {
+            first_index: self.next_index,
+            end_index: self.next_index,
+            bytes: header_len,
+        };
+        self.segments.push_back(s);
+        self.bytes += header_len;
+        s
+    }
+
+    /// A frame of `frame_len` bytes was appended to the active segment;
+    /// returns its index.
+    ///
+    /// # Panics
+    /// If there is no active segment ([`Self::needs_segment`] said so).
+    pub fn append(&mut self, frame_len: u64) -> u64 {
+        let s = self
+            .segments
+            .back_mut()
+            .expect("append needs an active segment");
+        let index = self.next_index;
+        s.end_index = index + 1;
+        s.bytes += frame_len;
+        self.bytes += frame_len;
+        self.next_index += 1;
+        index
+    }
+
+    /// The active segment lost `bytes` that were appended but not made
+    /// durable and must be rewritten: rolls back appends at and after
+    /// `from_index` (a failed write is retried from there).
+    pub fn roll_back(&mut self, from_index: u64, bytes: u64) {
+        if let Some(s) = self.segments.back_mut() {
+            s.end_index = s.end_index.min(from_index).max(s.first_index);
+            s.bytes -= bytes.min(s.bytes);
+        }
+        self.bytes -= bytes.min(self.bytes);
+        self.next_index = self.next_index.min(from_index);
+    }
+
+    /// Marks a delivered record released; returns whether it was not yet.
+    pub fn release(&mut self, index: u64) -> bool {
+        index < self.next_index && self.released.release(index)
+    }
+
+    /// Sealed segments every record of which is released, oldest first,
+    /// removed from the log: delete their files.
+    pub fn take_deletable(&mut self) -> Vec<SegmentMeta> {
+        let mut out = Vec::new();
+        while self.segments.len() > 1 {
+            let front = self.segments[0];
+            if front.end_index > self.released.low_water() {
+                break;
+            }
+            self.segments.pop_front();
+            self.bytes -= front.bytes;
+            out.push(front);
+        }
+        out
+    }
+
+    /// Drops the oldest segment whole (policy [`FullPolicy::DropOldest`]):
+    /// its records count as released.
+    pub fn evict_oldest(&mut self) -> Option<Eviction> {
+        let segment = self.segments.pop_front()?;
+        self.bytes -= segment.bytes;
+        let was_active = self.segments.is_empty();
+        let dropped = self.released.release_below(segment.end_index);
+        Some(Eviction {
+            segment,
+            was_active,
+            dropped,
+        })
+    }
+
+    /// Drops records below `index` (expired by the class's time to live);
+    /// returns how many were not released yet.
+    pub fn expire_below(&mut self, index: u64) -> u64 {
+        self.released.release_below(index.min(self.next_index))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn room(total: u64) -> SpoolRoom {
+        SpoolRoom {
+            total_bytes: total,
+            total_max: 1 << 30,
+            disk_free: 1 << 40,
+            disk_reserve: 1 << 20,
+        }
+    }
+
+    fn log(policy: FullPolicy) -> ClassLog {
+        ClassLog::new(Vec::new(), Released::new(0), 1000, 3000, policy)
+    }
+
+    fn fill(log: &mut ClassLog, n: usize) -> Vec<u64> {
+        (0..n)
+            .map(|_| {
+                if log.needs_segment(100) {
+                    log.start_segment(50);
+                }
+                log.append(100)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn segments_roll_over_and_are_deleted_once_released() {
+        let mut l = log(FullPolicy::Block);
+        let idx = fill(&mut l, 25);
+        assert_eq!(idx, (0..25).collect::<Vec<_>>());
+        // 50-byte header plus nine 100-byte frames fit in 1000 bytes.
+        assert_eq!(l.segments().count(), 3);
+        assert_eq!(l.bytes(), 3 * 50 + 25 * 100);
+        for i in 0..9 {
+            l.release(i);
+        }
+        let gone = l.take_deletable();
+        assert_eq!(gone.len(), 1);
+        assert_eq!((gone[0].first_index, gone[0].end_index), (0, 9));
+        // Released out of order: the second segment waits for index 9.
+        for i in 10..25 {
+            l.release(i);
+        }
+        assert!(l.take_deletable().is_empty());
+        l.release(9);
+        // The active segment is never deleted, even when drained.
+        assert_eq!(l.take_deletable().len(), 1);
+        assert_eq!(l.segments().count(), 1);
+        assert_eq!(l.unreleased(), 0);
+    }
+
+    #[test]
+    fn each_policy_answers_a_full_quota_its_own_way() {
+        for (policy, expect) in [
+            (FullPolicy::Block, Admit::Block),
+            (FullPolicy::DropNewest, Admit::DropNewest),
+            (FullPolicy::DropOldest, Admit::EvictOldest),
+        ] {
+            let mut l = log(policy);
+            fill(&mut l, 27);
+            assert_eq!(l.bytes(), 2850);
+            assert_eq!(l.admit(151, &room(0)), expect, "{policy:?}");
+            assert_eq!(l.admit(150, &room(0)), Admit::Append);
+        }
+        let l = log(FullPolicy::Block);
+        assert_eq!(l.admit(100, &room((1 << 30) - 50)), Admit::Block);
+        let mut tight = room(0);
+        tight.disk_free = (1 << 20) + 99;
+        assert_eq!(l.admit(100, &tight), Admit::Block);
+    }
+
+    #[test]
+    fn evicting_counts_only_records_not_yet_released() {
+        let mut l = log(FullPolicy::DropOldest);
+        fill(&mut l, 12);
+        l.release(0);
+        l.release(3);
+        let e = l.evict_oldest().unwrap();
+        assert_eq!(e.dropped, 7);
+        assert!(!e.was_active);
+        assert_eq!(l.released().low_water(), 9);
+        let e = l.evict_oldest().unwrap();
+        assert!(e.was_active);
+        assert_eq!(l.bytes(), 0);
+        assert!(l.needs_segment(100));
+        assert_eq!(fill(&mut l, 1), vec![12]);
+    }
+
+    #[test]
+    fn a_recovered_log_continues_its_numbering() {
+        let segs = vec![
+            SegmentMeta {
+                first_index: 40,
+                end_index: 49,
+                bytes: 950,
+            },
+            SegmentMeta {
+                first_index: 49,
+                end_index: 52,
+                bytes: 350,
+            },
+        ];
+        let mut l = ClassLog::new(segs, Released::new(45), 1000, 1 << 20, FullPolicy::Block);
+        assert_eq!(l.next_index(), 52);
+        assert_eq!(l.unreleased(), 7);
+        assert!(!l.needs_segment(100));
+        assert_eq!(l.append(100), 52);
+        assert!(l.release(45));
+        assert!(!l.release(44));
+        assert!(!l.release(99));
+    }
+}
