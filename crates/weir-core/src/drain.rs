@@ -315,6 +315,7 @@ mod tests {
             seq,
             ingress_us: 0,
             payload: Bytes::from(vec![0u8; 68]),
+            spool: None,
         }
     }
     const SIZE: usize = 100; // 68 + RECORD_OVERHEAD

@@ -283,6 +283,7 @@ mod tests {
             seq,
             ingress_us: 0,
             payload: Bytes::from(vec![0u8; len]),
+            spool: None,
         }
     }
 

@@ -26,6 +26,10 @@ pub struct Record {
     pub ingress_us: u64,
     /// The device's bytes, never re-encoded.
     pub payload: Bytes,
+    /// Its index in this node's spool log of its class, once it is on
+    /// disk there; `None` for records held in memory only and for records
+    /// received from peers (their origin keeps them). Never sent on a wire.
+    pub spool: Option<u64>,
 }
 
 /// Bytes a record occupies in a queue beyond its key and payload: the fixed

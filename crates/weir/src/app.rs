@@ -26,6 +26,7 @@ use crate::handoff::LinkReady;
 use crate::ingress;
 use crate::intake::Intake;
 use crate::metrics::Metrics;
+use crate::spool::{SequenceLease, Spool};
 
 /// Batches between the scheduler and the egress: one, handed over when the
 /// egress says the link is free ([`LinkReady`]), so priority is
@@ -91,6 +92,13 @@ pub enum AppError {
     /// Peering could not start.
     #[error(transparent)]
     Peering(#[from] crate::peer::PeerError),
+    /// The spool could not be opened.
+    #[error(transparent)]
+    Spool {
+        /// What failed.
+        #[from]
+        source: crate::spool::SpoolError,
+    },
     /// The async runtime or a signal handler could not be set up.
     #[error("cannot {what}: {source}")]
     Runtime {
@@ -135,14 +143,14 @@ impl App {
     /// Binds every listener and starts every task.
     pub async fn start(cfg: Config) -> Result<App, AppError> {
         let scheme = cfg.scheduler.scheme;
-        let queues = Arc::new(scheduler::queues_for(scheme, &cfg.capacities));
+        let queues = Arc::new(scheduler::queues_for(scheme, &cfg.memory_capacities()));
         let metrics = Arc::new(Metrics::new(&cfg.classes));
         let stop = CancellationToken::new();
         let abort = CancellationToken::new();
         // Sequence numbers start from the clock so a restarted node never
         // reuses a (origin, seq) the cloud has seen.
         let seed = crate::clock::unix_micros();
-        let ingress = Arc::new(Intake::new(
+        let intake = Intake::new(
             cfg.node.id,
             cfg.classes.clone(),
             cfg.classifier.clone(),
@@ -150,7 +158,41 @@ impl App {
             seed,
             stop.clone(),
             Arc::clone(&metrics),
-        ));
+        );
+        // The spool, when a class uses it: recovered records reach the
+        // queues before any listener opens. Its directory also holds the
+        // sequence-number lease, which survives restarts and clock steps.
+        let (spool, lease) = if cfg.spooled() {
+            let spool_error = |source| AppError::Spool { source };
+            let (spool, recovered) = Spool::open(
+                &cfg.spool,
+                &cfg.classes,
+                &cfg.durability,
+                Arc::clone(&queues),
+                intake.arrivals_handle(),
+                Arc::clone(&metrics),
+            )
+            .map_err(spool_error)?;
+            let lease = SequenceLease::open(&cfg.spool.dir, seed).map_err(|source| {
+                spool_error(crate::spool::SpoolError::Dir {
+                    path: cfg.spool.dir.clone(),
+                    source,
+                })
+            })?;
+            tracing::info!(
+                dir = %cfg.spool.dir.display(),
+                sync = %cfg.spool.sync,
+                recovered = recovered.records.iter().sum::<u64>(),
+                corrupt = recovered.corrupt,
+                torn_bytes = recovered.torn_bytes,
+                quarantined = recovered.quarantined,
+                "spool open"
+            );
+            (Some(Arc::new(spool)), Some(lease))
+        } else {
+            (None, None)
+        };
+        let ingress = Arc::new(intake.with_spool(spool.clone(), lease));
 
         // Peering binds first (it accepts nothing until it starts, below):
         // the egress reports deliveries to it, the scheduler publishes its
@@ -179,9 +221,16 @@ impl App {
             classes: cfg.classes.clone(),
             ready: Arc::clone(&ready),
             delivered: Some(delivered_tx),
-            observer: peering
+            observers: peering
                 .as_ref()
-                .map(|p| p.deliveries() as Arc<dyn egress::DeliveryObserver>),
+                .map(|p| p.deliveries() as Arc<dyn egress::DeliveryObserver>)
+                .into_iter()
+                .chain(
+                    spool
+                        .clone()
+                        .map(|s| Arc::new(SpoolRelease(s)) as Arc<dyn egress::DeliveryObserver>),
+                )
+                .collect(),
             compression: cfg.compression.clone(),
             link_prior,
             link: link_tx,
@@ -340,12 +389,40 @@ impl App {
             let _ = self.scheduler.await;
             let _ = self.egress.await;
         };
-        if tokio::time::timeout(deadline, drain).await.is_err() {
+        let clean = tokio::time::timeout(deadline, drain).await.is_ok();
+        if !clean {
             abort.cancel();
             tracing::error!(?deadline, "shutdown deadline passed");
-        } else {
+        }
+        if let Some(spool) = self.ingress.spool().cloned() {
+            // Appends already taken are written and synced; undelivered
+            // records stay on disk for the next start.
+            let _ = tokio::task::spawn_blocking(move || spool.close()).await;
+            if let Some(spool) = self.ingress.spool() {
+                for (i, n) in spool.unreleased().into_iter().enumerate() {
+                    if n > 0 {
+                        tracing::info!(
+                            class = self.ingress.class_name(weir_core::ClassId(i as u8)),
+                            records = n,
+                            "undelivered records kept in the spool for the next start"
+                        );
+                    }
+                }
+            }
+        }
+        if clean {
             tracing::info!("shut down cleanly");
         }
+    }
+}
+
+/// Tells the spool which records the egress delivered.
+#[derive(Debug)]
+struct SpoolRelease(Arc<Spool>);
+
+impl egress::DeliveryObserver for SpoolRelease {
+    fn delivered(&self, records: &[weir_core::Record]) {
+        self.0.release(records);
     }
 }
 

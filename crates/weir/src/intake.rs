@@ -19,6 +19,38 @@ use weir_core::{ClassId, ClassSet, NodeId, Record};
 
 use crate::clock::unix_micros;
 use crate::metrics::Metrics;
+use crate::spool::{AppendError, Appended, SequenceLease, Spool, Ticket};
+
+/// What became of a record handed to [`Intake::accept`].
+#[derive(Debug)]
+pub enum Accepted {
+    /// In its class queue (a `memory` class): acknowledge now.
+    Queued,
+    /// Being written to the spool (a `spool` class): acknowledge once the
+    /// ticket is durable, never before.
+    Spooling(Ticket),
+    /// Dropped by its class's `on_full = "drop-newest"` (counted): nothing
+    /// to wait for.
+    Dropped,
+}
+
+/// Where sequence numbers come from.
+#[derive(Debug)]
+enum Sequence {
+    /// A counter seeded from the clock (no state directory).
+    Counter(AtomicU64),
+    /// A lease on disk that survives restarts and clock steps.
+    Lease(SequenceLease),
+}
+
+impl Sequence {
+    fn next(&self) -> u64 {
+        match self {
+            Sequence::Counter(c) => c.fetch_add(1, Ordering::Relaxed),
+            Sequence::Lease(l) => l.next(),
+        }
+    }
+}
 
 /// Why a record was not enqueued.
 #[derive(Debug, thiserror::Error)]
@@ -54,9 +86,10 @@ pub struct Intake {
     classes: ClassSet,
     classifier: Classifier,
     queues: Arc<MultiLevelQueue>,
-    next_seq: AtomicU64,
+    next_seq: Sequence,
     space: Notify,
-    arrivals: Notify,
+    arrivals: Arc<Notify>,
+    spool: Option<Arc<Spool>>,
     shutdown: CancellationToken,
     metrics: Arc<Metrics>,
     /// Bytes of peers' records enqueued here, ever.
@@ -81,12 +114,42 @@ impl Intake {
             classes,
             classifier,
             queues,
-            next_seq: AtomicU64::new(first_seq),
+            next_seq: Sequence::Counter(AtomicU64::new(first_seq)),
             space: Notify::new(),
-            arrivals: Notify::new(),
+            arrivals: Arc::new(Notify::new()),
+            spool: None,
             shutdown,
             metrics,
             foreign_bytes: AtomicU64::new(0),
+        }
+    }
+
+    /// Spooled classes go through `spool`; sequence numbers come from
+    /// `lease` (see [`SequenceLease`]).
+    pub fn with_spool(mut self, spool: Option<Arc<Spool>>, lease: Option<SequenceLease>) -> Self {
+        self.spool = spool;
+        if let Some(lease) = lease {
+            self.next_seq = Sequence::Lease(lease);
+        }
+        self
+    }
+
+    /// The notification the scheduler waits on for arrivals (the spool
+    /// rings it for records it hands to the queues).
+    pub fn arrivals_handle(&self) -> Arc<Notify> {
+        Arc::clone(&self.arrivals)
+    }
+
+    /// The spool, if any class uses it.
+    pub fn spool(&self) -> Option<&Arc<Spool>> {
+        self.spool.as_ref()
+    }
+
+    /// These records were delivered (egress confirmed, or a peer delivered
+    /// them): their spool space may be reclaimed.
+    pub fn release(&self, records: &[Record]) {
+        if let Some(spool) = &self.spool {
+            spool.release(records);
         }
     }
 
@@ -140,15 +203,104 @@ impl Intake {
             key,
             class,
             origin: self.node,
-            seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
+            seq: self.next_seq.next(),
             ingress_us: unix_micros(),
             payload,
+            spool: None,
         }
     }
 
     /// The name of a class.
     pub fn class_name(&self, class: ClassId) -> &str {
         &self.classes.get(class).name
+    }
+
+    /// The spool, if `record`'s class is spooled.
+    fn spool_for(&self, record: &Record) -> Option<&Arc<Spool>> {
+        self.spool.as_ref().filter(|s| s.spools(record.class))
+    }
+
+    /// A record larger than its class's memory queue can never be handed
+    /// to it, spooled or not.
+    fn oversized(&self, record: &Record) -> Option<EnqueueError> {
+        let limit = self.queues.class(record.class).capacity().bytes;
+        (record.size() > limit).then(|| {
+            self.metrics.refused(record.class);
+            EnqueueError::Oversized {
+                size: record.size(),
+                class: self.class_name(record.class).to_string(),
+                limit,
+            }
+        })
+    }
+
+    /// Accepts a record from a device: a `memory` class's record is
+    /// queued (as [`Self::enqueue`]), a `spool` class's record is appended
+    /// to the spool. Waits up to `max_wait` (`None`: until shutdown) while
+    /// the queue or the spool's quota is full.
+    pub async fn accept(
+        &self,
+        record: Record,
+        max_wait: Option<Duration>,
+    ) -> Result<Accepted, EnqueueError> {
+        let Some(spool) = self.spool_for(&record) else {
+            return self
+                .enqueue(record, max_wait)
+                .await
+                .map(|()| Accepted::Queued);
+        };
+        if self.shutdown.is_cancelled() {
+            return Err(EnqueueError::ShuttingDown);
+        }
+        if let Some(e) = self.oversized(&record) {
+            return Err(e);
+        }
+        let class = record.class;
+        let outcome = match spool.try_append(record) {
+            Err(AppendError::Full(back)) => {
+                self.metrics.backpressured(class);
+                // Cancel safety: dropping `append` drops a record that was
+                // never appended nor acknowledged.
+                tokio::select! {
+                    outcome = spool.append(back, max_wait) => outcome,
+                    _ = self.shutdown.cancelled() => return Err(EnqueueError::ShuttingDown),
+                }
+            }
+            other => other,
+        };
+        self.spooled(outcome, class)
+    }
+
+    /// [`Self::accept`] without waiting: a full queue or quota hands the
+    /// record back.
+    pub fn try_accept(&self, record: Record) -> Result<Accepted, EnqueueError> {
+        let Some(spool) = self.spool_for(&record) else {
+            return self.try_enqueue(record).map(|()| Accepted::Queued);
+        };
+        if self.shutdown.is_cancelled() {
+            return Err(EnqueueError::ShuttingDown);
+        }
+        if let Some(e) = self.oversized(&record) {
+            return Err(e);
+        }
+        let class = record.class;
+        self.spooled(spool.try_append(record), class)
+    }
+
+    fn spooled(
+        &self,
+        outcome: Result<Appended, AppendError>,
+        class: ClassId,
+    ) -> Result<Accepted, EnqueueError> {
+        match outcome {
+            Ok(Appended::Pending(t)) => Ok(Accepted::Spooling(t)),
+            Ok(Appended::Dropped) => Ok(Accepted::Dropped),
+            Err(AppendError::Full(record)) => Err(EnqueueError::Full {
+                record,
+                class: self.class_name(class).to_string(),
+            }),
+            Err(AppendError::Closed) => Err(EnqueueError::ShuttingDown),
+        }
     }
 
     /// Enqueues without waiting; a full queue hands the record back.
@@ -290,5 +442,8 @@ impl Intake {
     /// Wakes ingress waiting for room; the scheduler calls it after draining.
     pub fn notify_space(&self) {
         self.space.notify_waiters();
+        if let Some(spool) = &self.spool {
+            spool.notify_space();
+        }
     }
 }

@@ -33,4 +33,5 @@ pub mod intake;
 pub mod metrics;
 pub mod peer;
 pub mod scheduler;
+pub mod spool;
 pub mod telemetry;

@@ -101,6 +101,7 @@ fn out_batch(node: NodeId, seq: u64, class: ClassId, n: u64) -> OutBatch {
                 } else {
                     Bytes::from(vec![0xff, 0x00, (seq % 256) as u8, (i % 256) as u8, 0x9f])
                 },
+                spool: None,
             })
             .collect(),
     }
@@ -370,7 +371,7 @@ fn spawn_run(
         classes: cfg.classes.clone(),
         ready: Arc::new(tokio::sync::Semaphore::new(0)),
         delivered: None,
-        observer: None,
+        observers: Vec::new(),
         compression: cfg.compression.clone(),
         link_prior,
         link: watch::channel(link_prior).0,

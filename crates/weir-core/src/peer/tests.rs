@@ -65,6 +65,7 @@ fn record(origin: NodeId, seq: u64) -> Record {
         seq,
         ingress_us: seq,
         payload: Bytes::from(vec![0u8; 7]),
+        spool: None,
     }
 }
 

@@ -68,6 +68,7 @@ fn record(class: usize, seq: u64, payload: usize, at: Duration) -> Record {
         seq,
         ingress_us: wall(at),
         payload: Bytes::from(vec![0u8; payload]),
+        spool: None,
     }
 }
 

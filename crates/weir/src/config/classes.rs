@@ -12,6 +12,7 @@ use weir_core::classify::{Classifier, Rule, Source, TopicFilter};
 use weir_core::queue::QueueCapacity;
 
 use super::problems::Problems;
+use super::spool::{class_durability, default_durability, ClassDurability, RawDurability};
 use super::units::{HumanDuration, Size, Written};
 
 /// At JANUS's evaluation rate of 5k records/s this holds about 13 s of
@@ -36,6 +37,10 @@ pub(crate) struct RawClass {
     pub min_share: Option<f64>,
     pub capacity_records: Option<u64>,
     pub capacity_bytes: Option<Written<Size>>,
+    pub durability: Option<String>,
+    pub spool_max_bytes: Option<Written<Size>>,
+    pub on_full: Option<String>,
+    pub ttl: Option<Written<HumanDuration>>,
 }
 
 /// The classes, plus what other sections check against even when the
@@ -49,6 +54,8 @@ pub(crate) struct Classes {
     pub(crate) bounds: Vec<(String, Duration)>,
     /// Byte capacities that parsed, with their class names.
     pub(crate) capacity_bytes: Vec<(String, usize)>,
+    /// Durability per class, in class order.
+    pub(crate) durability: Option<Vec<ClassDurability>>,
 }
 
 /// `[[class]]` checked (the JANUS defaults when absent), with what the
@@ -65,6 +72,7 @@ pub(crate) fn classes(p: &mut Problems, raw: Option<Vec<RawClass>>) -> Classes {
             capacities: Some(vec![capacity; set.len()]),
             bounds: set.iter().map(|(_, c)| (c.name.clone(), c.bound)).collect(),
             capacity_bytes: names.iter().map(|n| (n.clone(), capacity.bytes)).collect(),
+            durability: Some(vec![default_durability(); set.len()]),
             names,
             set: Some(set),
         };
@@ -76,8 +84,20 @@ pub(crate) fn classes(p: &mut Problems, raw: Option<Vec<RawClass>>) -> Classes {
     let mut capacities = Vec::with_capacity(raw.len());
     let mut bounds = Vec::new();
     let mut capacity_bytes = Vec::new();
+    let mut durability = Vec::new();
     for (i, c) in raw.into_iter().enumerate() {
         let path = format!("class[{i}]");
+        let durable = class_durability(
+            p,
+            &path,
+            RawDurability {
+                durability: c.durability,
+                spool_max_bytes: c.spool_max_bytes,
+                on_full: c.on_full,
+                ttl: c.ttl,
+            },
+        );
+        durability.extend(durable);
         let name = c.name.unwrap_or_default();
         let bound = match c.bound {
             None => {
@@ -152,18 +172,23 @@ pub(crate) fn classes(p: &mut Problems, raw: Option<Vec<RawClass>>) -> Classes {
         names,
         bounds,
         capacity_bytes,
+        durability: Some(durability).filter(|_| ok),
     }
 }
 
 /// Sort key of a `class[i].key` path: by class, then by key in file order;
 /// problems with the whole list last.
 fn class_problem_order(path: &str) -> (usize, usize) {
-    const KEYS: [&str; 5] = [
+    const KEYS: [&str; 9] = [
         "name",
         "bound",
         "min_share",
         "capacity_records",
         "capacity_bytes",
+        "durability",
+        "spool_max_bytes",
+        "on_full",
+        "ttl",
     ];
     let parsed = path
         .strip_prefix("class[")

@@ -19,6 +19,7 @@
 //! - `ingress.rs`: `[ingress.mqtt]` and `[ingress.grpc]`.
 //! - `egress.rs`: `[egress]` with its file, amqp and link tables.
 //! - `peering.rs`: `[peering]`.
+//! - `spool.rs`: `[spool]` and the per-class durability keys.
 //! - `admin.rs`, `log.rs`: `[admin]`, `[log]`.
 //!
 //! Beside them, used by the sections and never using them:
@@ -47,6 +48,7 @@ mod node;
 mod peering;
 mod problems;
 mod scheduler;
+mod spool;
 pub mod units;
 
 #[cfg(test)]
@@ -76,6 +78,7 @@ pub use problems::Problem;
 pub use scheduler::{
     BatchingSection, CompressionSection, PayloadKind, SchedulerConfig, SchemeName,
 };
+pub use spool::{ClassDurability, Durability, OnFull, SpoolConfig, SyncMode};
 pub use units::{HumanDuration, Rate, Size, UnitError};
 
 use admin::RawAdmin;
@@ -87,6 +90,7 @@ use node::RawNode;
 use peering::RawPeering;
 use problems::Problems;
 use scheduler::{RawBatching, RawCompression, RawScheduler};
+use spool::RawSpool;
 
 /// The shipped default configuration, the file weir documents its keys in.
 pub const DEFAULT_CONFIG: &str = include_str!("../../../../config/default.toml");
@@ -132,6 +136,8 @@ struct RawConfig {
     #[serde(default)]
     egress: RawEgress,
     #[serde(default)]
+    spool: RawSpool,
+    #[serde(default)]
     admin: RawAdmin,
     #[serde(default)]
     peering: RawPeering,
@@ -160,6 +166,10 @@ pub struct Config {
     pub ingress: IngressConfig,
     /// `[egress]`: where batches go.
     pub egress: EgressConfig,
+    /// Durability per class, indexed by [`ClassId::index`].
+    pub durability: Vec<ClassDurability>,
+    /// `[spool]`: where spooled classes keep their records.
+    pub spool: SpoolConfig,
     /// `[admin]`: the metrics listener.
     pub admin: AdminConfig,
     /// `[peering]`: redirection to neighbours; `None` without
@@ -173,6 +183,27 @@ impl Config {
     /// The queue capacity of `class`.
     pub fn capacity(&self, class: ClassId) -> QueueCapacity {
         self.capacities[class.index()]
+    }
+
+    /// Whether any class keeps its records in the spool.
+    pub fn spooled(&self) -> bool {
+        self.durability.iter().any(ClassDurability::spooled)
+    }
+
+    /// The memory queue capacity of each class: a spooled class holds at
+    /// most `spool.window_bytes` in memory, the rest waits on disk.
+    pub fn memory_capacities(&self) -> Vec<QueueCapacity> {
+        self.capacities
+            .iter()
+            .zip(&self.durability)
+            .map(|(c, d)| match d.spooled() {
+                true => QueueCapacity {
+                    records: c.records,
+                    bytes: c.bytes.min(self.spool.window_bytes as usize),
+                },
+                false => *c,
+            })
+            .collect()
     }
 }
 
@@ -188,6 +219,7 @@ fn validate(raw: RawConfig) -> Result<Config, Vec<Problem>> {
     let compression = scheduler::compression(&mut p, raw.compression);
     let ingress = ingress::ingress(&mut p, raw.ingress, node_id);
     let egress = egress::egress(&mut p, raw.egress);
+    let spool = spool::spool(&mut p, raw.spool);
     let admin = admin::admin(&mut p, raw.admin);
     let peering = peering::peering(&mut p, raw.peering, node_id);
     let log = log::log(&mut p, raw.log);
@@ -207,6 +239,7 @@ fn validate(raw: RawConfig) -> Result<Config, Vec<Problem>> {
         (batching, compression, peering),
         ingress,
         egress,
+        (spool, classes.durability),
         admin,
         log,
     ) {
@@ -219,6 +252,7 @@ fn validate(raw: RawConfig) -> Result<Config, Vec<Problem>> {
             (Some(batching), Some(compression), Some(peering)),
             Some(ingress),
             Some(egress),
+            (Some(spool), Some(durability)),
             Some(admin),
             Some(log),
         ) if p.0.is_empty() => Ok(Config {
@@ -231,6 +265,8 @@ fn validate(raw: RawConfig) -> Result<Config, Vec<Problem>> {
             compression,
             ingress,
             egress,
+            durability,
+            spool,
             admin,
             peering,
             log,

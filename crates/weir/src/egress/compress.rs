@@ -268,6 +268,7 @@ mod tests {
             seq: 0,
             ingress_us: 0,
             payload,
+            spool: None,
         }
     }
 

@@ -34,8 +34,8 @@ pub struct EgressContext {
     /// batch sizers).
     pub delivered: Option<mpsc::Sender<Delivered>>,
     /// Told the records of every confirmed batch (peering's delivery
-    /// acknowledgements).
-    pub observer: Option<Arc<dyn DeliveryObserver>>,
+    /// acknowledgements, the spool's releases).
+    pub observers: Vec<Arc<dyn DeliveryObserver>>,
     /// Compression settings.
     pub compression: crate::config::CompressionSection,
     /// The uplink estimate weir starts from (configured uplink and
@@ -66,7 +66,7 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
         classes,
         ready,
         delivered,
-        observer,
+        observers,
         compression,
         link_prior,
         link,
@@ -142,7 +142,7 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                             link.send_replace(now);
                         }
                     }
-                    if let Some(o) = &observer {
+                    for o in &observers {
                         o.delivered(&batch.records);
                     }
                     metrics.batches_confirmed.inc();

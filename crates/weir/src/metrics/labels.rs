@@ -15,3 +15,12 @@ pub struct CodecLabel {
     /// Codec and level.
     pub codec: String,
 }
+
+/// The `class` and `reason` labels of records dropped by policy.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DropLabel {
+    /// Class name.
+    pub class: String,
+    /// `full` (drop-newest), `evicted` (drop-oldest), `ttl`.
+    pub reason: String,
+}

@@ -8,6 +8,7 @@
 
 pub mod labels;
 pub mod peer;
+pub mod spool;
 
 use std::sync::atomic::{AtomicI64, AtomicU64};
 
@@ -22,6 +23,7 @@ use weir_core::{ClassId, ClassSet};
 
 pub use labels::{ClassLabel, CodecLabel};
 pub use peer::{PeerMetrics, RefusalLabel};
+pub use spool::{DropReason, SpoolMetrics};
 
 /// Every metric weir exports.
 pub struct Metrics {
@@ -49,6 +51,8 @@ pub struct Metrics {
     link_transaction: Gauge<f64, AtomicU64>,
     /// Peering (`weir_peer_*`).
     pub peer: PeerMetrics,
+    /// The spool (`weir_spool_*`).
+    pub spool: SpoolMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -84,6 +88,7 @@ impl Metrics {
             link_bandwidth: Gauge::default(),
             link_transaction: Gauge::default(),
             peer: PeerMetrics::new(classes),
+            spool: SpoolMetrics::new(classes),
             registry: Registry::with_prefix("weir"),
         };
         m.registry.register(
@@ -167,6 +172,7 @@ impl Metrics {
             m.link_transaction.clone(),
         );
         m.peer.register(&mut m.registry);
+        m.spool.register(&mut m.registry);
         m
     }
 

@@ -433,6 +433,8 @@ impl Pump {
                     *n += 1;
                 }
                 forgotten.push(key);
+                // Delivered by the peer: this node's spool copy may go.
+                node.ingress.release(std::slice::from_ref(&r));
             }
         }
         for (c, n) in done.into_iter().enumerate() {

@@ -468,5 +468,6 @@ pub fn from_pb(record: pb::Record, class: ClassId) -> Record {
         seq: record.seq,
         ingress_us: record.ingress_us,
         payload: record.payload,
+        spool: None,
     }
 }

@@ -1,6 +1,7 @@
 //! The `weir.v1.Ingress` implementation: unary `Publish` and bidi
 //! `PublishStream`, each acknowledging a record only after it is queued.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +16,13 @@ use tracing::{debug, debug_span, field, info_span, warn, Instrument, Span};
 use weir_proto::pb::ingress_server::Ingress;
 use weir_proto::pb::{PublishAck, PublishRequest};
 
-use crate::intake::{EnqueueError, Intake};
+use crate::intake::{Accepted, EnqueueError, Intake};
+use crate::spool::Ticket;
+
+/// Acks a stream holds while their records are made durable: the client's
+/// window of unacknowledged requests beyond this waits (HTTP/2 flow
+/// control), bounding memory per stream.
+const HELD_ACKS: usize = 4096;
 
 /// How long a `PublishStream` waits for room in a full class queue before it
 /// ends with `RESOURCE_EXHAUSTED`: long enough to ride out a scheduler window
@@ -54,15 +61,21 @@ impl IngressService {
 
     /// The unary call's work, without waiting: a unary client retries on
     /// RESOURCE_EXHAUSTED, and holding its call open would only pin memory.
-    fn publish_now(&self, req: PublishRequest) -> Result<Response<PublishAck>, Status> {
+    fn publish_now(
+        &self,
+        req: PublishRequest,
+    ) -> Result<(Option<Ticket>, Response<PublishAck>), Status> {
         let record = self.ingress.grpc_record(&req.stream, req.payload);
         let (class, seq) = (record.class, record.seq);
-        match self.ingress.try_enqueue(record) {
-            Ok(()) => Ok(Response::new(PublishAck {
-                id: req.id,
-                seq,
-                class: self.ingress.class_name(class).to_owned(),
-            })),
+        match self.ingress.try_accept(record) {
+            Ok(accepted) => Ok((
+                ticket_of(accepted),
+                Response::new(PublishAck {
+                    id: req.id,
+                    seq,
+                    class: self.ingress.class_name(class).to_owned(),
+                }),
+            )),
             Err(err) => {
                 if matches!(err, EnqueueError::Full { .. }) {
                     self.ingress.metrics().backpressured(class);
@@ -71,6 +84,14 @@ impl IngressService {
                 Err(unary_refusal(err))
             }
         }
+    }
+}
+
+/// The ticket a spooled record's acknowledgement waits for.
+fn ticket_of(accepted: Accepted) -> Option<Ticket> {
+    match accepted {
+        Accepted::Spooling(t) => Some(t),
+        Accepted::Queued | Accepted::Dropped => None,
     }
 }
 
@@ -113,7 +134,14 @@ impl Ingress for IngressService {
     ) -> Result<Response<PublishAck>, Status> {
         // Debug level: one span per unary call is on the hot path.
         let span = with_peer(debug_span!("grpc_publish", peer = field::Empty), &request);
-        span.in_scope(|| self.publish_now(request.into_inner()))
+        let (ticket, response) = span.in_scope(|| self.publish_now(request.into_inner()))?;
+        if let Some(ticket) = ticket {
+            // OK means on disk: wait for the group commit.
+            if !ticket.durable().await {
+                return Err(shutting_down());
+            }
+        }
+        Ok(response)
     }
 
     type PublishStreamStream = Pin<Box<dyn Stream<Item = Result<PublishAck, Status>> + Send>>;
@@ -170,7 +198,25 @@ impl StreamTask {
     /// nobody left to read a status.
     async fn run(self, mut inbound: Streaming<PublishRequest>) -> Result<(), Status> {
         let mut acked: u64 = 0;
+        // Acks in request order; a spooled record's waits for its ticket.
+        let mut held: VecDeque<(Option<Ticket>, PublishAck)> = VecDeque::new();
+        let mut reading = true;
         loop {
+            if let Err(end) = self.send_ready(&mut held, &mut acked).await {
+                return end;
+            }
+            if !reading && held.is_empty() {
+                debug!(acked, "stream closed by client");
+                return Ok(());
+            }
+            let front = held.front().and_then(|(t, _)| t.clone());
+            let durable = async {
+                match front {
+                    Some(t) => t.durable().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let can_read = reading && held.len() < HELD_ACKS;
             // Cancel safety: `Streaming::message` keeps a partly received
             // message buffered inside `inbound`, so losing the race loses
             // nothing; the other branches only wait.
@@ -178,13 +224,19 @@ impl StreamTask {
                 biased;
                 _ = self.shutdown.cancelled() => return Err(shutting_down()),
                 _ = self.acks.closed() => return self.gone(acked),
-                next = inbound.message() => next,
+                ok = durable => {
+                    if !ok {
+                        return Err(shutting_down());
+                    }
+                    continue;
+                }
+                next = inbound.message(), if can_read => next,
             };
             let req = match next {
                 Ok(Some(req)) => req,
                 Ok(None) => {
-                    debug!(acked, "stream closed by client");
-                    return Ok(());
+                    reading = false;
+                    continue;
                 }
                 Err(status) => {
                     // INTERNAL and OUT_OF_RANGE are tonic's decoder refusing
@@ -197,55 +249,95 @@ impl StreamTask {
                     } else {
                         debug!(acked, ?code, message, "stream broken off");
                     }
+                    self.settle(&mut held, &mut acked).await;
                     return Err(status);
                 }
             };
             let record = self.ingress.grpc_record(&req.stream, req.payload);
             let (class, seq) = (record.class, record.seq);
-            // Cancel safety: `enqueue` either has pushed the record and
+            // Cancel safety: `accept` either has taken the record and
             // returns ready in the same poll, or holds it; dropping it while
             // waiting loses a record that was never acknowledged.
             let queued = tokio::select! {
                 biased;
                 _ = self.shutdown.cancelled() => return Err(shutting_down()),
                 _ = self.acks.closed() => return self.gone(acked),
-                queued = self.ingress.enqueue(record, Some(STREAM_FULL_WAIT)) => queued,
+                queued = self.ingress.accept(record, Some(STREAM_FULL_WAIT)) => queued,
             };
-            match queued {
-                Ok(()) => {}
+            let end = match queued {
+                Ok(accepted) => {
+                    let ack = PublishAck {
+                        id: req.id,
+                        seq,
+                        class: self.ingress.class_name(class).to_owned(),
+                    };
+                    held.push_back((ticket_of(accepted), ack));
+                    continue;
+                }
                 Err(EnqueueError::Full { class, .. }) => {
                     warn!(acked, class = %class, "class queue stayed full; ending stream");
-                    return Err(Status::resource_exhausted(format!(
+                    Status::resource_exhausted(format!(
                         "class `{class}` queue stayed full for {}s; request id {} and later \
                          were not queued, resend them later",
                         STREAM_FULL_WAIT.as_secs(),
                         req.id
-                    )));
+                    ))
                 }
                 Err(EnqueueError::ShuttingDown) => return Err(shutting_down()),
                 Err(err @ EnqueueError::Oversized { .. }) => {
                     debug!(id = req.id, error = %err, "oversized record; ending stream");
-                    return Err(oversized_status(&err));
+                    oversized_status(&err)
                 }
-            }
-            let ack = PublishAck {
-                id: req.id,
-                seq,
-                class: self.ingress.class_name(class).to_owned(),
             };
-            // Cancel safety: a send cancelled by shutdown drops only this ack
-            // and the stream ends with UNAVAILABLE, so the client resends.
+            // Acks already earned go out before the status.
+            self.settle(&mut held, &mut acked).await;
+            return Err(end);
+        }
+    }
+
+    /// Sends every held ack whose record is durable, in order.
+    async fn send_ready(
+        &self,
+        held: &mut VecDeque<(Option<Ticket>, PublishAck)>,
+        acked: &mut u64,
+    ) -> Result<(), Result<(), Status>> {
+        while let Some((ticket, _)) = held.front() {
+            if ticket.as_ref().is_some_and(|t| !t.is_durable()) {
+                break;
+            }
+            let (_, ack) = held.pop_front().expect("front exists");
+            // Cancel safety: a send cancelled by shutdown drops only this
+            // ack and the stream ends with UNAVAILABLE, so the client
+            // resends.
             tokio::select! {
                 biased;
-                _ = self.shutdown.cancelled() => return Err(shutting_down()),
+                _ = self.shutdown.cancelled() => return Err(Err(shutting_down())),
                 sent = self.acks.send(ack) => {
                     if sent.is_err() {
-                        return self.gone(acked);
+                        return Err(self.gone(*acked));
                     }
                 }
             }
-            acked += 1;
+            *acked += 1;
         }
+        Ok(())
+    }
+
+    /// Waits for the held acks' records to be durable (bounded) and sends
+    /// their acks, before the stream ends with a status.
+    async fn settle(&self, held: &mut VecDeque<(Option<Ticket>, PublishAck)>, acked: &mut u64) {
+        let all = async {
+            loop {
+                if self.send_ready(held, acked).await.is_err() {
+                    return;
+                }
+                match held.front().and_then(|(t, _)| t.clone()) {
+                    Some(t) if t.durable().await => {}
+                    _ => return,
+                }
+            }
+        };
+        let _ = tokio::time::timeout(STREAM_FULL_WAIT, all).await;
     }
 
     /// The client cancelled: nobody is left to read a status.

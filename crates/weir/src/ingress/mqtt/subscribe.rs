@@ -49,7 +49,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::config::{MqttIngress, MqttSubscribe, Qos0WhenFull, SubscribeQos};
-use crate::intake::{EnqueueError, Intake};
+use crate::intake::{Accepted, EnqueueError, Intake};
 
 /// MQTT keep-alive: the broker drops a silent weir after 1.5 times this and
 /// weir gives up on a broker that misses a PINGRESP within about twice it.
@@ -344,26 +344,34 @@ impl Subscriber {
         let (class, topic) = (record.class, record.key.clone());
 
         let outcome = if ack.is_none() && self.qos0_when_full == Qos0WhenFull::Drop {
-            match self.ingress.try_enqueue(record) {
+            match self.ingress.try_accept(record) {
                 Err(EnqueueError::Full { .. }) => {
                     self.ingress.metrics().dropped(class);
-                    Ok(())
+                    Ok(Accepted::Dropped)
                 }
                 other => other,
             }
         } else {
-            // Cancel safety: dropping `enqueue` drops the record before it
+            // Cancel safety: dropping `accept` drops the record before it
             // was queued and before it was acked, so the broker still owns
             // it (QoS 1) and redelivers it on the next connection.
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => Err(EnqueueError::ShuttingDown),
-                outcome = self.ingress.enqueue(record, None) => outcome,
+                outcome = self.ingress.accept(record, None) => outcome,
             }
         };
 
         match outcome {
-            Ok(()) => {}
+            Ok(Accepted::Spooling(ticket)) if ack.is_some() => {
+                // The broker's acknowledgement means on disk. One wait per
+                // publish: the broker's in-flight window (Mosquitto: 20)
+                // shares each group commit.
+                if !ticket.durable().await {
+                    return ControlFlow::Break(());
+                }
+            }
+            Ok(_) => {}
             // Acked anyway: it can never fit, and left un-acked it would come
             // back on every connection and occupy a slot of the broker's
             // in-flight window for good. Counted as refused by the handle.

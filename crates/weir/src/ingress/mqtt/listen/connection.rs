@@ -3,7 +3,7 @@
 //! out in one write per burst. How it ends, and what that is logged as, is
 //! [`Ending`].
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
@@ -21,7 +21,8 @@ use tracing::{debug, info, warn};
 use weir_core::Record;
 
 use crate::config::Qos0WhenFull;
-use crate::intake::{EnqueueError, Intake};
+use crate::intake::{Accepted, EnqueueError, Intake};
+use crate::spool::Ticket;
 
 use super::codec::*;
 
@@ -136,6 +137,14 @@ impl Ending {
     }
 }
 
+/// The ticket a spooled record's acknowledgement waits for.
+fn ticket_of(accepted: Accepted) -> Option<Ticket> {
+    match accepted {
+        Accepted::Spooling(t) => Some(t),
+        Accepted::Queued | Accepted::Dropped => None,
+    }
+}
+
 /// One device connection.
 pub(super) struct Connection {
     pub(super) stream: TcpStream,
@@ -156,11 +165,17 @@ pub(super) struct Connection {
     /// QoS 2 packet ids whose record is queued and PUBREC sent, awaiting
     /// PUBREL: a redelivery of one of these is not queued again.
     pub(super) awaiting_rel: HashSet<u16>,
+    /// Replies waiting for a spooled record to be durable, in order; a
+    /// reply with no ticket waits only for those before it (MQTT wants
+    /// acknowledgements in the order of the publishes).
+    pub(super) held: VecDeque<(Option<Ticket>, Reply)>,
 }
 
 /// What a wait on the socket ended with.
 pub(super) enum Wake {
     Shutdown,
+    /// A held acknowledgement's record became durable.
+    Durable,
     Expired,
     Read(io::Result<usize>),
 }
@@ -185,6 +200,7 @@ impl Connection {
             keep_alive: None,
             deadline: Some(Instant::now() + CONNECT_TIMEOUT),
             awaiting_rel: HashSet::new(),
+            held: VecDeque::new(),
         }
     }
 
@@ -199,6 +215,10 @@ impl Connection {
         };
         ending.report(&self.ingress);
         if ending.can_write() {
+            // Acknowledgements of records being made durable are still
+            // owed: wait for them (the spool syncs within milliseconds),
+            // but not past the write timeout.
+            let _ = tokio::time::timeout(WRITE_TIMEOUT, self.settle_held()).await;
             if let (Some(version), Some((code, reason))) = (self.version, ending.v5_disconnect()) {
                 encode(&mut self.out, version, Reply::Disconnect(code, reason));
             }
@@ -379,9 +399,11 @@ impl Connection {
             QoS::AtMostOnce => {
                 let record = self.ingress.mqtt_record(topic, payload);
                 match self.settings.qos0_when_full {
-                    Qos0WhenFull::Block => self.enqueue(record).await,
-                    Qos0WhenFull::Drop => match self.ingress.try_enqueue(record) {
-                        Ok(()) => Ok(()),
+                    // No acknowledgement to hold: a spooled record's
+                    // ticket is simply dropped.
+                    Qos0WhenFull::Block => self.enqueue(record).await.map(drop),
+                    Qos0WhenFull::Drop => match self.ingress.try_accept(record) {
+                        Ok(_) => Ok(()),
                         Err(EnqueueError::Full { record, class }) => {
                             self.ingress.metrics().dropped(record.class);
                             debug!(%class, "class queue full: QoS 0 record dropped");
@@ -393,27 +415,30 @@ impl Connection {
             }
             QoS::AtLeastOnce => {
                 let record = self.ingress.mqtt_record(topic, payload);
-                self.enqueue(record).await?;
-                self.reply(Reply::PubAck(pkid));
+                let ticket = self.enqueue(record).await?;
+                self.reply_after(ticket, Reply::PubAck(pkid));
                 Ok(())
             }
             QoS::ExactlyOnce => {
+                let mut ticket = None;
                 if !self.awaiting_rel.contains(&pkid) {
                     let record = self.ingress.mqtt_record(topic, payload);
-                    self.enqueue(record).await?;
+                    ticket = self.enqueue(record).await?;
                     self.awaiting_rel.insert(pkid);
                 }
-                self.reply(Reply::PubRec(pkid));
+                self.reply_after(ticket, Reply::PubRec(pkid));
                 Ok(())
             }
         }
     }
 
-    /// Puts `record` in its class queue, waiting for room while it is full;
-    /// meanwhile nothing more is read from this client (back-pressure).
-    async fn enqueue(&mut self, record: Record) -> Result<(), Ending> {
-        let mut record = match self.ingress.try_enqueue(record) {
-            Ok(()) => return Ok(()),
+    /// Puts `record` in its class queue or the spool, waiting for room
+    /// while it is full; meanwhile nothing more is read from this client
+    /// (back-pressure). A spooled record comes back as the ticket its
+    /// acknowledgement must wait for.
+    async fn enqueue(&mut self, record: Record) -> Result<Option<Ticket>, Ending> {
+        let mut record = match self.ingress.try_accept(record) {
+            Ok(accepted) => return Ok(ticket_of(accepted)),
             Err(EnqueueError::Full { record, .. }) => record,
             Err(e) => return Err(e.into()),
         };
@@ -430,7 +455,7 @@ impl Connection {
             // QoS 1 or 2 client still owns it, and QoS 0 promised at most
             // once.
             let outcome = tokio::select! {
-                outcome = self.ingress.enqueue(record, None) => outcome,
+                outcome = self.ingress.accept(record, None) => outcome,
                 _ = self.shutdown.cancelled() => return Err(Ending::Shutdown),
             };
             match outcome {
@@ -442,12 +467,50 @@ impl Connection {
         };
         // The client could not be heard while weir was not reading it.
         self.heard();
-        queued.map_err(Ending::from)
+        queued.map(ticket_of).map_err(Ending::from)
     }
 
     fn reply(&mut self, reply: Reply) {
-        if let Some(version) = self.version {
+        self.reply_after(None, reply);
+    }
+
+    /// Queues `reply` to go out once `ticket` (if any) is durable and every
+    /// reply before it has gone out.
+    fn reply_after(&mut self, ticket: Option<Ticket>, reply: Reply) {
+        if ticket.is_some() || !self.held.is_empty() {
+            self.held.push_back((ticket, reply));
+            self.release_held();
+        } else if let Some(version) = self.version {
             encode(&mut self.out, version, reply);
+        }
+    }
+
+    /// Moves held replies whose records are durable to the output, in order.
+    fn release_held(&mut self) {
+        while let Some((ticket, _)) = self.held.front() {
+            if ticket.as_ref().is_some_and(|t| !t.is_durable()) {
+                break;
+            }
+            let (_, reply) = self.held.pop_front().expect("front exists");
+            if let Some(version) = self.version {
+                encode(&mut self.out, version, reply);
+            }
+        }
+    }
+
+    /// Waits until every held reply can go out (or the spool stopped).
+    async fn settle_held(&mut self) {
+        loop {
+            self.release_held();
+            let Some((Some(ticket), _)) = self.held.front() else {
+                return;
+            };
+            if !ticket.clone().durable().await {
+                // The spool stopped first: those records are not durable
+                // and must not be acknowledged.
+                self.held.clear();
+                return;
+            }
         }
     }
 
@@ -457,10 +520,12 @@ impl Connection {
         self.deadline = self.keep_alive.map(|k| Instant::now() + k * 3 / 2);
     }
 
-    /// Sends the queued replies, then reads more bytes from the client.
+    /// Sends the queued replies, then reads more bytes from the client (or
+    /// returns when a held reply can go out).
     async fn fill(&mut self) -> Result<(), Ending> {
         // Replies collect while complete packets are buffered; send them
         // before waiting on the client, which may be waiting on them.
+        self.release_held();
         self.flush().await?;
         self.inbuf.reserve(READ_CHUNK);
         let deadline = self.deadline;
@@ -471,15 +536,25 @@ impl Connection {
                     None => std::future::pending().await,
                 }
             };
+            let durable = async {
+                match self.held.front() {
+                    Some((Some(t), _)) => {
+                        t.durable().await;
+                    }
+                    _ => std::future::pending().await,
+                }
+            };
             // Cancel safety: `read_buf` is cancel safe (when another branch
             // wins, no bytes were consumed); the other branches only wait.
             tokio::select! {
                 _ = self.shutdown.cancelled() => Wake::Shutdown,
                 _ = expiry => Wake::Expired,
+                _ = durable => Wake::Durable,
                 read = self.stream.read_buf(&mut self.inbuf) => Wake::Read(read),
             }
         };
         match wake {
+            Wake::Durable => Ok(()),
             Wake::Shutdown => Err(Ending::Shutdown),
             Wake::Expired => Err(match self.keep_alive {
                 Some(keep_alive) if self.version.is_some() => Ending::KeepAliveExpired(keep_alive),

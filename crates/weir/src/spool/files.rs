@@ -1,0 +1,150 @@
+//! File operations on segments: names, creation (durably), reading back,
+//! truncation, moving a bad file aside, deletion, checkpoints.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use weir_core::spool::{Checkpoint, SegmentHeader};
+
+/// Extension of segment files.
+pub(super) const SEGMENT_EXT: &str = "seg";
+/// Name of a class's checkpoint file.
+pub(super) const CHECKPOINT_FILE: &str = "released";
+
+/// `dir/<first_index, 20 digits>.seg`: names sort in log order.
+pub(super) fn segment_path(dir: &Path, first_index: u64) -> PathBuf {
+    dir.join(format!("{first_index:020}.{SEGMENT_EXT}"))
+}
+
+/// The first index a segment file name states, if it is one.
+pub(super) fn parse_segment_name(path: &Path) -> Option<u64> {
+    if path.extension()? != SEGMENT_EXT {
+        return None;
+    }
+    path.file_stem()?.to_str()?.parse().ok()
+}
+
+/// fsync of a directory, so that files created, renamed or deleted in it
+/// stay so after a power cut.
+pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Creates a segment file holding `header`, durably (file and directory
+/// synced): frames appended later never sit in a file whose header or
+/// directory entry a power cut could lose.
+pub(super) fn create_segment(dir: &Path, header: &SegmentHeader) -> io::Result<(File, u64)> {
+    let path = segment_path(dir, header.first_index);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)?;
+    let mut bytes = Vec::with_capacity(header.encoded_len());
+    header.encode(&mut bytes);
+    file.write_all_at(&bytes, 0)?;
+    file.sync_data()?;
+    sync_dir(dir)?;
+    Ok((file, bytes.len() as u64))
+}
+
+/// Opens an existing segment to append after its `len` valid bytes.
+pub(super) fn open_segment(dir: &Path, first_index: u64) -> io::Result<(File, SegmentHeader)> {
+    let path = segment_path(dir, first_index);
+    let file = OpenOptions::new().read(true).write(true).open(&path)?;
+    let mut buf = vec![0u8; 512];
+    let n = file.read_at(&mut buf, 0)?;
+    let (header, _) = SegmentHeader::decode(&buf[..n])
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    Ok((file, header))
+}
+
+/// Reads `len` bytes at `offset`, fewer at the end of the file.
+pub(super) fn read_at(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
+        match file.read_at(&mut buf[got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(got);
+    Ok(buf)
+}
+
+/// Cuts a segment to `len` bytes (a torn tail), durably.
+pub(super) fn truncate(path: &Path, len: u64) -> io::Result<()> {
+    let file = OpenOptions::new().write(true).open(path)?;
+    file.set_len(len)?;
+    file.sync_all()
+}
+
+/// Moves an unreadable segment aside (`<name>.bad`) so that start-up goes
+/// on and an operator can look at it.
+pub(super) fn quarantine(path: &Path) -> io::Result<PathBuf> {
+    let mut to = path.as_os_str().to_owned();
+    to.push(".bad");
+    let to = PathBuf::from(to);
+    fs::rename(path, &to)?;
+    Ok(to)
+}
+
+/// Deletes a segment; one already gone is fine.
+pub(super) fn delete_segment(dir: &Path, first_index: u64) -> io::Result<()> {
+    match fs::remove_file(segment_path(dir, first_index)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Reads a class's checkpoint; `None` if missing or damaged.
+pub(super) fn read_checkpoint(dir: &Path) -> Option<Checkpoint> {
+    Checkpoint::decode(&fs::read(dir.join(CHECKPOINT_FILE)).ok()?)
+}
+
+/// Replaces a class's checkpoint (write, then rename over). Not synced: a
+/// stale checkpoint only replays delivered records again.
+pub(super) fn write_checkpoint(dir: &Path, checkpoint: &Checkpoint) -> io::Result<()> {
+    let tmp = dir.join(format!("{CHECKPOINT_FILE}.tmp"));
+    fs::write(&tmp, checkpoint.encode())?;
+    fs::rename(&tmp, dir.join(CHECKPOINT_FILE))
+}
+
+/// Free bytes on the filesystem holding `dir` for an unprivileged writer.
+pub(super) fn free_bytes(dir: &Path) -> io::Result<u64> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c = CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a valid out
+    // pointer for the duration of the call.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Takes an exclusive lock on `dir/lock` (released when the file is
+/// closed, including by a crash); `WouldBlock` if another process has it.
+pub(super) fn lock_dir(dir: &Path) -> io::Result<File> {
+    use std::os::fd::AsRawFd;
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("lock"))?;
+    // SAFETY: a valid open descriptor for the duration of the call.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(file)
+}

@@ -1,0 +1,540 @@
+//! The durable spool: records of classes with `durability = "spool"` are
+//! appended to per-class segment logs and made durable (fdatasync, one per
+//! group of appends) before their acknowledgement goes out; they are
+//! released once the egress has them confirmed or a peer has them
+//! delivered, and a segment is deleted once all its records are. On start,
+//! what was not released is replayed. What each decision is lives in
+//! `weir_core::spool`; this module moves the bytes.
+//!
+//! # Threads
+//! - The **writer** (`writer.rs`, one OS thread) owns every file write: it
+//!   takes appends in arrival order, writes them, syncs once per group,
+//!   completes their tickets and hands the records to the class queues. It
+//!   also deletes released segments and writes checkpoints.
+//! - The **reader** (`reader.rs`, one OS thread) refills a class queue
+//!   from disk when the class fell behind (its queue was full when a
+//!   record became durable): memory holds only a window of the backlog.
+//!
+//! # Layout
+//! - `files.rs`: segment files and checkpoints on disk.
+//! - `recover.rs`: start-up: scan, truncate torn tails, move bad files
+//!   aside, rebuild each class's log.
+//! - `writer.rs`, `reader.rs`: the two threads.
+//! - `sequence.rs`: the sequence-number lease that survives restarts.
+
+mod files;
+mod reader;
+mod recover;
+mod sequence;
+mod writer;
+
+#[cfg(test)]
+mod tests;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use weir_core::queue::MultiLevelQueue;
+use weir_core::spool::{frame, Admit, ClassLog, SpoolRoom};
+use weir_core::{ClassId, ClassSet, Record};
+
+use crate::config::{ClassDurability, SpoolConfig, SyncMode};
+use crate::metrics::{DropReason, Metrics};
+
+pub use recover::Recovered;
+pub use sequence::SequenceLease;
+
+/// Most bytes admitted to the writer and not yet written: appends beyond
+/// wait, so a burst cannot grow the writer's channel without bound.
+const MAX_PENDING_BYTES: u64 = 64 << 20;
+/// Most appends the writer takes into one group: bounds the time before
+/// the first of them is acknowledged.
+const MAX_GROUP_RECORDS: usize = 8192;
+/// How often the writer looks after deletions, checkpoints and free space
+/// when no append wakes it.
+const HOUSEKEEPING: Duration = Duration::from_millis(100);
+/// Checkpoints are rewritten at most this often: a crash replays at most
+/// this much delivered traffic again.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
+
+/// Why the spool cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SpoolError {
+    /// The spool directory cannot be created or used.
+    #[error("spool directory {path}: {source}; set spool.dir to a writable directory")]
+    Dir {
+        /// The directory.
+        path: PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// Another weir process uses this spool directory.
+    #[error("spool directory {path} is in use by another weir process; give each instance its own spool.dir")]
+    Locked {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// A thread could not be started.
+    #[error("cannot start the spool's {0} thread: {1}")]
+    Thread(&'static str, std::io::Error),
+}
+
+/// Why a record was not appended.
+#[derive(Debug)]
+pub enum AppendError {
+    /// Over the quota with `on_full = "block"` for the whole wait; the
+    /// record is handed back.
+    Full(Record),
+    /// The spool is closing.
+    Closed,
+}
+
+/// What became of an append.
+#[derive(Debug)]
+pub enum Appended {
+    /// In the writer's hands; acknowledge once the ticket is durable.
+    Pending(Ticket),
+    /// Dropped by `on_full = "drop-newest"` (counted).
+    Dropped,
+}
+
+/// A claim on one append: durable once the writer has synced it.
+#[derive(Debug, Clone)]
+pub struct Ticket {
+    n: u64,
+    shared: Arc<Shared>,
+}
+
+impl Ticket {
+    /// Whether the record is on disk (as `spool.sync` defines it).
+    pub fn is_durable(&self) -> bool {
+        self.shared.durable.load(Ordering::Acquire) > self.n
+    }
+
+    /// Resolves once the record is on disk; `false` if the spool stopped
+    /// first (the record must not be acknowledged).
+    pub async fn durable(&self) -> bool {
+        loop {
+            let notified = self.shared.durable_notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_durable() {
+                return true;
+            }
+            if self.shared.writer_gone.load(Ordering::Acquire) {
+                return self.is_durable();
+            }
+            notified.await;
+        }
+    }
+}
+
+/// A position in a class's log: a segment and a byte offset in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Cursor {
+    segment: u64,
+    offset: u64,
+}
+
+/// One spooled class's state, shared by ingress, writer, reader and
+/// egress under its mutex.
+#[derive(Debug)]
+struct ClassState {
+    log: ClassLog,
+    /// Bytes admitted and not yet written.
+    pending_bytes: u64,
+    /// `Some`: the class queue was full when a record became durable; the
+    /// reader loads records from here on. `None`: new durable records go
+    /// straight to the queue.
+    behind: Option<Cursor>,
+    /// End of the durable data (the writer's last synced position).
+    durable_end: Option<Cursor>,
+    /// The release state changed since the last checkpoint.
+    checkpoint_dirty: bool,
+}
+
+#[derive(Debug)]
+struct ClassSlot {
+    id: ClassId,
+    name: String,
+    dir: PathBuf,
+    settings: ClassDurability,
+    state: Mutex<ClassState>,
+}
+
+/// A message to the writer.
+enum Msg {
+    Append {
+        n: u64,
+        record: Record,
+        len: u64,
+    },
+    /// Releases happened: deletions and checkpoints may be due.
+    Wake,
+    Stop,
+}
+
+struct Submit {
+    next: u64,
+    tx: mpsc::Sender<Msg>,
+}
+
+/// What every part of the spool shares.
+struct Shared {
+    dir: PathBuf,
+    config: SpoolConfig,
+    classes: Vec<Option<ClassSlot>>,
+    queues: Arc<MultiLevelQueue>,
+    arrivals: Arc<Notify>,
+    metrics: Arc<Metrics>,
+    submit: Mutex<Submit>,
+    /// Tickets below this are durable.
+    durable: AtomicU64,
+    durable_notify: Notify,
+    /// Woken when segments are deleted (appends blocked on a quota wait).
+    space: Notify,
+    /// Bytes of all logs on disk.
+    total_bytes: AtomicU64,
+    /// Bytes admitted and not yet written, all classes.
+    pending: AtomicU64,
+    /// Free bytes on the spool's filesystem, as last measured.
+    disk_free: AtomicU64,
+    reader_wake: (Mutex<bool>, Condvar),
+    stopping: AtomicBool,
+    writer_gone: AtomicBool,
+    /// Held for the spool's life: one weir per directory.
+    _dir_lock: std::fs::File,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic in another thread holding the lock leaves the bookkeeping as
+    // it was between two whole operations; go on with it.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    fn slot(&self, class: ClassId) -> Option<&ClassSlot> {
+        self.classes.get(class.index()).and_then(Option::as_ref)
+    }
+
+    fn room(&self) -> SpoolRoom {
+        SpoolRoom {
+            total_bytes: self.total_bytes.load(Ordering::Relaxed)
+                + self.pending.load(Ordering::Relaxed),
+            total_max: self.config.max_bytes,
+            disk_free: self.disk_free.load(Ordering::Relaxed),
+            disk_reserve: self.config.min_free_bytes,
+        }
+    }
+
+    fn wake_reader(&self) {
+        let (flag, cv) = &self.reader_wake;
+        *lock(flag) = true;
+        cv.notify_one();
+    }
+
+    fn publish(&self, slot: &ClassSlot, st: &ClassState) {
+        self.metrics
+            .spool
+            .set_log(slot.id, st.log.bytes(), st.log.unreleased());
+    }
+}
+
+/// The spool: its threads and the handle ingress and egress use.
+#[derive(Debug)]
+pub struct Spool {
+    shared: Arc<Shared>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Spool {
+    /// Opens the spool under `config.dir` for the classes whose durability
+    /// is `spool`: recovers what is on disk (see [`Recovered`]) and starts
+    /// the writer and reader. Recovered records are loaded into `queues`
+    /// by the reader, most urgent class first.
+    pub fn open(
+        config: &SpoolConfig,
+        classes: &ClassSet,
+        durability: &[ClassDurability],
+        queues: Arc<MultiLevelQueue>,
+        arrivals: Arc<Notify>,
+        metrics: Arc<Metrics>,
+    ) -> Result<(Spool, Recovered), SpoolError> {
+        let dir_error = |source| SpoolError::Dir {
+            path: config.dir.clone(),
+            source,
+        };
+        std::fs::create_dir_all(&config.dir).map_err(dir_error)?;
+        let dir_lock = files::lock_dir(&config.dir).map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock => SpoolError::Locked {
+                path: config.dir.clone(),
+            },
+            _ => dir_error(e),
+        })?;
+        let disk_free = files::free_bytes(&config.dir).map_err(dir_error)?;
+        let mut slots = Vec::new();
+        let mut recovered = Recovered::default();
+        for (id, class) in classes.iter() {
+            let settings = durability[id.index()];
+            if !settings.spooled() {
+                slots.push(None);
+                continue;
+            }
+            let dir = config.dir.join(&class.name);
+            std::fs::create_dir_all(&dir).map_err(|source| SpoolError::Dir {
+                path: dir.clone(),
+                source,
+            })?;
+            let state = recover::class(
+                id,
+                &class.name,
+                &dir,
+                config,
+                &settings,
+                &metrics,
+                &mut recovered,
+            )
+            .map_err(|source| SpoolError::Dir {
+                path: dir.clone(),
+                source,
+            })?;
+            slots.push(Some(ClassSlot {
+                id,
+                name: class.name.clone(),
+                dir,
+                settings,
+                state: Mutex::new(state),
+            }));
+        }
+        let total: u64 = slots
+            .iter()
+            .flatten()
+            .map(|s| lock(&s.state).log.bytes())
+            .sum();
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            dir: config.dir.clone(),
+            config: config.clone(),
+            classes: slots,
+            queues,
+            arrivals,
+            metrics,
+            submit: Mutex::new(Submit { next: 0, tx }),
+            durable: AtomicU64::new(0),
+            durable_notify: Notify::new(),
+            space: Notify::new(),
+            total_bytes: AtomicU64::new(total),
+            pending: AtomicU64::new(0),
+            disk_free: AtomicU64::new(disk_free),
+            reader_wake: (Mutex::new(true), Condvar::new()),
+            stopping: AtomicBool::new(false),
+            writer_gone: AtomicBool::new(false),
+            _dir_lock: dir_lock,
+        });
+        for slot in shared.classes.iter().flatten() {
+            shared.publish(slot, &lock(&slot.state));
+        }
+        let writer = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("weir-spool-writer".into())
+                .spawn(move || writer::run(shared, rx))
+                .map_err(|e| SpoolError::Thread("writer", e))?
+        };
+        let reader = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("weir-spool-reader".into())
+                .spawn(move || reader::run(shared))
+                .map_err(|e| SpoolError::Thread("reader", e))?
+        };
+        Ok((
+            Spool {
+                shared,
+                threads: Mutex::new(vec![writer, reader]),
+            },
+            recovered,
+        ))
+    }
+
+    /// Whether records of `class` go to the spool.
+    pub fn spools(&self, class: ClassId) -> bool {
+        self.shared.slot(class).is_some()
+    }
+
+    /// Appends `record` (of a spooled class). Over a quota, `on_full`
+    /// decides: `block` waits for space up to `max_wait` (`None`: until
+    /// the spool closes), `drop-newest` drops it, `drop-oldest` lets the
+    /// writer delete the oldest segment.
+    pub async fn append(
+        &self,
+        record: Record,
+        max_wait: Option<Duration>,
+    ) -> Result<Appended, AppendError> {
+        let deadline = max_wait.map(|d| tokio::time::Instant::now() + d);
+        let mut record = record;
+        loop {
+            let space = self.shared.space.notified();
+            tokio::pin!(space);
+            space.as_mut().enable();
+            match self.try_append(record) {
+                Err(AppendError::Full(back))
+                    if deadline.is_none_or(|d| d > tokio::time::Instant::now()) =>
+                {
+                    record = back;
+                    let sleep = async {
+                        match deadline {
+                            Some(d) => tokio::time::sleep_until(d).await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    // Cancel safety: every branch only waits; the record is
+                    // held in this frame. Deletions wake `space`; a quota
+                    // freed another way (free disk space returning) is
+                    // noticed by the periodic re-check.
+                    tokio::select! {
+                        _ = &mut space => {}
+                        _ = tokio::time::sleep(HOUSEKEEPING * 5) => {}
+                        _ = sleep => {}
+                    }
+                    if self.shared.stopping.load(Ordering::Acquire) {
+                        return Err(AppendError::Closed);
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Appends without waiting; a `block` class over its quota hands the
+    /// record back.
+    pub fn try_append(&self, record: Record) -> Result<Appended, AppendError> {
+        let shared = &self.shared;
+        if shared.stopping.load(Ordering::Acquire) {
+            return Err(AppendError::Closed);
+        }
+        let Some(slot) = shared.slot(record.class) else {
+            return Err(AppendError::Closed);
+        };
+        let len = frame::max_frame_len(record.key.len(), record.payload.len()) as u64;
+        {
+            let mut st = lock(&slot.state);
+            let pending = shared.pending.load(Ordering::Relaxed);
+            let room = shared.room();
+            let admit = if pending + len > MAX_PENDING_BYTES && pending > 0 {
+                Admit::Block
+            } else {
+                st.log.admit(st.pending_bytes + len, &room)
+            };
+            match admit {
+                Admit::Append | Admit::EvictOldest => {}
+                Admit::Block => return Err(AppendError::Full(record)),
+                Admit::DropNewest => {
+                    shared
+                        .metrics
+                        .spool
+                        .dropped(record.class, DropReason::Full, 1);
+                    tracing::debug!(class = %slot.name, "spool full: new record dropped (on_full = drop-newest)");
+                    return Ok(Appended::Dropped);
+                }
+            }
+            st.pending_bytes += len;
+        }
+        shared.pending.fetch_add(len, Ordering::Relaxed);
+        let mut submit = lock(&shared.submit);
+        let n = submit.next;
+        if submit.tx.send(Msg::Append { n, record, len }).is_err() {
+            return Err(AppendError::Closed);
+        }
+        submit.next += 1;
+        Ok(Appended::Pending(Ticket {
+            n,
+            shared: shared.clone(),
+        }))
+    }
+
+    /// The egress confirmed these records, or a peer delivered them: their
+    /// space may be reclaimed.
+    pub fn release(&self, records: &[Record]) {
+        let mut any = false;
+        for r in records {
+            let (Some(index), Some(slot)) = (r.spool, self.shared.slot(r.class)) else {
+                continue;
+            };
+            let mut st = lock(&slot.state);
+            if st.log.release(index) {
+                st.checkpoint_dirty = true;
+                any = true;
+            }
+        }
+        if any {
+            let _ = lock(&self.shared.submit).tx.send(Msg::Wake);
+        }
+    }
+
+    /// The class queues have room again (the scheduler drained them):
+    /// classes behind on disk are refilled.
+    pub fn notify_space(&self) {
+        if self
+            .shared
+            .classes
+            .iter()
+            .flatten()
+            .any(|s| lock(&s.state).behind.is_some())
+        {
+            self.shared.wake_reader();
+        }
+    }
+
+    /// Records of each spooled class on disk and not yet delivered, by
+    /// class index (0 for classes held in memory).
+    pub fn unreleased(&self) -> Vec<u64> {
+        self.shared
+            .classes
+            .iter()
+            .map(|s| s.as_ref().map_or(0, |s| lock(&s.state).log.unreleased()))
+            .collect()
+    }
+
+    /// Stops taking appends, writes and syncs what was taken, writes the
+    /// checkpoints, and stops both threads. Records not yet delivered stay
+    /// on disk for the next start.
+    pub fn close(&self) {
+        self.shared.stopping.store(true, Ordering::Release);
+        let _ = lock(&self.shared.submit).tx.send(Msg::Stop);
+        self.shared.wake_reader();
+        self.shared.space.notify_waiters();
+        let threads = std::mem::take(&mut *lock(&self.threads));
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Spool {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Microseconds since the Unix epoch (for time to live).
+fn now_us() -> u64 {
+    crate::clock::unix_micros()
+}
+
+/// Whether `sync` makes appends wait for fdatasync.
+fn syncs_each_group(sync: SyncMode) -> bool {
+    sync == SyncMode::Group
+}

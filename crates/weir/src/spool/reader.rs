@@ -1,0 +1,286 @@
+//! The reader thread: a class that fell behind (its queue was full when a
+//! record became durable) is refilled from disk as the scheduler drains
+//! it, in log order, until it has caught up with the writer; then new
+//! records go straight to the queue again. Memory holds a window of the
+//! backlog, never all of it. Records past their class's time to live are
+//! dropped here, counted.
+
+use std::fs::File;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use weir_core::queue::PushError;
+use weir_core::spool::{frame, FrameError, Scan, Scanned, SegmentHeader};
+use weir_core::Record;
+
+use super::files;
+use super::{lock, now_us, ClassSlot, Cursor, Shared};
+use crate::metrics::DropReason;
+
+/// Bytes read from a segment at a time.
+const CHUNK: usize = 1 << 20;
+/// Longest sleep between looks when nothing wakes the reader.
+const IDLE_WAKE: Duration = Duration::from_millis(50);
+
+/// The segment file the reader has open for a class.
+struct Open {
+    first_index: u64,
+    file: File,
+    header: SegmentHeader,
+    header_len: u64,
+}
+
+pub(super) fn run(shared: Arc<Shared>) {
+    let mut open: Vec<Option<Open>> = (0..shared.classes.len()).map(|_| None).collect();
+    loop {
+        {
+            let (flag, cv) = &shared.reader_wake;
+            let mut woken = lock(flag);
+            if !*woken {
+                woken = cv
+                    .wait_timeout(woken, IDLE_WAKE)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            *woken = false;
+        }
+        if shared.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        for slot in shared.classes.iter().flatten() {
+            refill(&shared, slot, &mut open[slot.id.index()]);
+        }
+    }
+}
+
+/// What one step of a refill found.
+enum Step {
+    /// Nothing to do (caught up, or the queue is full).
+    Done,
+    /// Moved on; look again.
+    Again,
+}
+
+fn refill(shared: &Shared, slot: &ClassSlot, open: &mut Option<Open>) {
+    // Bounded, so one class cannot keep the others waiting.
+    for _ in 0..64 {
+        match step(shared, slot, open) {
+            Ok(Step::Again) => {}
+            Ok(Step::Done) => return,
+            Err(e) => {
+                tracing::error!(class = %slot.name, error = %e, "cannot read the spool back; retrying");
+                *open = None;
+                return;
+            }
+        }
+    }
+}
+
+fn step(shared: &Shared, slot: &ClassSlot, open: &mut Option<Open>) -> std::io::Result<Step> {
+    // Where to read, and up to where, as of now.
+    let (cursor, limit, next) = {
+        let mut st = lock(&slot.state);
+        let Some(cursor) = st.behind else {
+            return Ok(Step::Done);
+        };
+        let segs: Vec<(u64, u64)> = st
+            .log
+            .segments()
+            .map(|s| (s.first_index, s.bytes))
+            .collect();
+        let Some(pos) = segs.iter().position(|s| s.0 >= cursor.segment) else {
+            // Nothing left on disk (all evicted): caught up.
+            st.behind = None;
+            return Ok(Step::Again);
+        };
+        if segs[pos].0 != cursor.segment {
+            // The segment is gone (dropped by policy): go on with the next.
+            st.behind = Some(Cursor {
+                segment: segs[pos].0,
+                offset: 0,
+            });
+            return Ok(Step::Again);
+        }
+        let limit = match st.durable_end {
+            Some(d) if d.segment == cursor.segment => d.offset,
+            _ => segs[pos].1,
+        };
+        (cursor, limit, segs.get(pos + 1).map(|s| s.0))
+    };
+    if open
+        .as_ref()
+        .is_none_or(|o| o.first_index != cursor.segment)
+    {
+        let path = files::segment_path(&slot.dir, cursor.segment);
+        let file = File::open(&path)?;
+        let head = files::read_at(&file, 0, 512)?;
+        let (header, header_len) = SegmentHeader::decode(&head)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        *open = Some(Open {
+            first_index: cursor.segment,
+            file,
+            header,
+            header_len: header_len as u64,
+        });
+    }
+    let o = open.as_ref().expect("opened above");
+    let offset = cursor.offset.max(o.header_len);
+    if offset >= limit {
+        let mut st = lock(&slot.state);
+        if st.behind != Some(cursor) {
+            return Ok(Step::Again);
+        }
+        match next {
+            Some(segment) => {
+                st.behind = Some(Cursor { segment, offset: 0 });
+                Ok(Step::Again)
+            }
+            None => {
+                // At the writer's durable end, under the lock the writer
+                // takes to append: every later record goes to the queue.
+                let at_end = st
+                    .durable_end
+                    .is_none_or(|d| d.segment == cursor.segment && d.offset <= offset);
+                if at_end {
+                    st.behind = None;
+                    Ok(Step::Done)
+                } else {
+                    Ok(Step::Again)
+                }
+            }
+        }
+    } else {
+        let want = ((limit - offset) as usize).min(CHUNK);
+        let mut chunk = Bytes::from(files::read_at(&o.file, offset, want)?);
+        let mut frames = decode_all(&o.header, &chunk);
+        if frames.is_empty() {
+            // A frame larger than a chunk, or damage.
+            if let Some(need) =
+                frame_len_at(&chunk).filter(|&n| n > chunk.len() && offset + n as u64 <= limit)
+            {
+                chunk = Bytes::from(files::read_at(&o.file, offset, need)?);
+                frames = decode_all(&o.header, &chunk);
+            }
+        }
+        if frames.is_empty() {
+            // Damage written after start-up's scan: find the next intact
+            // frame in the rest of the segment.
+            let rest = Bytes::from(files::read_at(&o.file, offset, (limit - offset) as usize)?);
+            let skip_to = match Scan::new(&o.header, rest, 0).next() {
+                Some(Scanned::Corrupt { end, .. }) => offset + end as u64,
+                _ => limit,
+            };
+            shared.metrics.spool.corrupt(slot.id);
+            tracing::error!(class = %slot.name, segment = cursor.segment, offset, skipped_to = skip_to, "corrupt frames in the spool skipped while reading back");
+            let mut st = lock(&slot.state);
+            if st.behind == Some(cursor) {
+                st.behind = Some(Cursor {
+                    segment: cursor.segment,
+                    offset: skip_to,
+                });
+            }
+            return Ok(Step::Again);
+        }
+        Ok(push(shared, slot, cursor, offset, frames))
+    }
+}
+
+/// Every whole frame at the start of `chunk`, with its end offset in it.
+fn decode_all(header: &SegmentHeader, chunk: &Bytes) -> Vec<(frame::Frame, usize)> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos < chunk.len() {
+        match frame::decode(header, &chunk.slice(pos..)) {
+            Ok((f, len)) => {
+                pos += len;
+                out.push((f, pos));
+            }
+            Err(FrameError::Truncated) | Err(_) => break,
+        }
+    }
+    out
+}
+
+/// The total length the frame at the start of `bytes` claims.
+fn frame_len_at(bytes: &[u8]) -> Option<usize> {
+    let len = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
+    (len <= frame::MAX_BODY).then_some(frame::FRAME_PREFIX + len)
+}
+
+/// Pushes decoded frames into the class queue until it is full; moves the
+/// cursor past what was pushed, released or expired.
+fn push(
+    shared: &Shared,
+    slot: &ClassSlot,
+    cursor: Cursor,
+    offset: u64,
+    frames: Vec<(frame::Frame, usize)>,
+) -> Step {
+    let ttl = slot.settings.ttl.map(|t| t.as_micros() as u64);
+    let now = now_us();
+    let mut st = lock(&slot.state);
+    if st.behind != Some(cursor) {
+        return Step::Again;
+    }
+    let mut at = offset;
+    let mut pushed = 0u64;
+    let mut expired = 0u64;
+    let mut full = false;
+    for (f, end) in frames {
+        let next = offset + end as u64;
+        if st.log.is_released(f.index) {
+            at = next;
+            continue;
+        }
+        if ttl.is_some_and(|ttl| f.ingress_us.saturating_add(ttl) < now) {
+            st.log.release(f.index);
+            st.checkpoint_dirty = true;
+            expired += 1;
+            at = next;
+            continue;
+        }
+        // Copied out of the chunk: a record kept in a queue must not pin a
+        // whole megabyte of read buffer.
+        let record = Record {
+            key: Bytes::copy_from_slice(&f.key),
+            class: slot.id,
+            origin: f.origin,
+            seq: f.seq,
+            ingress_us: f.ingress_us,
+            payload: Bytes::copy_from_slice(&f.payload),
+            spool: Some(f.index),
+        };
+        match shared.queues.push(record) {
+            Ok(()) => {
+                pushed += 1;
+                at = next;
+            }
+            Err(PushError::Full(_)) | Err(PushError::Oversized(_)) => {
+                full = true;
+                break;
+            }
+        }
+    }
+    st.behind = Some(Cursor {
+        segment: cursor.segment,
+        offset: at,
+    });
+    drop(st);
+    if expired > 0 {
+        shared
+            .metrics
+            .spool
+            .dropped(slot.id, DropReason::Ttl, expired);
+        tracing::warn!(class = %slot.name, records = expired, "spooled records older than the class's ttl dropped");
+    }
+    if pushed > 0 {
+        shared.arrivals.notify_one();
+    }
+    if full {
+        Step::Done
+    } else {
+        Step::Again
+    }
+}

@@ -1,0 +1,484 @@
+//! The writer thread: group commit. It takes every append queued since
+//! its last sync, writes each class's frames with one write, syncs each
+//! touched segment once, then completes the tickets in order and hands the
+//! records to their class queues. Between groups it deletes released
+//! segments, writes checkpoints and measures free space.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use weir_core::queue::PushError;
+use weir_core::spool::{frame, Admit, Checkpoint, Eviction, Frame, SegmentHeader};
+use weir_core::Record;
+
+use super::files;
+use super::{
+    lock, syncs_each_group, ClassSlot, ClassState, Cursor, Msg, Shared, CHECKPOINT_EVERY,
+    HOUSEKEEPING, MAX_GROUP_RECORDS,
+};
+use crate::config::SyncMode;
+use crate::metrics::DropReason;
+
+/// Pause before retrying a failed write or sync (full disk, I/O error).
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+/// Repeated write errors are logged at most this often.
+const ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
+/// After `close`, a write that keeps failing is given up after this many
+/// attempts: its records were never acknowledged.
+const ATTEMPTS_WHEN_STOPPING: u32 = 20;
+
+/// The segment a class appends to.
+struct Active {
+    first_index: u64,
+    file: File,
+    header: SegmentHeader,
+    /// Bytes in the file.
+    len: u64,
+    /// Bytes written since the last sync.
+    unsynced: bool,
+    /// Frames encoded and not yet written.
+    buf: Vec<u8>,
+}
+
+struct Writer {
+    shared: Arc<Shared>,
+    active: Vec<Option<Active>>,
+    last_sync: Instant,
+    last_checkpoint: Instant,
+    last_error_log: Option<Instant>,
+}
+
+pub(super) fn run(shared: Arc<Shared>, rx: Receiver<Msg>) {
+    let n = shared.classes.len();
+    let mut w = Writer {
+        shared,
+        active: (0..n).map(|_| None).collect(),
+        last_sync: Instant::now(),
+        last_checkpoint: Instant::now() - CHECKPOINT_EVERY,
+        last_error_log: None,
+    };
+    let mut stop = false;
+    while !stop {
+        let mut group = Vec::new();
+        let first = match rx.recv_timeout(HOUSEKEEPING) {
+            Ok(m) => Some(m),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
+        let take = |m: Msg, group: &mut Vec<(u64, Record, u64)>, stop: &mut bool| match m {
+            Msg::Append { n, record, len } => group.push((n, record, len)),
+            Msg::Wake => {}
+            Msg::Stop => *stop = true,
+        };
+        if let Some(m) = first {
+            take(m, &mut group, &mut stop);
+        }
+        // After Stop, everything already sent is still written: those
+        // appends were admitted and their senders wait on them.
+        while stop || group.len() < MAX_GROUP_RECORDS {
+            match rx.try_recv() {
+                Ok(m) => take(m, &mut group, &mut stop),
+                Err(_) => break,
+            }
+        }
+        if !group.is_empty() {
+            w.commit(group);
+        }
+        w.housekeep(stop);
+    }
+    w.finish();
+}
+
+impl Writer {
+    fn stopping(&self) -> bool {
+        self.shared.stopping.load(Ordering::Acquire)
+    }
+
+    /// Appends, syncs and completes one group.
+    fn commit(&mut self, group: Vec<(u64, Record, u64)>) {
+        let shared = self.shared.clone();
+        let last = group.last().map_or(0, |g| g.0);
+        let mut done: Vec<(Record, Cursor)> = Vec::with_capacity(group.len());
+        let mut touched = vec![false; self.active.len()];
+        let mut failed = false;
+        for (_, mut record, len) in group {
+            let c = record.class.index();
+            let slot = shared
+                .slot(record.class)
+                .expect("only spooled classes are appended");
+            let mut st = lock(&slot.state);
+            st.pending_bytes -= len;
+            shared.pending.fetch_sub(len, Ordering::Relaxed);
+            // drop-oldest: make room before appending.
+            while st.log.admit(len, &shared.room()) == Admit::EvictOldest {
+                let Some(ev) = st.log.evict_oldest() else {
+                    break;
+                };
+                self.evicted(slot, &mut st, ev);
+            }
+            let mut attempts = 0u32;
+            let ensured = loop {
+                match self.ensure_segment(slot, &mut st, &record, len) {
+                    Ok(()) => break true,
+                    Err(e) => {
+                        // Never sleep holding the class's lock: ingress
+                        // takes it to admit appends.
+                        drop(st);
+                        self.error(&e, "cannot create a spool segment; retrying");
+                        attempts += 1;
+                        std::thread::sleep(RETRY_PAUSE);
+                        st = lock(&slot.state);
+                        if self.stopping() && attempts >= ATTEMPTS_WHEN_STOPPING {
+                            break false;
+                        }
+                    }
+                }
+            };
+            if !ensured {
+                // Not on disk, so never acknowledged.
+                failed = true;
+                drop(st);
+                continue;
+            }
+            let active = self.active[c].as_mut().expect("ensured");
+            let offset = active.len + active.buf.len() as u64;
+            let before = active.buf.len();
+            let index = st.log.next_index();
+            frame::encode(
+                &active.header,
+                &Frame {
+                    index,
+                    origin: record.origin,
+                    seq: record.seq,
+                    ingress_us: record.ingress_us,
+                    key: record.key.clone(),
+                    payload: record.payload.clone(),
+                },
+                &mut active.buf,
+            );
+            let flen = (active.buf.len() - before) as u64;
+            let appended = st.log.append(flen);
+            debug_assert_eq!(appended, index);
+            shared.total_bytes.fetch_add(flen, Ordering::Relaxed);
+            record.spool = Some(index);
+            done.push((
+                record,
+                Cursor {
+                    segment: active.first_index,
+                    offset,
+                },
+            ));
+            touched[c] = true;
+        }
+        let sync = match shared.config.sync {
+            SyncMode::Group => true,
+            SyncMode::Interval => self.last_sync.elapsed() >= shared.config.sync_interval,
+            SyncMode::None => false,
+        };
+        for (c, t) in touched.iter().enumerate() {
+            if *t && !self.flush(c, sync, true) {
+                failed = true;
+            }
+        }
+        if sync {
+            self.last_sync = Instant::now();
+        }
+        // Complete in order: the durable end first, so that a class that
+        // falls behind here is read back from the right place.
+        for (c, t) in touched.iter().enumerate() {
+            if !*t {
+                continue;
+            }
+            let slot = shared.classes[c]
+                .as_ref()
+                .expect("touched classes are spooled");
+            let mut st = lock(&slot.state);
+            st.durable_end = self.active[c].as_ref().map(|a| Cursor {
+                segment: a.first_index,
+                offset: a.len,
+            });
+        }
+        let mut pushed = false;
+        let mut fell_behind = false;
+        let mut counts = vec![0u64; self.active.len()];
+        for (record, cursor) in done {
+            let class = record.class;
+            let slot = shared.slot(class).expect("spooled");
+            counts[class.index()] += 1;
+            shared.metrics.accepted(class);
+            let mut st = lock(&slot.state);
+            if st.behind.is_some() {
+                continue;
+            }
+            match shared.queues.push(record) {
+                Ok(()) => pushed = true,
+                Err(PushError::Full(_)) | Err(PushError::Oversized(_)) => {
+                    st.behind = Some(cursor);
+                    fell_behind = true;
+                }
+            }
+        }
+        for (c, n) in counts.iter().enumerate() {
+            if *n > 0 {
+                let slot = shared.classes[c].as_ref().expect("spooled");
+                shared.metrics.spool.appended(slot.id, *n);
+                shared.publish(slot, &lock(&slot.state));
+            }
+        }
+        if pushed {
+            shared.arrivals.notify_one();
+        }
+        if fell_behind {
+            shared.wake_reader();
+        }
+        // A group that failed at shutdown is never acknowledged (some of it
+        // may be on disk, and is replayed: a duplicate, never a loss).
+        if !failed {
+            shared.durable.fetch_max(last + 1, Ordering::AcqRel);
+            shared.durable_notify.notify_waiters();
+        }
+    }
+
+    /// Makes sure the class has an open segment with room for a frame of
+    /// about `len` bytes: opens the last one after a restart, or seals it
+    /// and starts a new one.
+    fn ensure_segment(
+        &mut self,
+        slot: &ClassSlot,
+        st: &mut ClassState,
+        record: &Record,
+        len: u64,
+    ) -> io::Result<()> {
+        let c = slot.id.index();
+        let last = st.log.segments().last().map(|s| (s.first_index, s.bytes));
+        let current = self.active[c].as_ref().map(|a| a.first_index);
+        if !st.log.needs_segment(len) {
+            let (first, bytes) = last.expect("needs_segment is false only with a segment");
+            if current == Some(first) {
+                return Ok(());
+            }
+            // After a restart: append to the last segment found on disk.
+            let (file, header) = files::open_segment(&slot.dir, first)?;
+            self.active[c] = Some(Active {
+                first_index: first,
+                file,
+                header,
+                len: bytes,
+                unsynced: false,
+                buf: Vec::new(),
+            });
+            return Ok(());
+        }
+        // Seal the current segment: its frames reach the disk before any
+        // frame of the next.
+        if current.is_some() {
+            // The caller holds this class's lock: no eviction from here.
+            if !self.flush(c, true, false) {
+                return Err(io::Error::other(
+                    "the segment being sealed could not be written",
+                ));
+            }
+            self.active[c] = None;
+        }
+        let header = SegmentHeader {
+            first_index: st.log.next_index(),
+            origin: record.origin,
+            base_seq: record.seq,
+            base_us: record.ingress_us,
+            class: slot.name.clone(),
+        };
+        let (file, hlen) = files::create_segment(&slot.dir, &header)?;
+        st.log.start_segment(hlen);
+        self.shared.total_bytes.fetch_add(hlen, Ordering::Relaxed);
+        self.active[c] = Some(Active {
+            first_index: header.first_index,
+            file,
+            header,
+            len: hlen,
+            unsynced: false,
+            buf: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// Writes a class's encoded frames and, if `sync`, fdatasyncs them;
+    /// retries until it succeeds (the records' tickets wait meanwhile,
+    /// which is back-pressure), except when stopping: then `false`. On a
+    /// full disk a `drop-oldest` class may evict (`may_evict`, when the
+    /// caller does not hold the class's lock).
+    fn flush(&mut self, c: usize, sync: bool, may_evict: bool) -> bool {
+        let mut attempts = 0u32;
+        loop {
+            let Some(a) = self.active[c].as_mut() else {
+                return true;
+            };
+            if a.buf.is_empty() && !(sync && a.unsynced) {
+                return true;
+            }
+            let result = a.file.write_all_at(&a.buf, a.len).and_then(|()| {
+                if sync {
+                    a.file.sync_data()
+                } else {
+                    Ok(())
+                }
+            });
+            match result {
+                Ok(()) => {
+                    a.len += a.buf.len() as u64;
+                    a.unsynced = !sync && (a.unsynced || !a.buf.is_empty());
+                    a.buf.clear();
+                    if sync {
+                        self.shared.metrics.spool.syncs.inc();
+                    }
+                    return true;
+                }
+                Err(e) => {
+                    attempts += 1;
+                    self.shared.metrics.spool.write_errors.inc();
+                    let full = e.raw_os_error() == Some(libc::ENOSPC);
+                    self.error(
+                        &e,
+                        if full {
+                            "spool disk full; acknowledgements wait until space returns"
+                        } else {
+                            "spool write failed; retrying"
+                        },
+                    );
+                    if full && may_evict {
+                        self.free_space_for(c);
+                    }
+                    if self.stopping() && attempts >= ATTEMPTS_WHEN_STOPPING {
+                        tracing::error!(records_bytes = self.active[c].as_ref().map_or(0, |a| a.buf.len()), "giving up a spool write at shutdown; those records were never acknowledged");
+                        if let Some(a) = self.active[c].as_mut() {
+                            a.buf.clear();
+                        }
+                        return false;
+                    }
+                    std::thread::sleep(RETRY_PAUSE);
+                    self.refresh_free_space();
+                }
+            }
+        }
+    }
+
+    /// On a full disk, a `drop-oldest` class deletes its oldest sealed
+    /// segment; other classes wait for releases to free space.
+    fn free_space_for(&mut self, c: usize) {
+        let shared = self.shared.clone();
+        let Some(slot) = shared.classes[c].as_ref() else {
+            return;
+        };
+        if slot.settings.on_full.policy() != weir_core::spool::FullPolicy::DropOldest {
+            return;
+        }
+        let mut st = lock(&slot.state);
+        if st.log.segments().len() > 1 {
+            if let Some(ev) = st.log.evict_oldest() {
+                self.evicted(slot, &mut st, ev);
+            }
+        }
+    }
+
+    /// A segment was dropped by `drop-oldest`: delete it, count its
+    /// records.
+    fn evicted(&mut self, slot: &ClassSlot, st: &mut ClassState, ev: Eviction) {
+        let c = slot.id.index();
+        if ev.was_active {
+            self.active[c] = None;
+        }
+        if let Err(e) = files::delete_segment(&slot.dir, ev.segment.first_index) {
+            tracing::warn!(error = %e, "cannot delete an evicted spool segment");
+        }
+        self.shared
+            .total_bytes
+            .fetch_sub(ev.segment.bytes, Ordering::Relaxed);
+        st.checkpoint_dirty = true;
+        if ev.dropped > 0 {
+            self.shared
+                .metrics
+                .spool
+                .dropped(slot.id, DropReason::Evicted, ev.dropped);
+            tracing::warn!(class = %slot.name, records = ev.dropped, "spool full: oldest segment dropped (on_full = drop-oldest)");
+        }
+    }
+
+    fn error(&mut self, e: &io::Error, what: &str) {
+        let due = self
+            .last_error_log
+            .is_none_or(|t| t.elapsed() >= ERROR_LOG_EVERY);
+        if due {
+            self.last_error_log = Some(Instant::now());
+            tracing::error!(dir = %self.shared.dir.display(), error = %e, "{what}");
+        }
+    }
+
+    fn refresh_free_space(&self) {
+        if let Ok(free) = files::free_bytes(&self.shared.dir) {
+            self.shared.disk_free.store(free, Ordering::Relaxed);
+        }
+    }
+
+    /// Deletes released segments, writes due checkpoints, syncs an
+    /// interval's appends, measures free space.
+    fn housekeep(&mut self, force: bool) {
+        let shared = self.shared.clone();
+        let mut freed = false;
+        let checkpoint_due = force || self.last_checkpoint.elapsed() >= CHECKPOINT_EVERY;
+        for slot in shared.classes.iter().flatten() {
+            let (gone, checkpoint) = {
+                let mut st = lock(&slot.state);
+                let gone = st.log.take_deletable();
+                let checkpoint = (checkpoint_due && st.checkpoint_dirty).then(|| {
+                    st.checkpoint_dirty = false;
+                    Checkpoint::of(st.log.released())
+                });
+                shared.publish(slot, &st);
+                (gone, checkpoint)
+            };
+            for s in &gone {
+                if let Err(e) = files::delete_segment(&slot.dir, s.first_index) {
+                    tracing::warn!(class = %slot.name, error = %e, "cannot delete a delivered spool segment");
+                }
+                shared.total_bytes.fetch_sub(s.bytes, Ordering::Relaxed);
+                freed = true;
+            }
+            if let Some(cp) = checkpoint {
+                if let Err(e) = files::write_checkpoint(&slot.dir, &cp) {
+                    tracing::warn!(class = %slot.name, error = %e, "cannot write the spool checkpoint; a restart would replay delivered records");
+                }
+            }
+        }
+        if checkpoint_due {
+            self.last_checkpoint = Instant::now();
+        }
+        let interval_due = shared.config.sync == SyncMode::Interval
+            && self.last_sync.elapsed() >= shared.config.sync_interval;
+        if interval_due || (force && !syncs_each_group(shared.config.sync)) {
+            for c in 0..self.active.len() {
+                if self.active[c].as_ref().is_some_and(|a| a.unsynced) {
+                    self.flush(c, true, true);
+                }
+            }
+            self.last_sync = Instant::now();
+        }
+        self.refresh_free_space();
+        if freed {
+            shared.space.notify_waiters();
+        }
+    }
+
+    /// At close: everything written is synced, checkpoints are current.
+    fn finish(&mut self) {
+        for c in 0..self.active.len() {
+            self.flush(c, true, true);
+        }
+        self.housekeep(true);
+        self.shared.writer_gone.store(true, Ordering::Release);
+        self.shared.durable_notify.notify_waiters();
+    }
+}
