@@ -59,7 +59,7 @@ const MAX_GROUP_RECORDS: usize = 8192;
 const HOUSEKEEPING: Duration = Duration::from_millis(100);
 /// Checkpoints are rewritten at most this often: a crash replays at most
 /// this much delivered traffic again.
-const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(20);
 
 /// Why the spool cannot be used.
 #[derive(Debug, thiserror::Error)]

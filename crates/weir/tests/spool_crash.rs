@@ -1,0 +1,328 @@
+//! The spool against real crashes: weir killed with SIGKILL while devices
+//! publish QoS 1 through it to RabbitMQ, and segments damaged on disk
+//! between runs. An acknowledgement from a spooled class means "on disk":
+//! nothing acknowledged may be lost.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Child;
+use std::time::Duration;
+
+use bytes::BufMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use common::amqp::{amqp_egress, consume_until, delete_queue};
+use common::mqtt::{mqtt_str, packet};
+use common::process::{file_egress, metric, scrape, sigterm, spawn_weir, wait_port, write_config};
+use common::{tmp, unique, PATIENCE};
+
+/// A free loopback port (bound and released: weir binds it next, across
+/// restarts).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn config(spool: &Path, mqtt: u16, admin: u16, egress: &str, extra: &str) -> String {
+    format!(
+        "[[class]]\nname = \"ls\"\nbound = \"100ms\"\ndurability = \"spool\"\n\
+         [[class]]\nname = \"lt\"\nbound = \"1s\"\ndurability = \"spool\"\n\
+         [classify]\ndefault_class = \"lt\"\n[[classify.route]]\nmqtt = \"ls/#\"\nclass = \"ls\"\n\
+         [spool]\ndir = \"{}\"\n{extra}\n\
+         [ingress.mqtt]\nlisten = \"127.0.0.1:{mqtt}\"\n[ingress.grpc]\nenabled = false\n\
+         [admin]\nlisten = \"127.0.0.1:{admin}\"\n{egress}\n",
+        spool.display()
+    )
+}
+
+/// A raw MQTT 3.1.1 QoS 1 publisher that keeps `window` publishes in
+/// flight and records which payloads were acknowledged; it stops when the
+/// connection breaks (weir was killed) or `stop` fires.
+async fn publish_until_broken(
+    port: u16,
+    client: &str,
+    prefix: &str,
+    window: usize,
+    stop: tokio::time::Instant,
+    acked: &mut Vec<Vec<u8>>,
+) {
+    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)).await else {
+        return;
+    };
+    let mut body = Vec::new();
+    mqtt_str(&mut body, b"MQTT");
+    body.put_u8(4);
+    body.put_u8(0x02);
+    body.put_u16(60);
+    mqtt_str(&mut body, client.as_bytes());
+    if conn.write_all(&packet(0x10, &body)).await.is_err() {
+        return;
+    }
+    let mut connack = [0u8; 4];
+    if conn.read_exact(&mut connack).await.is_err() {
+        return;
+    }
+    let mut in_flight: BTreeMap<u16, Vec<u8>> = BTreeMap::new();
+    let mut next: u32 = 0;
+    let mut buf = Vec::new();
+    loop {
+        while in_flight.len() < window
+            && tokio::time::Instant::now() < stop
+            && next < MAX_PER_CONNECTION
+        {
+            let pkid = (next % 60_000) as u16 + 1;
+            let payload = format!("{prefix}-{next}").into_bytes();
+            let topic: &[u8] = if next % 3 == 0 {
+                b"ls/crash"
+            } else {
+                b"lt/crash"
+            };
+            let mut body = Vec::new();
+            mqtt_str(&mut body, topic);
+            body.put_u16(pkid);
+            body.extend_from_slice(&payload);
+            if conn.write_all(&packet(0x32, &body)).await.is_err() {
+                return;
+            }
+            in_flight.insert(pkid, payload);
+            next += 1;
+        }
+        if in_flight.is_empty() {
+            return;
+        }
+        let mut chunk = [0u8; 4096];
+        let n = match tokio::time::timeout(Duration::from_secs(5), conn.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => n,
+            _ => return,
+        };
+        buf.extend_from_slice(&chunk[..n]);
+        while buf.len() >= 4 {
+            assert_eq!(buf[0], 0x40, "only PUBACKs are expected");
+            let pkid = u16::from_be_bytes([buf[2], buf[3]]);
+            if let Some(p) = in_flight.remove(&pkid) {
+                acked.push(p);
+            }
+            buf.drain(..4);
+        }
+    }
+}
+
+/// Publishes per connection at most: keeps the test's volume (and the
+/// final consume) small enough for CI.
+const MAX_PER_CONNECTION: u32 = 3000;
+
+fn kill9(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_acknowledged_is_lost_across_twenty_sigkills() {
+    let dir = tmp("spool-kill9");
+    let name = unique("spool-kill9");
+    let queue = format!("{name}.q");
+    delete_queue(&queue).await;
+    let (mqtt, admin) = (free_port(), free_port());
+    let cfg = write_config(
+        &dir,
+        "weir.toml",
+        &config(&dir.join("spool"), mqtt, admin, &amqp_egress(&name), ""),
+    );
+    let mut acked = Vec::new();
+    // A varied moment to kill at, without a random-number dependency.
+    let mut lcg: u64 = 0x9E37_79B9_7F4A_7C15;
+    for round in 0..20 {
+        let log = std::fs::File::create(dir.join(format!("weir-{round}.log"))).unwrap();
+        let mut child = spawn_weir(&cfg, log);
+        wait_port(SocketAddr::from(([127, 0, 0, 1], mqtt))).await;
+        lcg = lcg
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let run_for = Duration::from_millis(50 + (lcg >> 33) % 350);
+        let publishing = async {
+            let mut mine = Vec::new();
+            publish_until_broken(
+                mqtt,
+                &format!("crash-{round}"),
+                &format!("r{round}"),
+                64,
+                tokio::time::Instant::now() + PATIENCE,
+                &mut mine,
+            )
+            .await;
+            mine
+        };
+        let killer = async {
+            tokio::time::sleep(run_for).await;
+            kill9(&mut child);
+        };
+        let (mine, ()) = tokio::join!(publishing, killer);
+        acked.extend(mine);
+    }
+    assert!(
+        acked.len() > 1000,
+        "only {} publishes acknowledged",
+        acked.len()
+    );
+    // The last start: everything acknowledged must reach RabbitMQ.
+    let log = std::fs::File::create(dir.join("weir-final.log")).unwrap();
+    let mut child = spawn_weir(&cfg, log);
+    let want: BTreeSet<Vec<u8>> = acked.iter().cloned().collect();
+    let seen = consume_until(&queue, |seen| {
+        let got: BTreeSet<&[u8]> = seen.iter().map(|s| s.record.payload.as_ref()).collect();
+        want.iter().all(|p| got.contains(p.as_slice()))
+    })
+    .await;
+    sigterm(child.id());
+    let _ = child.wait();
+    let got: BTreeMap<Vec<u8>, usize> =
+        common::tally(seen.iter().map(|s| s.record.payload.to_vec()));
+    let lost: Vec<String> = want
+        .iter()
+        .filter(|p| !got.contains_key(*p))
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect();
+    let by_id = common::amqp::counts(&seen);
+    let duplicates: usize = by_id.values().map(|n| n - 1).sum();
+    let resent: usize = got.values().map(|n| n - 1).sum();
+    eprintln!(
+        "acknowledged {}, delivered {} distinct payloads, {} duplicate (origin, seq), {} payloads delivered more than once",
+        want.len(),
+        got.len(),
+        duplicates,
+        resent
+    );
+    assert!(
+        lost.is_empty(),
+        "{} acknowledged records lost: {:?}",
+        lost.len(),
+        &lost[..lost.len().min(10)]
+    );
+    delete_queue(&queue).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Records spooled while the broker is unreachable, weir killed, then a
+/// segment damaged in the middle and the last one cut mid-frame: weir
+/// starts, delivers every intact record, counts the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_segments_lose_only_the_damaged_records() {
+    let dir = tmp("spool-corrupt");
+    let spool = dir.join("spool");
+    let out = dir.join("out");
+    let (mqtt, admin) = (free_port(), free_port());
+    // The broker is unreachable: everything stays in the spool.
+    let unreachable = "[egress]\nkind = \"amqp\"\n[egress.amqp]\nurl = \"amqp://127.0.0.1:1/%2f\"";
+    let small = "segment_bytes = \"4KiB\"";
+    let cfg = write_config(
+        &dir,
+        "down.toml",
+        &config(&spool, mqtt, admin, unreachable, small),
+    );
+    let log = std::fs::File::create(dir.join("weir-down.log")).unwrap();
+    let mut child = spawn_weir(&cfg, log);
+    wait_port(SocketAddr::from(([127, 0, 0, 1], mqtt))).await;
+    let mut acked = Vec::new();
+    // 300 records of ~60 bytes: several 4 KiB segments of class lt.
+    let mut conn_acked = Vec::new();
+    let stop = tokio::time::Instant::now() + Duration::from_secs(1);
+    publish_until_broken(mqtt, "corrupt", "c", 16, stop, &mut conn_acked).await;
+    acked.extend(conn_acked);
+    kill9(&mut child);
+    assert!(acked.len() > 100, "only {} acknowledged", acked.len());
+
+    let mut segs: Vec<_> = std::fs::read_dir(spool.join("lt"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    segs.sort();
+    assert!(segs.len() >= 3, "want several segments, got {}", segs.len());
+    // Flip bytes in the middle of the first segment.
+    let mut first = std::fs::read(&segs[0]).unwrap();
+    let mid = first.len() / 2;
+    first[mid] ^= 0xff;
+    first[mid + 1] ^= 0x55;
+    std::fs::write(&segs[0], &first).unwrap();
+    // Cut the last one mid-frame.
+    let last = segs.last().unwrap();
+    let len = std::fs::metadata(last).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(last).unwrap();
+    f.set_len(len - 7).unwrap();
+    drop(f);
+
+    let cfg = write_config(
+        &dir,
+        "up.toml",
+        &config(&spool, mqtt, admin, &file_egress(&out), small),
+    );
+    let log = std::fs::File::create(dir.join("weir-up.log")).unwrap();
+    let mut child = spawn_weir(&cfg, log);
+    let admin_addr = SocketAddr::from(([127, 0, 0, 1], admin));
+    wait_port(admin_addr).await;
+    // About one frame damaged and one cut; a few more allowed for a flip
+    // that spans two frames.
+    let want = acked.len();
+    let mut delivered = BTreeSet::new();
+    common::eventually_async("intact records delivered from the damaged spool", || {
+        delivered = read_file_batches(&out);
+        let n = delivered.len();
+        async move { n + 4 >= want }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    delivered = read_file_batches(&out);
+    let metrics = scrape(admin_addr).await.unwrap();
+    sigterm(child.id());
+    let _ = child.wait();
+    let lost: Vec<&Vec<u8>> = acked.iter().filter(|p| !delivered.contains(*p)).collect();
+    eprintln!(
+        "acknowledged {}, delivered {}, lost to damage {}",
+        acked.len(),
+        delivered.len(),
+        lost.len()
+    );
+    assert!(
+        metric(&metrics, "weir_spool_corrupt_frames_total") >= 1.0,
+        "{metrics}"
+    );
+    assert!(
+        metric(&metrics, "weir_spool_torn_tail_bytes_total") > 0.0,
+        "{metrics}"
+    );
+    assert!(
+        !lost.is_empty() && lost.len() <= 4,
+        "lost {} records: {lost:?}",
+        lost.len()
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Payloads of every record in the file egress's batch files.
+fn read_file_batches(dir: &Path) -> BTreeSet<Vec<u8>> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return BTreeSet::new();
+    };
+    let mut out = BTreeSet::new();
+    for e in entries.flatten() {
+        let p = e.path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        let Some(encoding) = name
+            .strip_suffix(".weirbatch")
+            .and_then(|n| n.rsplit('.').next())
+        else {
+            continue;
+        };
+        let body = std::fs::read(&p).unwrap();
+        let batch = weir_proto::decode_batch(&body, encoding, 64 << 20).unwrap();
+        out.extend(batch.records.into_iter().map(|r| r.payload.to_vec()));
+    }
+    out
+}
