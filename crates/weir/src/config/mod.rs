@@ -224,7 +224,24 @@ fn validate(raw: RawConfig) -> Result<Config, Vec<Problem>> {
     let peering = peering::peering(&mut p, raw.peering, node_id);
     let log = log::log(&mut p, raw.log);
     if let Some(ingress) = &ingress {
-        check_record_fits(&mut p, ingress, &classes.capacity_bytes);
+        // A spooled class holds only `spool.window_bytes` in memory.
+        let memory: Vec<(String, usize)> = classes
+            .capacity_bytes
+            .iter()
+            .enumerate()
+            .map(|(i, (name, bytes))| {
+                let spooled = classes
+                    .durability
+                    .as_ref()
+                    .and_then(|d| d.get(i))
+                    .is_some_and(ClassDurability::spooled);
+                match (&spool, spooled) {
+                    (Some(s), true) => (name.clone(), (*bytes).min(s.window_bytes as usize)),
+                    _ => (name.clone(), *bytes),
+                }
+            })
+            .collect();
+        check_record_fits(&mut p, ingress, &memory);
     }
     if let (Some(ingress), Some(admin)) = (&ingress, &admin) {
         let peering = peering.as_ref().and_then(Option::as_ref);
@@ -299,7 +316,7 @@ fn check_record_fits(p: &mut Problems, ingress: &IngressConfig, capacities: &[(S
             p.push(
                 path,
                 format!(
-                    "{} is larger than the capacity_bytes of class {class:?} ({}); a record that large could never be queued; lower this or raise the capacity",
+                    "{} is larger than the memory capacity of class {class:?} ({}: its capacity_bytes, or spool.window_bytes if it is spooled); a record that large could never be queued; lower this or raise the capacity",
                     Size(limit as u64),
                     Size(*smallest as u64),
                 ),

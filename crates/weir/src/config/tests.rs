@@ -787,3 +787,43 @@ fn peering_mistakes_are_reported_with_their_key_paths() {
     let (_, message) = toml_error("[peering]\npeers = [{ id = 2, address = \"x:1\" }]");
     assert!(message.contains("address"), "{message}");
 }
+
+#[test]
+fn spool_keys_parse_and_every_bad_one_is_named() {
+    let cfg = parse(
+        "[[class]]\nname = \"ls\"\nbound = \"100ms\"\ndurability = \"spool\"\non_full = \"drop-oldest\"\nttl = \"1h\"\nspool_max_bytes = \"32MiB\"\n\
+         [[class]]\nname = \"lt\"\nbound = \"1s\"\n\
+         [spool]\ndir = \"/tmp/x\"\nsync = \"interval\"\nwindow_bytes = \"2MiB\"",
+        "spool",
+    )
+    .unwrap();
+    assert!(cfg.spooled());
+    assert_eq!(cfg.durability[0].durability, Durability::Spool);
+    assert_eq!(cfg.durability[0].on_full, OnFull::DropOldest);
+    assert_eq!(
+        cfg.durability[0].ttl,
+        Some(std::time::Duration::from_secs(3600))
+    );
+    assert_eq!(cfg.durability[0].max_bytes, 32 << 20);
+    assert_eq!(cfg.durability[1].durability, Durability::Memory);
+    assert_eq!(cfg.spool.sync, SyncMode::Interval);
+    // A spooled class's memory queue is its window.
+    assert_eq!(cfg.memory_capacities()[0].bytes, 2 << 20);
+    assert_eq!(cfg.memory_capacities()[1].bytes, cfg.capacities[1].bytes);
+
+    let p = problems(
+        "[[class]]\nname = \"ls\"\nbound = \"100ms\"\ndurability = \"disk\"\non_full = \"wait\"\nttl = \"0s\"\n\
+         [spool]\nsync = \"sometimes\"\nsegment_bytes = \"100\"",
+    );
+    assert_problem(&p, "class[0].durability", "unknown durability \"disk\"");
+    assert_problem(&p, "class[0].on_full", "unknown policy \"wait\"");
+    assert_problem(&p, "class[0].ttl", "greater than zero");
+    assert_problem(&p, "spool.sync", "unknown sync mode");
+    assert_problem(&p, "spool.segment_bytes", "too small");
+
+    // A packet larger than a spooled class's memory window never fits.
+    let p = problems(
+        "[[class]]\nname = \"ls\"\nbound = \"100ms\"\ndurability = \"spool\"\n[spool]\nwindow_bytes = \"64KiB\"",
+    );
+    assert_problem(&p, "ingress.mqtt.max_packet_size", "spool.window_bytes");
+}
