@@ -22,6 +22,10 @@
 //! - [`metrics`]: Prometheus metrics; [`admin`] serves them over HTTP.
 //! - [`telemetry`] sets up logging.
 
+// Hot-path refusals hand the record back by value (STYLE: never boxed); a
+// `Record` with its spool index is over clippy's 128-byte threshold.
+#![allow(clippy::result_large_err)]
+
 pub mod admin;
 pub mod app;
 pub mod clock;

@@ -79,7 +79,7 @@ async fn publish_until_broken(
         {
             let pkid = (next % 60_000) as u16 + 1;
             let payload = format!("{prefix}-{next}").into_bytes();
-            let topic: &[u8] = if next % 3 == 0 {
+            let topic: &[u8] = if next.is_multiple_of(3) {
                 b"ls/crash"
             } else {
                 b"lt/crash"
