@@ -316,7 +316,7 @@ fn check_record_fits(p: &mut Problems, ingress: &IngressConfig, capacities: &[(S
             p.push(
                 path,
                 format!(
-                    "{} is larger than the memory capacity of class {class:?} ({}: its capacity_bytes, or spool.window_bytes if it is spooled); a record that large could never be queued; lower this or raise the capacity",
+                    "{} is larger than the memory capacity of class {class:?} ({}) (its capacity_bytes, or spool.window_bytes if it is spooled); a record that large could never be queued; lower this or raise the capacity",
                     Size(limit as u64),
                     Size(*smallest as u64),
                 ),

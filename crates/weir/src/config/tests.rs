@@ -793,7 +793,7 @@ fn spool_keys_parse_and_every_bad_one_is_named() {
     let cfg = parse(
         "[[class]]\nname = \"ls\"\nbound = \"100ms\"\ndurability = \"spool\"\non_full = \"drop-oldest\"\nttl = \"1h\"\nspool_max_bytes = \"32MiB\"\n\
          [[class]]\nname = \"lt\"\nbound = \"1s\"\n\
-         [spool]\ndir = \"/tmp/x\"\nsync = \"interval\"\nwindow_bytes = \"2MiB\"",
+         [spool]\ndir = \"/tmp/x\"\nsync = \"interval\"\nwindow_bytes = \"8MiB\"",
         "spool",
     )
     .unwrap();
@@ -808,7 +808,7 @@ fn spool_keys_parse_and_every_bad_one_is_named() {
     assert_eq!(cfg.durability[1].durability, Durability::Memory);
     assert_eq!(cfg.spool.sync, SyncMode::Interval);
     // A spooled class's memory queue is its window.
-    assert_eq!(cfg.memory_capacities()[0].bytes, 2 << 20);
+    assert_eq!(cfg.memory_capacities()[0].bytes, 8 << 20);
     assert_eq!(cfg.memory_capacities()[1].bytes, cfg.capacities[1].bytes);
 
     let p = problems(
