@@ -29,6 +29,7 @@ fn record(class: u8) -> Record {
         seq: 0,
         ingress_us: 0,
         payload: Bytes::from(vec![0xA5u8; 256]),
+        spool: None,
     }
 }
 
