@@ -34,6 +34,16 @@ pub enum Accepted {
     Dropped,
 }
 
+impl Accepted {
+    /// The ticket the record's acknowledgement must wait for, if any.
+    pub fn ticket(self) -> Option<Ticket> {
+        match self {
+            Accepted::Spooling(t) => Some(t),
+            Accepted::Queued | Accepted::Dropped => None,
+        }
+    }
+}
+
 /// Where sequence numbers come from.
 #[derive(Debug)]
 enum Sequence {

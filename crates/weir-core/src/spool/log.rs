@@ -197,18 +197,6 @@ impl ClassLog {
         index
     }
 
-    /// The active segment lost `bytes` that were appended but not made
-    /// durable and must be rewritten: rolls back appends at and after
-    /// `from_index` (a failed write is retried from there).
-    pub fn roll_back(&mut self, from_index: u64, bytes: u64) {
-        if let Some(s) = self.segments.back_mut() {
-            s.end_index = s.end_index.min(from_index).max(s.first_index);
-            s.bytes -= bytes.min(s.bytes);
-        }
-        self.bytes -= bytes.min(self.bytes);
-        self.next_index = self.next_index.min(from_index);
-    }
-
     /// Marks a delivered record released; returns whether it was not yet.
     pub fn release(&mut self, index: u64) -> bool {
         index < self.next_index && self.released.release(index)
@@ -242,12 +230,6 @@ impl ClassLog {
             was_active,
             dropped,
         })
-    }
-
-    /// Drops records below `index` (expired by the class's time to live);
-    /// returns how many were not released yet.
-    pub fn expire_below(&mut self, index: u64) -> u64 {
-        self.released.release_below(index.min(self.next_index))
     }
 }
 

@@ -149,16 +149,6 @@ impl SpoolMetrics {
             .inc_by(n);
     }
 
-    /// Records dropped for `reason` so far.
-    pub fn dropped_total(&self, class: ClassId, reason: DropReason) -> u64 {
-        self.dropped
-            .get_or_create(&DropLabel {
-                class: self.label(class).class.clone(),
-                reason: reason.as_str().to_owned(),
-            })
-            .get()
-    }
-
     /// A damaged stretch skipped.
     pub fn corrupt(&self, class: ClassId) {
         self.corrupt_frames.get_or_create(self.label(class)).inc();

@@ -111,9 +111,24 @@ pub(super) fn read_checkpoint(dir: &Path) -> Option<Checkpoint> {
 /// Replaces a class's checkpoint (write, then rename over). Not synced: a
 /// stale checkpoint only replays delivered records again.
 pub(super) fn write_checkpoint(dir: &Path, checkpoint: &Checkpoint) -> io::Result<()> {
-    let tmp = dir.join(format!("{CHECKPOINT_FILE}.tmp"));
-    fs::write(&tmp, checkpoint.encode())?;
-    fs::rename(&tmp, dir.join(CHECKPOINT_FILE))
+    replace(dir, CHECKPOINT_FILE, &checkpoint.encode(), false)
+}
+
+/// Replaces `dir/name` with `bytes` whole (a temporary file renamed over
+/// it, so a reader sees the old or the new content, never a mix); with
+/// `durable`, the file and the directory are synced before returning.
+pub(super) fn replace(dir: &Path, name: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut f = File::create(&tmp)?;
+    io::Write::write_all(&mut f, bytes)?;
+    if durable {
+        f.sync_all()?;
+    }
+    fs::rename(&tmp, dir.join(name))?;
+    if durable {
+        sync_dir(dir)?;
+    }
+    Ok(())
 }
 
 /// Free bytes on the filesystem holding `dir` for an unprivileged writer.

@@ -16,6 +16,8 @@
 //!   record became durable): memory holds only a window of the backlog.
 //!
 //! # Layout
+//! - `shared.rs`: the state every part shares (each class's log under its
+//!   lock, the writer's channel, tickets) and the tuning constants.
 //! - `files.rs`: segment files and checkpoints on disk.
 //! - `recover.rs`: start-up: scan, truncate torn tails, move bad files
 //!   aside, rebuild each class's log.
@@ -26,6 +28,7 @@ mod files;
 mod reader;
 mod recover;
 mod sequence;
+mod shared;
 mod writer;
 
 #[cfg(test)]
@@ -33,33 +36,22 @@ mod tests;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use weir_core::queue::MultiLevelQueue;
-use weir_core::spool::{frame, Admit, ClassLog, SpoolRoom};
+use weir_core::spool::{frame, Admit};
 use weir_core::{ClassId, ClassSet, Record};
 
-use crate::config::{ClassDurability, SpoolConfig, SyncMode};
+use crate::config::{ClassDurability, SpoolConfig};
 use crate::metrics::{DropReason, Metrics};
+
+use shared::{lock, ClassSlot, Msg, Shared, Submit, HOUSEKEEPING, MAX_PENDING_BYTES};
 
 pub use recover::Recovered;
 pub use sequence::SequenceLease;
-
-/// Most bytes admitted to the writer and not yet written: appends beyond
-/// wait, so a burst cannot grow the writer's channel without bound.
-const MAX_PENDING_BYTES: u64 = 64 << 20;
-/// Most appends the writer takes into one group: bounds the time before
-/// the first of them is acknowledged.
-const MAX_GROUP_RECORDS: usize = 8192;
-/// How often the writer looks after deletions, checkpoints and free space
-/// when no append wakes it.
-const HOUSEKEEPING: Duration = Duration::from_millis(100);
-/// Checkpoints are rewritten at most this often: a crash replays at most
-/// this much delivered traffic again.
-const CHECKPOINT_EVERY: Duration = Duration::from_millis(20);
 
 /// Why the spool cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -133,125 +125,6 @@ impl Ticket {
     }
 }
 
-/// A position in a class's log: a segment and a byte offset in it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Cursor {
-    segment: u64,
-    offset: u64,
-}
-
-/// One spooled class's state, shared by ingress, writer, reader and
-/// egress under its mutex.
-#[derive(Debug)]
-struct ClassState {
-    log: ClassLog,
-    /// Bytes admitted and not yet written.
-    pending_bytes: u64,
-    /// `Some`: the class queue was full when a record became durable; the
-    /// reader loads records from here on. `None`: new durable records go
-    /// straight to the queue.
-    behind: Option<Cursor>,
-    /// End of the durable data (the writer's last synced position).
-    durable_end: Option<Cursor>,
-    /// The release state changed since the last checkpoint.
-    checkpoint_dirty: bool,
-}
-
-#[derive(Debug)]
-struct ClassSlot {
-    id: ClassId,
-    name: String,
-    dir: PathBuf,
-    settings: ClassDurability,
-    state: Mutex<ClassState>,
-}
-
-/// A message to the writer.
-enum Msg {
-    Append {
-        n: u64,
-        record: Record,
-        len: u64,
-    },
-    /// Releases happened: deletions and checkpoints may be due.
-    Wake,
-    Stop,
-}
-
-struct Submit {
-    next: u64,
-    tx: mpsc::Sender<Msg>,
-}
-
-/// What every part of the spool shares.
-struct Shared {
-    dir: PathBuf,
-    config: SpoolConfig,
-    classes: Vec<Option<ClassSlot>>,
-    queues: Arc<MultiLevelQueue>,
-    arrivals: Arc<Notify>,
-    metrics: Arc<Metrics>,
-    submit: Mutex<Submit>,
-    /// Tickets below this are durable.
-    durable: AtomicU64,
-    durable_notify: Notify,
-    /// Woken when segments are deleted (appends blocked on a quota wait).
-    space: Notify,
-    /// Bytes of all logs on disk.
-    total_bytes: AtomicU64,
-    /// Bytes admitted and not yet written, all classes.
-    pending: AtomicU64,
-    /// Free bytes on the spool's filesystem, as last measured.
-    disk_free: AtomicU64,
-    reader_wake: (Mutex<bool>, Condvar),
-    stopping: AtomicBool,
-    writer_gone: AtomicBool,
-    /// Held for the spool's life: one weir per directory.
-    _dir_lock: std::fs::File,
-}
-
-impl std::fmt::Debug for Shared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared")
-            .field("dir", &self.dir)
-            .finish_non_exhaustive()
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic in another thread holding the lock leaves the bookkeeping as
-    // it was between two whole operations; go on with it.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Shared {
-    fn slot(&self, class: ClassId) -> Option<&ClassSlot> {
-        self.classes.get(class.index()).and_then(Option::as_ref)
-    }
-
-    fn room(&self) -> SpoolRoom {
-        SpoolRoom {
-            total_bytes: self.total_bytes.load(Ordering::Relaxed)
-                + self.pending.load(Ordering::Relaxed),
-            total_max: self.config.max_bytes,
-            disk_free: self.disk_free.load(Ordering::Relaxed),
-            disk_reserve: self.config.min_free_bytes,
-        }
-    }
-
-    fn wake_reader(&self) {
-        let (flag, cv) = &self.reader_wake;
-        *lock(flag) = true;
-        cv.notify_one();
-    }
-
-    fn publish(&self, slot: &ClassSlot, st: &ClassState) {
-        self.metrics
-            .spool
-            .set_log(slot.id, st.log.bytes(), st.log.unreleased());
-    }
-}
-
 /// The spool: its threads and the handle ingress and egress use.
 #[derive(Debug)]
 pub struct Spool {
@@ -285,7 +158,10 @@ impl Spool {
         })?;
         let disk_free = files::free_bytes(&config.dir).map_err(dir_error)?;
         let mut slots = Vec::new();
-        let mut recovered = Recovered::default();
+        let mut recovered = Recovered {
+            records: vec![0; classes.len()],
+            ..Recovered::default()
+        };
         for (id, class) in classes.iter() {
             let settings = durability[id.index()];
             if !settings.spooled() {
@@ -325,7 +201,6 @@ impl Spool {
             .sum();
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared {
-            dir: config.dir.clone(),
             config: config.clone(),
             classes: slots,
             queues,
@@ -527,14 +402,4 @@ impl Drop for Spool {
     fn drop(&mut self) {
         self.close();
     }
-}
-
-/// Microseconds since the Unix epoch (for time to live).
-fn now_us() -> u64 {
-    crate::clock::unix_micros()
-}
-
-/// Whether `sync` makes appends wait for fdatasync.
-fn syncs_each_group(sync: SyncMode) -> bool {
-    sync == SyncMode::Group
 }

@@ -12,11 +12,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use weir_core::queue::PushError;
-use weir_core::spool::{frame, FrameError, Scan, Scanned, SegmentHeader};
+use weir_core::spool::{frame, Scan, Scanned, SegmentHeader};
 use weir_core::Record;
 
 use super::files;
-use super::{lock, now_us, ClassSlot, Cursor, Shared};
+use super::shared::{lock, ClassSlot, Cursor, Shared};
+use crate::clock::unix_micros;
 use crate::metrics::DropReason;
 
 /// Bytes read from a segment at a time.
@@ -197,7 +198,7 @@ fn decode_all(header: &SegmentHeader, chunk: &Bytes) -> Vec<(frame::Frame, usize
                 pos += len;
                 out.push((f, pos));
             }
-            Err(FrameError::Truncated) | Err(_) => break,
+            Err(_) => break,
         }
     }
     out
@@ -219,7 +220,7 @@ fn push(
     frames: Vec<(frame::Frame, usize)>,
 ) -> Step {
     let ttl = slot.settings.ttl.map(|t| t.as_micros() as u64);
-    let now = now_us();
+    let now = unix_micros();
     let mut st = lock(&slot.state);
     if st.behind != Some(cursor) {
         return Step::Again;

@@ -11,7 +11,7 @@ use weir_core::spool::{ClassLog, Released, Scan, Scanned, SegmentHeader, Segment
 use weir_core::ClassId;
 
 use super::files;
-use super::{ClassState, Cursor};
+use super::shared::{ClassState, Cursor};
 use crate::config::{ClassDurability, SpoolConfig};
 use crate::metrics::Metrics;
 
@@ -39,9 +39,6 @@ pub(super) fn class(
     metrics: &Metrics,
     found: &mut Recovered,
 ) -> io::Result<ClassState> {
-    if found.records.len() <= id.index() {
-        found.records.resize(id.index() + 1, 0);
-    }
     let mut names: Vec<(u64, std::path::PathBuf)> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok())
         .map(|e| e.path())

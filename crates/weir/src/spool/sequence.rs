@@ -3,8 +3,8 @@
 //! before any of them is used. A restart starts above the last lease,
 //! whatever the clock says.
 
-use std::fs::{self, File};
-use std::io::{self, Write};
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -18,7 +18,7 @@ const FILE: &str = "sequence";
 /// A sequence-number source backed by a lease file.
 #[derive(Debug)]
 pub struct SequenceLease {
-    path: PathBuf,
+    dir: PathBuf,
     next: AtomicU64,
     /// Numbers below this may be used.
     ceiling: AtomicU64,
@@ -42,7 +42,7 @@ impl SequenceLease {
         };
         let start = floor.max(leased);
         let lease = SequenceLease {
-            path,
+            dir: dir.to_owned(),
             next: AtomicU64::new(start),
             ceiling: AtomicU64::new(start),
             renew: Mutex::new(()),
@@ -65,7 +65,7 @@ impl SequenceLease {
             let _guard = self.renew.lock().unwrap_or_else(|e| e.into_inner());
             if n + LEASE / 2 >= self.ceiling.load(Ordering::Acquire) {
                 if let Err(e) = self.extend(n) {
-                    tracing::error!(file = %self.path.display(), error = %e, "cannot renew the sequence-number lease; numbers may be reused after a restart with the clock set back");
+                    tracing::error!(file = %self.dir.join(FILE).display(), error = %e, "cannot renew the sequence-number lease; numbers may be reused after a restart with the clock set back");
                 }
             }
         }
@@ -74,14 +74,7 @@ impl SequenceLease {
 
     fn extend(&self, from: u64) -> io::Result<()> {
         let ceiling = from + LEASE;
-        let tmp = self.path.with_extension("tmp");
-        let mut f = File::create(&tmp)?;
-        f.write_all(&encode(ceiling))?;
-        f.sync_all()?;
-        fs::rename(&tmp, &self.path)?;
-        if let Some(dir) = self.path.parent() {
-            File::open(dir)?.sync_all()?;
-        }
+        super::files::replace(&self.dir, FILE, &encode(ceiling), true)?;
         self.ceiling.store(ceiling, Ordering::Release);
         Ok(())
     }

@@ -17,9 +17,9 @@ use weir_core::spool::{frame, Admit, Checkpoint, Eviction, Frame, SegmentHeader}
 use weir_core::Record;
 
 use super::files;
-use super::{
-    lock, syncs_each_group, ClassSlot, ClassState, Cursor, Msg, Shared, CHECKPOINT_EVERY,
-    HOUSEKEEPING, MAX_GROUP_RECORDS,
+use super::shared::{
+    lock, ClassSlot, ClassState, Cursor, Msg, Shared, CHECKPOINT_EVERY, HOUSEKEEPING,
+    MAX_GROUP_RECORDS,
 };
 use crate::config::SyncMode;
 use crate::metrics::DropReason;
@@ -413,12 +413,12 @@ impl Writer {
             .is_none_or(|t| t.elapsed() >= ERROR_LOG_EVERY);
         if due {
             self.last_error_log = Some(Instant::now());
-            tracing::error!(dir = %self.shared.dir.display(), error = %e, "{what}");
+            tracing::error!(dir = %self.shared.config.dir.display(), error = %e, "{what}");
         }
     }
 
     fn refresh_free_space(&self) {
-        if let Ok(free) = files::free_bytes(&self.shared.dir) {
+        if let Ok(free) = files::free_bytes(&self.shared.config.dir) {
             self.shared.disk_free.store(free, Ordering::Relaxed);
         }
     }
@@ -458,7 +458,7 @@ impl Writer {
         }
         let interval_due = shared.config.sync == SyncMode::Interval
             && self.last_sync.elapsed() >= shared.config.sync_interval;
-        if interval_due || (force && !syncs_each_group(shared.config.sync)) {
+        if interval_due || (force && shared.config.sync != SyncMode::Group) {
             for c in 0..self.active.len() {
                 if self.active[c].as_ref().is_some_and(|a| a.unsynced) {
                     self.flush(c, true, true);

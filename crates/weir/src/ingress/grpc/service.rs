@@ -16,7 +16,7 @@ use tracing::{debug, debug_span, field, info_span, warn, Instrument, Span};
 use weir_proto::pb::ingress_server::Ingress;
 use weir_proto::pb::{PublishAck, PublishRequest};
 
-use crate::intake::{Accepted, EnqueueError, Intake};
+use crate::intake::{EnqueueError, Intake};
 use crate::spool::Ticket;
 
 /// Acks a stream holds while their records are made durable: the client's
@@ -69,7 +69,7 @@ impl IngressService {
         let (class, seq) = (record.class, record.seq);
         match self.ingress.try_accept(record) {
             Ok(accepted) => Ok((
-                ticket_of(accepted),
+                accepted.ticket(),
                 Response::new(PublishAck {
                     id: req.id,
                     seq,
@@ -84,14 +84,6 @@ impl IngressService {
                 Err(unary_refusal(err))
             }
         }
-    }
-}
-
-/// The ticket a spooled record's acknowledgement waits for.
-fn ticket_of(accepted: Accepted) -> Option<Ticket> {
-    match accepted {
-        Accepted::Spooling(t) => Some(t),
-        Accepted::Queued | Accepted::Dropped => None,
     }
 }
 
@@ -271,7 +263,7 @@ impl StreamTask {
                         seq,
                         class: self.ingress.class_name(class).to_owned(),
                     };
-                    held.push_back((ticket_of(accepted), ack));
+                    held.push_back((accepted.ticket(), ack));
                     continue;
                 }
                 Err(EnqueueError::Full { class, .. }) => {

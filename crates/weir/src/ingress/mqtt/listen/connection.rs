@@ -137,14 +137,6 @@ impl Ending {
     }
 }
 
-/// The ticket a spooled record's acknowledgement waits for.
-fn ticket_of(accepted: Accepted) -> Option<Ticket> {
-    match accepted {
-        Accepted::Spooling(t) => Some(t),
-        Accepted::Queued | Accepted::Dropped => None,
-    }
-}
-
 /// One device connection.
 pub(super) struct Connection {
     pub(super) stream: TcpStream,
@@ -438,7 +430,7 @@ impl Connection {
     /// acknowledgement must wait for.
     async fn enqueue(&mut self, record: Record) -> Result<Option<Ticket>, Ending> {
         let mut record = match self.ingress.try_accept(record) {
-            Ok(accepted) => return Ok(ticket_of(accepted)),
+            Ok(accepted) => return Ok(accepted.ticket()),
             Err(EnqueueError::Full { record, .. }) => record,
             Err(e) => return Err(e.into()),
         };
@@ -467,7 +459,7 @@ impl Connection {
         };
         // The client could not be heard while weir was not reading it.
         self.heard();
-        queued.map(ticket_of).map_err(Ending::from)
+        queued.map(Accepted::ticket).map_err(Ending::from)
     }
 
     fn reply(&mut self, reply: Reply) {

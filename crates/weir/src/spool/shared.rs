@@ -1,0 +1,148 @@
+//! What the spool's parts share: each class's state under its lock, the
+//! writer's channel, the ticket counter, and the tuning constants. The
+//! threads (`writer.rs`, `reader.rs`), start-up (`recover.rs`) and the
+//! handle (`mod.rs`) all use it; it uses none of them.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use weir_core::queue::MultiLevelQueue;
+use weir_core::spool::{ClassLog, SpoolRoom};
+use weir_core::{ClassId, Record};
+
+use crate::config::{ClassDurability, SpoolConfig};
+use crate::metrics::Metrics;
+
+/// Most bytes admitted to the writer and not yet written: appends beyond
+/// wait, so a burst cannot grow the writer's channel without bound.
+pub(super) const MAX_PENDING_BYTES: u64 = 64 << 20;
+/// Most appends the writer takes into one group: bounds the time before
+/// the first of them is acknowledged.
+pub(super) const MAX_GROUP_RECORDS: usize = 8192;
+/// How often the writer looks after deletions, checkpoints and free space
+/// when no append wakes it.
+pub(super) const HOUSEKEEPING: Duration = Duration::from_millis(100);
+/// Checkpoints are rewritten at most this often: a crash replays at most
+/// this much delivered traffic again.
+pub(super) const CHECKPOINT_EVERY: Duration = Duration::from_millis(20);
+
+/// A position in a class's log: a segment and a byte offset in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Cursor {
+    pub(super) segment: u64,
+    pub(super) offset: u64,
+}
+
+/// One spooled class's state, shared by ingress, writer, reader and
+/// egress under its mutex.
+#[derive(Debug)]
+pub(super) struct ClassState {
+    pub(super) log: ClassLog,
+    /// Bytes admitted and not yet written.
+    pub(super) pending_bytes: u64,
+    /// `Some`: the class queue was full when a record became durable; the
+    /// reader loads records from here on. `None`: new durable records go
+    /// straight to the queue.
+    pub(super) behind: Option<Cursor>,
+    /// End of the durable data (the writer's last synced position).
+    pub(super) durable_end: Option<Cursor>,
+    /// The release state changed since the last checkpoint.
+    pub(super) checkpoint_dirty: bool,
+}
+
+#[derive(Debug)]
+pub(super) struct ClassSlot {
+    pub(super) id: ClassId,
+    pub(super) name: String,
+    pub(super) dir: PathBuf,
+    pub(super) settings: ClassDurability,
+    pub(super) state: Mutex<ClassState>,
+}
+
+/// A message to the writer.
+pub(super) enum Msg {
+    Append {
+        n: u64,
+        record: Record,
+        len: u64,
+    },
+    /// Releases happened: deletions and checkpoints may be due.
+    Wake,
+    Stop,
+}
+
+pub(super) struct Submit {
+    pub(super) next: u64,
+    pub(super) tx: mpsc::Sender<Msg>,
+}
+
+/// What every part of the spool shares.
+pub(super) struct Shared {
+    pub(super) config: SpoolConfig,
+    pub(super) classes: Vec<Option<ClassSlot>>,
+    pub(super) queues: Arc<MultiLevelQueue>,
+    pub(super) arrivals: Arc<Notify>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) submit: Mutex<Submit>,
+    /// Tickets below this are durable.
+    pub(super) durable: AtomicU64,
+    pub(super) durable_notify: Notify,
+    /// Woken when segments are deleted (appends blocked on a quota wait).
+    pub(super) space: Notify,
+    /// Bytes of all logs on disk.
+    pub(super) total_bytes: AtomicU64,
+    /// Bytes admitted and not yet written, all classes.
+    pub(super) pending: AtomicU64,
+    /// Free bytes on the spool's filesystem, as last measured.
+    pub(super) disk_free: AtomicU64,
+    pub(super) reader_wake: (Mutex<bool>, Condvar),
+    pub(super) stopping: AtomicBool,
+    pub(super) writer_gone: AtomicBool,
+    /// Held for the spool's life: one weir per directory.
+    pub(super) _dir_lock: std::fs::File,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("dir", &self.config.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic in another thread holding the lock leaves the bookkeeping as
+    // it was between two whole operations; go on with it.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    pub(super) fn slot(&self, class: ClassId) -> Option<&ClassSlot> {
+        self.classes.get(class.index()).and_then(Option::as_ref)
+    }
+
+    pub(super) fn room(&self) -> SpoolRoom {
+        SpoolRoom {
+            total_bytes: self.total_bytes.load(Ordering::Relaxed)
+                + self.pending.load(Ordering::Relaxed),
+            total_max: self.config.max_bytes,
+            disk_free: self.disk_free.load(Ordering::Relaxed),
+            disk_reserve: self.config.min_free_bytes,
+        }
+    }
+
+    pub(super) fn wake_reader(&self) {
+        let (flag, cv) = &self.reader_wake;
+        *lock(flag) = true;
+        cv.notify_one();
+    }
+
+    pub(super) fn publish(&self, slot: &ClassSlot, st: &ClassState) {
+        self.metrics
+            .spool
+            .set_log(slot.id, st.log.bytes(), st.log.unreleased());
+    }
+}
