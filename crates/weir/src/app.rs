@@ -28,16 +28,24 @@ use crate::intake::Intake;
 use crate::metrics::Metrics;
 use crate::spool::{SequenceLease, Spool};
 
-/// Batches between the scheduler and the egress: one, handed over when the
-/// egress says the link is free ([`LinkReady`]), so priority is
-/// decided at the last moment.
-const EGRESS_CHANNEL: usize = 1;
+/// Batches between the scheduler and the egress: at most one per free slot
+/// of the egress's window of unconfirmed batches, each built when the egress
+/// says a slot is free ([`LinkReady`]), so priority is decided at the last
+/// moment. The channel holds the whole window, so the scheduler never finds
+/// it full.
+fn egress_channel(sink: &EgressSink) -> usize {
+    match sink {
+        EgressSink::Amqp(a) => a.max_in_flight.max(1),
+        EgressSink::File(_) => 1,
+    }
+}
 
 /// Completed transactions waiting for the scheduler's batch sizers; the
 /// egress drops reports rather than wait when the scheduler lags.
 const DELIVERED_CHANNEL: usize = 256;
 
-/// Longest pause between egress retries.
+/// Longest pause between retries of the file egress (the AMQP egress uses
+/// `egress.amqp.reconnect_backoff_max`).
 const EGRESS_RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// How long shutdown waits for the queues to drain and the egress to
@@ -204,7 +212,7 @@ impl App {
         };
 
         // Egress next, so nothing is accepted that cannot be sent.
-        let (tx, rx) = mpsc::channel(EGRESS_CHANNEL);
+        let (tx, rx) = mpsc::channel(egress_channel(&cfg.egress.sink));
         let ready: LinkReady = Arc::new(tokio::sync::Semaphore::new(0));
         let link = cfg.egress.link.as_ref().map(|l| LinkProfile {
             bytes_per_sec: l.bandwidth_bytes_per_sec,
@@ -235,7 +243,11 @@ impl App {
             link_prior,
             link: link_tx,
             metrics: Arc::clone(&metrics),
-            retry_max: EGRESS_RETRY_MAX,
+            // A broker's reconnect pacing is the operator's to set.
+            retry_max: match &cfg.egress.sink {
+                EgressSink::Amqp(a) => a.reconnect_backoff_max,
+                EgressSink::File(_) => EGRESS_RETRY_MAX,
+            },
             abort: abort.clone(),
         };
         let egress = match &cfg.egress.sink {

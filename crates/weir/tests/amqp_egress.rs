@@ -80,6 +80,7 @@ fn config(url: &str, n: &Names) -> AmqpEgress {
         // must not make a slow connect on a loaded machine fail them.
         connect_timeout: PATIENCE / 3,
         reconnect_backoff_max: Duration::from_millis(500),
+        max_in_flight: 4,
     }
 }
 

@@ -167,6 +167,16 @@ pub const AMQP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// reconnect every 30 s at worst and recovery is noticed quickly.
 pub const AMQP_RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(30);
 
+/// Batches published and awaiting their confirm at once. One batch per
+/// round trip caps a 64 KiB-batch egress near 50k records/s of 1 KiB on
+/// loopback; a window of 8 hides the confirm latency (docs/benchmarks.md)
+/// and holds at most 8 batches' bytes besides the queues.
+pub const AMQP_MAX_IN_FLIGHT: u64 = 8;
+
+/// Upper limit of `egress.amqp.max_in_flight`: RabbitMQ's confirms and
+/// weir's memory both grow with the window.
+pub const AMQP_MAX_IN_FLIGHT_LIMIT: u64 = 1024;
+
 /// AMQP 0-9-1 short strings (exchange, queue and routing key names) carry
 /// a one-byte length.
 pub const AMQP_SHORT_STRING_LIMIT: usize = 255;
@@ -183,6 +193,7 @@ pub(crate) struct RawAmqp {
     pub confirm_timeout: Option<Written<HumanDuration>>,
     pub connect_timeout: Option<Written<HumanDuration>>,
     pub reconnect_backoff_max: Option<Written<HumanDuration>>,
+    pub max_in_flight: Option<u64>,
 }
 
 /// `[egress.amqp]`
@@ -205,6 +216,9 @@ pub struct AmqpEgress {
     pub connect_timeout: Duration,
     /// Longest pause between reconnect attempts.
     pub reconnect_backoff_max: Duration,
+    /// Batches published and not yet confirmed, at most (1 = one round
+    /// trip per batch).
+    pub max_in_flight: usize,
 }
 
 named_enum! {
@@ -265,6 +279,15 @@ fn amqp_egress(p: &mut Problems, raw: RawAmqp) -> Option<AmqpEgress> {
         raw.reconnect_backoff_max,
         AMQP_RECONNECT_BACKOFF_MAX,
     );
+    let max_in_flight = raw.max_in_flight.unwrap_or(AMQP_MAX_IN_FLIGHT);
+    if !(1..=AMQP_MAX_IN_FLIGHT_LIMIT).contains(&max_in_flight) {
+        p.push(
+            format!("{PATH}.max_in_flight"),
+            format!(
+                "{max_in_flight} is out of range: between 1 (one batch per confirm round trip) and {AMQP_MAX_IN_FLIGHT_LIMIT}"
+            ),
+        );
+    }
     if p.len() != before {
         return None;
     }
@@ -277,6 +300,7 @@ fn amqp_egress(p: &mut Problems, raw: RawAmqp) -> Option<AmqpEgress> {
         confirm_timeout: confirm_timeout?,
         connect_timeout: connect_timeout?,
         reconnect_backoff_max: reconnect_backoff_max?,
+        max_in_flight: max_in_flight as usize,
     })
 }
 

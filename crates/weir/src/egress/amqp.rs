@@ -49,6 +49,8 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use lapin::options::{
@@ -66,7 +68,7 @@ use tracing::Instrument;
 use weir_core::NodeId;
 
 use super::batch::EncodedBatch;
-use super::sink::{Sink, SinkError};
+use super::sink::{Confirm, Sink, SinkError};
 use crate::config::{AmqpEgress, ExchangeType};
 
 /// Header: the sending node's id.
@@ -117,14 +119,18 @@ struct Supervisor {
 struct Link {
     conn: Connection,
     channel: Channel,
+    /// What the confirmations of this link's publishes found out.
+    health: Arc<Health>,
 }
 
-/// Why one publish failed.
-enum Failure {
-    /// The link is unusable (I/O error, closed channel, timeout): reconnect.
-    Broken(String),
-    /// The broker refused this batch; the link is fine.
-    Refused(String),
+/// Told by pending confirmations, read by the next send.
+#[derive(Default)]
+struct Health {
+    /// A confirm failed or timed out: reconnect before the next publish.
+    broken: AtomicBool,
+    /// A confirm arrived since the last send: the broker works, reset the
+    /// reconnect backoff.
+    confirmed: AtomicBool,
 }
 
 impl AmqpSink {
@@ -155,9 +161,13 @@ impl AmqpSink {
         redacted_url(&self.cfg.url)
     }
 
-    /// Whether a connection is up (it may still turn out to be dead).
+    /// Whether a connection is up and no confirm on it has failed (it may
+    /// still turn out to be dead).
     pub fn is_connected(&self) -> bool {
-        self.supervisor.link.as_ref().is_some_and(Link::alive)
+        self.supervisor
+            .link
+            .as_ref()
+            .is_some_and(|l| l.alive() && !l.health.broken.load(Ordering::Relaxed))
     }
 
     /// Whether RabbitMQ has blocked the connection (memory or disk alarm);
@@ -169,20 +179,34 @@ impl AmqpSink {
             .is_some_and(|l| l.conn.status().blocked())
     }
 
-    async fn deliver_in_span(&mut self, batch: &EncodedBatch) -> Result<(), SinkError> {
+    async fn send_in_span(&mut self, batch: &EncodedBatch) -> Result<Confirm, SinkError> {
         let target = self
             .target
             .as_ref()
             .map_err(|e| SinkError::Unavailable(e.clone()))?;
         let sup = &mut self.supervisor;
-        if sup.link.as_ref().is_some_and(|l| !l.alive()) {
-            tracing::warn!("connection to RabbitMQ lost; reconnecting");
-            sup.link = None;
+        if let Some(link) = &sup.link {
+            let working = link.health.confirmed.swap(false, Ordering::Relaxed);
+            let broken = link.health.broken.load(Ordering::Relaxed);
+            let alive = link.alive();
+            if working {
+                sup.working();
+            }
+            if broken {
+                // A confirm timed out or failed: the link is not to be
+                // trusted, even if the socket still looks open.
+                sup.link = None;
+                sup.failed(self.cfg.reconnect_backoff_max);
+            } else if !alive {
+                tracing::warn!("connection to RabbitMQ lost; reconnecting");
+                sup.link = None;
+                sup.failed(self.cfg.reconnect_backoff_max);
+            }
         }
         if sup.link.is_none() {
             if let Some(at) = sup.retry_at {
-                // Sleeping here rather than failing at once gives one log line
-                // per real attempt; the run loop's own backoff overlaps it.
+                // Waiting here rather than failing at once gives one log line
+                // per real attempt, spaced by `reconnect_backoff_max` at most.
                 tokio::time::sleep_until(at).await;
             }
             let limit = self.cfg.connect_timeout;
@@ -210,15 +234,8 @@ impl AmqpSink {
         }
         let link = sup.link.as_ref().expect("connected above");
         match link.publish(target, self.cfg.confirm_timeout, batch).await {
-            Ok(()) => {
-                sup.working();
-                Ok(())
-            }
-            Err(Failure::Refused(why)) => {
-                sup.working();
-                Err(SinkError::Refused(why))
-            }
-            Err(Failure::Broken(why)) => {
+            Ok(confirm) => Ok(confirm),
+            Err(why) => {
                 // Dropping the connection closes it (lapin sends
                 // connection.close if it is still open) without waiting.
                 sup.link = None;
@@ -244,9 +261,13 @@ impl fmt::Debug for AmqpSink {
 }
 
 impl Sink for AmqpSink {
-    async fn deliver(&mut self, batch: &EncodedBatch) -> Result<(), SinkError> {
+    async fn send(&mut self, batch: &EncodedBatch) -> Result<Confirm, SinkError> {
         let span = self.span.clone();
-        self.deliver_in_span(batch).instrument(span).await
+        self.send_in_span(batch).instrument(span).await
+    }
+
+    fn window(&self) -> usize {
+        self.cfg.max_in_flight
     }
 
     fn name(&self) -> &'static str {
@@ -387,21 +408,26 @@ impl Link {
                     )
                 })?;
         }
-        Ok(Link { conn, channel })
+        Ok(Link {
+            conn,
+            channel,
+            health: Arc::default(),
+        })
     }
 
     fn alive(&self) -> bool {
         self.conn.status().connected() && self.channel.status().connected()
     }
 
-    /// Publishes one batch and waits for its confirm.
+    /// Publishes one batch; returns once lapin has written it, with the
+    /// future of its confirm.
     async fn publish(
         &self,
         target: &Target,
         limit: Duration,
         batch: &EncodedBatch,
-    ) -> Result<(), Failure> {
-        let status = self.conn.status();
+    ) -> Result<Confirm, String> {
+        let status = self.conn.status().clone();
         let publish = self.channel.basic_publish(
             target.exchange.clone(),
             target.routing_key.clone(),
@@ -412,39 +438,51 @@ impl Link {
             &batch.body,
             properties(batch),
         );
-        // The first step resolves once lapin has written the frames (it
-        // holds them while the connection is blocked), the second once the
-        // broker has confirmed.
-        let confirm = within(status, limit, "publish", publish)
-            .await
-            .map_err(Failure::Broken)?
-            .map_err(|e| Failure::Broken(format!("publishing batch {}: {e}", batch.seq)))?;
-        let confirmation = within(status, limit, "publisher confirm", confirm)
-            .await
-            .map_err(Failure::Broken)?
-            .map_err(|e| {
-                Failure::Broken(format!("awaiting the confirm of batch {}: {e}", batch.seq))
-            })?;
-        match confirmation {
-            Confirmation::Ack(None) => Ok(()),
-            Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
-                Err(Failure::Refused(format!(
-                    "RabbitMQ returned batch {} ({} {}): no queue is bound to exchange `{}` with routing key `{}`; bind one or fix egress.amqp.routing_key",
-                    batch.seq,
-                    returned.reply_code,
-                    returned.reply_text,
-                    target.exchange,
-                    target.routing_key
-                )))
+        // Resolves once lapin has written the frames (it holds them while
+        // the connection is blocked).
+        let confirm = within(&status, limit, "publish", publish)
+            .await?
+            .map_err(|e| format!("publishing batch {}: {e}", batch.seq))?;
+        let health = Arc::clone(&self.health);
+        let seq = batch.seq;
+        let exchange = target.exchange.clone();
+        let routing_key = target.routing_key.clone();
+        Ok(Box::pin(async move {
+            let confirmation = match within(&status, limit, "publisher confirm", confirm).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => {
+                    health.broken.store(true, Ordering::Relaxed);
+                    return Err(SinkError::Unavailable(format!(
+                        "awaiting the confirm of batch {seq}: {e}"
+                    )));
+                }
+                Err(why) => {
+                    health.broken.store(true, Ordering::Relaxed);
+                    return Err(SinkError::Unavailable(why));
+                }
+            };
+            match confirmation {
+                Confirmation::Ack(None) => {
+                    health.confirmed.store(true, Ordering::Relaxed);
+                    Ok(())
+                }
+                Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+                    Err(SinkError::Refused(format!(
+                        "RabbitMQ returned batch {seq} ({} {}): no queue is bound to exchange `{exchange}` with routing key `{routing_key}`; bind one or fix egress.amqp.routing_key",
+                        returned.reply_code, returned.reply_text,
+                    )))
+                }
+                Confirmation::Nack(None) => Err(SinkError::Refused(format!(
+                    "RabbitMQ nacked batch {seq} (it could not store it)"
+                ))),
+                Confirmation::NotRequested => {
+                    health.broken.store(true, Ordering::Relaxed);
+                    Err(SinkError::Unavailable(
+                        "the channel is not in confirm mode".to_owned(),
+                    ))
+                }
             }
-            Confirmation::Nack(None) => Err(Failure::Refused(format!(
-                "RabbitMQ nacked batch {} (it could not store it)",
-                batch.seq
-            ))),
-            Confirmation::NotRequested => Err(Failure::Broken(
-                "the channel is not in confirm mode".to_owned(),
-            )),
-        }
+        }))
     }
 }
 
@@ -602,6 +640,7 @@ mod tests {
             confirm_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(1),
             reconnect_backoff_max: Duration::from_secs(1),
+            max_in_flight: 4,
         }
     }
 

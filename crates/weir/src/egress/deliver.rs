@@ -1,7 +1,9 @@
-//! The delivery loop: one batch at a time from the scheduler, encoded and
-//! compressed once, handed to the sink until it confirms, every
-//! confirmation fed to the uplink estimator and reported back.
+//! The delivery loop: batches from the scheduler, encoded and compressed
+//! once, sent through the sink with a window of unconfirmed ones, each
+//! retried until it is confirmed, every confirmation fed to the uplink
+//! estimator and reported back.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +16,8 @@ use weir_core::{ClassSet, NodeId};
 
 use super::batch::encode;
 use super::compress;
-use super::sink::{DeliveryObserver, Sink};
+use super::sink::{Confirm, DeliveryObserver, Sink, SinkError};
+use super::EncodedBatch;
 use crate::handoff::LinkReady;
 use crate::metrics::Metrics;
 
@@ -52,14 +55,44 @@ pub struct EgressContext {
     pub abort: CancellationToken,
 }
 
+/// A batch encoded and compressed, ready to send (again).
+struct Prepared {
+    batch: OutBatch,
+    encoded: EncodedBatch,
+    /// Its size before compression.
+    raw_bytes: usize,
+    /// `(class, records, bytes)` runs, for the per-class metrics.
+    runs: Vec<(weir_core::ClassId, usize, usize)>,
+    /// Failed attempts so far.
+    attempts: u32,
+}
+
+/// A batch sent and awaiting its confirmation.
+struct InFlight {
+    prepared: Prepared,
+    /// When sending started (the emulated link's time included).
+    started: Instant,
+    confirm: Confirm,
+}
+
 /// Delivers every batch from `batches` through `sink`, in order, retrying
-/// each until it is confirmed. Each batch is encoded and compressed once
-/// (a retry resends the same body). Each confirmed transaction is fed to the
-/// uplink estimator, whose estimate is published on `ctx.link` and in the
-/// metrics. Returns when the channel is closed and empty (the scheduler has
-/// flushed at shutdown), or when `abort` fires (the drain deadline passed),
-/// in which case the batch in hand is reported lost-in-flight in the log
-/// with its sequence number.
+/// each until it is confirmed.
+///
+/// Up to [`Sink::window`] sent batches await their confirmation at once;
+/// confirmations are taken in sending order, so releases (spool, peers)
+/// follow the order records were sent in. A failed send or confirmation
+/// sends that batch and every later unconfirmed one again, in order, after
+/// a backoff (go-back-N): a batch whose confirmation was lost arrives twice,
+/// none is lost, and no batch overtakes an earlier one of its class.
+///
+/// Each batch is encoded and compressed once (a retry resends the same
+/// body). Each confirmed transaction is fed to the uplink estimator, whose
+/// estimate is published on `ctx.link` and in the metrics; with a window,
+/// a transaction's time is from when the link finished the one before
+/// (or from its own start, if later) to its confirmation. Returns when the
+/// channel is closed and everything is confirmed (the scheduler has flushed
+/// at shutdown), or when `abort` fires (the drain deadline passed), in
+/// which case what was unconfirmed is reported in the log.
 pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ctx: EgressContext) {
     let EgressContext {
         node,
@@ -85,99 +118,408 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
         }
     };
     metrics.set_link(&link_prior);
-    loop {
-        ready.add_permits(1);
-        let Some(batch) = batches.recv().await else {
-            break;
-        };
-        let mut encoded = encode(node, &classes, &batch);
-        let runs = batch.class_runs();
-        let raw_bytes = encoded.body.len();
-        if compressor.enabled() {
-            let kind = compressor.kind(&classes, &batch);
-            let estimate = *link.borrow();
-            // Cancel safety: on abort the compression future is dropped (the
-            // blocking task finishes on its own and its output is discarded);
-            // the batch was never sent, so it is only logged.
-            encoded = tokio::select! {
-                e = compressor.compress(encoded, &kind, &estimate, &metrics) => e,
-                _ = abort.cancelled() => {
-                    tracing::error!(batch = batch.seq, records = batch.records.len(), "shutdown deadline passed with a batch unconfirmed");
-                    return;
-                }
-            };
-        } else {
-            metrics.encoded(weir_core::compression::Codec::None);
+    let window = sink.window().max(1);
+    // Batches to send, oldest first: retries ahead of new ones.
+    let mut todo: VecDeque<Prepared> = VecDeque::new();
+    let mut flight: VecDeque<InFlight> = VecDeque::with_capacity(window);
+    // Permits handed to the scheduler and not yet turned into batches.
+    let mut offered = 0usize;
+    let mut open = true;
+    let mut backoff = RETRY_INITIAL;
+    let mut retry_at: Option<Instant> = None;
+    // When the link last finished a transaction.
+    let mut link_free_at = Instant::now();
+    let lost = |todo: &VecDeque<Prepared>, flight: &VecDeque<InFlight>| {
+        let batches = todo.len() + flight.len();
+        let records: usize = todo.iter().map(|p| p.encoded.records).sum::<usize>()
+            + flight
+                .iter()
+                .map(|f| f.prepared.encoded.records)
+                .sum::<usize>();
+        if batches > 0 {
+            tracing::error!(
+                batches,
+                records,
+                "shutdown deadline passed with batches unconfirmed"
+            );
         }
-        let mut backoff = RETRY_INITIAL;
-        let mut attempt = 0u32;
-        loop {
+    };
+    loop {
+        // Offer the scheduler one permit per free slot, and only when no
+        // retry waits: batches are built just in time for the link.
+        let free = window.saturating_sub(flight.len() + todo.len());
+        if open && offered < free {
+            ready.add_permits(free - offered);
+            offered = free;
+        }
+        let waiting = retry_at.is_some_and(|at| at > Instant::now());
+        if !waiting && !todo.is_empty() && flight.len() < window {
+            retry_at = None;
+            let prepared = todo.pop_front().expect("not empty");
             let started = Instant::now();
-            // Cancel safety: on abort the delivery future is dropped; the
-            // batch is still owned here and is only logged, since the
-            // destination never confirmed it.
-            let result = tokio::select! {
-                r = sink.deliver(&encoded) => r,
+            // Cancel safety: a send is never raced against anything but the
+            // abort, so a publish is not left half done; on abort the batch
+            // is only logged, since the destination never confirmed it.
+            let sent = tokio::select! {
+                r = sink.send(&prepared.encoded) => r,
                 _ = abort.cancelled() => {
-                    tracing::error!(batch = encoded.seq, records = encoded.records, "shutdown deadline passed with a batch unconfirmed");
+                    todo.push_front(prepared);
+                    lost(&todo, &flight);
                     return;
                 }
             };
-            match result {
-                Ok(()) => {
-                    // The transaction alone (not compression or queueing):
-                    // Eq. 1's `T_sc + US / Th_up` for the bytes on the wire.
-                    let elapsed = started.elapsed();
-                    if let Some(est) = estimator.as_mut() {
-                        est.observe(encoded.body.len() as u64, elapsed);
-                        let now = est.estimate();
-                        metrics.set_link(&now);
-                        // Only a window of varied sizes separates T_sc from
-                        // bandwidth; small alike batches (an idle link) say
-                        // little about the bandwidth, and acting on them
-                        // would shrink C_out and the spare a node offers its
-                        // peers. The scheduler keeps the last full fit (or
-                        // the configured prior) until then.
-                        if est.fit_kind() == weir_core::link_estimate::FitKind::Full {
-                            link.send_replace(now);
-                        }
-                    }
-                    for o in &observers {
-                        o.delivered(&batch.records);
-                    }
-                    metrics.batches_confirmed.inc();
-                    metrics.egress_bytes.inc_by(encoded.body.len() as u64);
-                    for &(class, records, _) in &runs {
-                        metrics.forwarded(class, records as u64);
-                    }
-                    if let Some(tx) = &delivered {
-                        // Best effort: the estimator may lag, never block egress.
-                        let _ = tx.try_send(Delivered {
-                            class: encoded.class,
-                            bytes: encoded.body.len(),
-                            raw_bytes,
-                            records: encoded.records,
-                            elapsed,
-                        });
-                    }
-                    break;
-                }
+            match sent {
+                Ok(confirm) => flight.push_back(InFlight {
+                    prepared,
+                    started,
+                    confirm,
+                }),
                 Err(e) => {
-                    attempt += 1;
-                    if attempt == 1 {
-                        metrics.batches_republished.inc();
-                    }
-                    tracing::warn!(sink = sink.name(), batch = encoded.seq, attempt, error = %e, "delivery failed; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
-                        _ = abort.cancelled() => {
-                            tracing::error!(batch = encoded.seq, records = encoded.records, "shutdown deadline passed with a batch unconfirmed");
-                            return;
-                        }
-                    }
+                    todo.push_front(prepared);
+                    // Nothing later was sent: the window before it stays.
+                    failed(&mut todo, &mut flight, 1, &e, sink.name(), &metrics);
+                    retry_at = Some(Instant::now() + backoff);
                     backoff = (backoff * 2).min(retry_max);
                 }
             }
+            continue;
         }
+        if !open && todo.is_empty() && flight.is_empty() {
+            break;
+        }
+        let can_receive = open && todo.is_empty() && flight.len() < window;
+        // Cancel safety: every branch either only waits (the abort, the
+        // retry timer) or is cancel safe (`recv`, and polling the head
+        // confirmation by reference, which keeps it in `flight`).
+        tokio::select! {
+            biased;
+            _ = abort.cancelled() => {
+                lost(&todo, &flight);
+                return;
+            }
+            r = async { (&mut flight.front_mut().expect("guarded").confirm).await }, if !flight.is_empty() => {
+                match r {
+                    Ok(()) => {
+                        let done = flight.pop_front().expect("guarded");
+                        let now = Instant::now();
+                        let elapsed = now - done.started.max(link_free_at);
+                        link_free_at = now;
+                        backoff = RETRY_INITIAL;
+                        confirmed(
+                            &done.prepared,
+                            elapsed,
+                            &mut estimator,
+                            &link,
+                            &metrics,
+                            &observers,
+                            delivered.as_ref(),
+                        );
+                    }
+                    Err(e) => {
+                        failed(&mut todo, &mut flight, 0, &e, sink.name(), &metrics);
+                        retry_at = Some(Instant::now() + backoff);
+                        backoff = (backoff * 2).min(retry_max);
+                    }
+                }
+            }
+            () = sleep_until_some(retry_at), if retry_at.is_some() && !todo.is_empty() => {}
+            b = batches.recv(), if can_receive => {
+                let Some(batch) = b else {
+                    open = false;
+                    continue;
+                };
+                offered = offered.saturating_sub(1);
+                let mut encoded = encode(node, &classes, &batch);
+                let runs = batch.class_runs();
+                let raw_bytes = encoded.body.len();
+                if compressor.enabled() {
+                    let kind = compressor.kind(&classes, &batch);
+                    let estimate = *link.borrow();
+                    // Cancel safety: on abort the compression future is
+                    // dropped (the blocking task finishes on its own and its
+                    // output is discarded); the batch was never sent.
+                    encoded = tokio::select! {
+                        e = compressor.compress(encoded, &kind, &estimate, &metrics) => e,
+                        _ = abort.cancelled() => {
+                            lost(&todo, &flight);
+                            tracing::error!(batch = batch.seq, records = batch.records.len(), "shutdown deadline passed with a batch unsent");
+                            return;
+                        }
+                    };
+                } else {
+                    metrics.encoded(weir_core::compression::Codec::None);
+                }
+                todo.push_back(Prepared { batch, encoded, raw_bytes, runs, attempts: 0 });
+            }
+        }
+    }
+}
+
+/// Sleeps until `at`; `None` never comes.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A send or the head confirmation failed: every unconfirmed batch goes
+/// back to the front of `todo`, in sending order, to be sent again. `unsent`
+/// is how many batches at the front of `todo` failed to send (0 or 1).
+fn failed(
+    todo: &mut VecDeque<Prepared>,
+    flight: &mut VecDeque<InFlight>,
+    unsent: usize,
+    error: &SinkError,
+    sink: &str,
+    metrics: &Metrics,
+) {
+    let again = flight.len() + unsent;
+    for f in flight.drain(..).rev() {
+        todo.push_front(f.prepared);
+    }
+    for p in todo.iter_mut().take(again) {
+        if p.attempts == 0 {
+            metrics.batches_republished.inc();
+        }
+        p.attempts += 1;
+    }
+    let head = todo.front().expect("the failed batch is back in todo");
+    tracing::warn!(sink, batch = head.encoded.seq, attempt = head.attempts, error = %error, "delivery failed; retrying");
+}
+
+/// Everything a confirmed transaction updates.
+fn confirmed(
+    done: &Prepared,
+    elapsed: Duration,
+    estimator: &mut Option<LinkEstimator>,
+    link: &tokio::sync::watch::Sender<weir_core::link_estimate::LinkEstimate>,
+    metrics: &Metrics,
+    observers: &[Arc<dyn DeliveryObserver>],
+    delivered: Option<&mpsc::Sender<Delivered>>,
+) {
+    let encoded = &done.encoded;
+    if let Some(est) = estimator.as_mut() {
+        // The transaction alone (not compression or queueing): Eq. 1's
+        // `T_sc + US / Th_up` for the bytes on the wire.
+        est.observe(encoded.body.len() as u64, elapsed);
+        let now = est.estimate();
+        metrics.set_link(&now);
+        // Only a window of varied sizes separates T_sc from bandwidth;
+        // small alike batches (an idle link) say little about the
+        // bandwidth, and acting on them would shrink C_out and the spare a
+        // node offers its peers. The scheduler keeps the last full fit (or
+        // the configured prior) until then.
+        if est.fit_kind() == weir_core::link_estimate::FitKind::Full {
+            link.send_replace(now);
+        }
+    }
+    for o in observers {
+        o.delivered(&done.batch.records);
+    }
+    metrics.batches_confirmed.inc();
+    metrics.egress_bytes.inc_by(encoded.body.len() as u64);
+    for &(class, records, _) in &done.runs {
+        metrics.forwarded(class, records as u64);
+    }
+    if let Some(tx) = delivered {
+        // Best effort: the estimator may lag, never block egress.
+        let _ = tx.try_send(Delivered {
+            class: encoded.class,
+            bytes: encoded.body.len(),
+            raw_bytes: done.raw_bytes,
+            records: encoded.records,
+            elapsed,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use bytes::Bytes;
+    use tokio::sync::{oneshot, watch};
+    use weir_core::{ClassId, Record};
+
+    use super::*;
+
+    /// A sink that reports each send to the test, which settles its
+    /// confirmation.
+    struct Scripted {
+        window: usize,
+        sends: mpsc::UnboundedSender<(u64, oneshot::Sender<Result<(), SinkError>>)>,
+    }
+
+    impl Sink for Scripted {
+        async fn send(&mut self, batch: &EncodedBatch) -> Result<Confirm, SinkError> {
+            let (tx, rx) = oneshot::channel();
+            self.sends.send((batch.seq, tx)).expect("test listening");
+            Ok(Box::pin(async move {
+                rx.await
+                    .unwrap_or_else(|_| Err(SinkError::Unavailable("dropped".into())))
+            }))
+        }
+
+        fn window(&self) -> usize {
+            self.window
+        }
+
+        fn name(&self) -> &'static str {
+            "scripted"
+        }
+    }
+
+    /// Remembers the batch (its first record's seq) of every release.
+    #[derive(Debug, Default)]
+    struct Releases(Mutex<Vec<u64>>);
+
+    impl DeliveryObserver for Releases {
+        fn delivered(&self, records: &[Record]) {
+            self.0.lock().unwrap().push(records[0].seq);
+        }
+    }
+
+    fn batch(seq: u64) -> OutBatch {
+        OutBatch {
+            seq,
+            class: ClassId(0),
+            records: vec![Record {
+                key: Bytes::from_static(b"k"),
+                class: ClassId(0),
+                origin: 1,
+                seq,
+                ingress_us: 0,
+                payload: Bytes::from_static(b"p"),
+                spool: None,
+            }],
+        }
+    }
+
+    type Sends = mpsc::UnboundedReceiver<(u64, oneshot::Sender<Result<(), SinkError>>)>;
+
+    fn start(
+        window: usize,
+    ) -> (
+        mpsc::Sender<OutBatch>,
+        Sends,
+        Arc<Releases>,
+        LinkReady,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let cfg = crate::config::parse(crate::config::DEFAULT_CONFIG, "default").unwrap();
+        let (sends_tx, sends) = mpsc::unbounded_channel();
+        let releases = Arc::new(Releases::default());
+        let ready: LinkReady = Arc::new(tokio::sync::Semaphore::new(0));
+        let prior = weir_core::link_estimate::LinkEstimate {
+            bytes_per_sec: 1e6,
+            per_transaction: Duration::from_millis(1),
+        };
+        let ctx = EgressContext {
+            node: 1,
+            classes: cfg.classes.clone(),
+            ready: Arc::clone(&ready),
+            delivered: None,
+            observers: vec![releases.clone() as Arc<dyn DeliveryObserver>],
+            compression: crate::config::CompressionSection {
+                enabled: false,
+                ..cfg.compression.clone()
+            },
+            link_prior: prior,
+            link: watch::channel(prior).0,
+            metrics: Arc::new(Metrics::new(&cfg.classes)),
+            retry_max: Duration::from_millis(20),
+            abort: CancellationToken::new(),
+        };
+        let (tx, rx) = mpsc::channel(16);
+        let sink = Scripted {
+            window,
+            sends: sends_tx,
+        };
+        (tx, sends, releases, ready, tokio::spawn(run(sink, rx, ctx)))
+    }
+
+    async fn next(sends: &mut Sends) -> (u64, oneshot::Sender<Result<(), SinkError>>) {
+        tokio::time::timeout(Duration::from_secs(5), sends.recv())
+            .await
+            .expect("a send within 5 s")
+            .expect("loop running")
+    }
+
+    #[tokio::test]
+    async fn a_window_of_batches_is_sent_before_the_first_confirm() {
+        let (tx, mut sends, releases, ready, handle) = start(3);
+        tokio::task::yield_now().await;
+        assert_eq!(ready.available_permits(), 3, "one permit per free slot");
+        for seq in 1..=5 {
+            tx.send(batch(seq)).await.unwrap();
+        }
+        let mut open = Vec::new();
+        for want in 1..=3 {
+            let (seq, confirm) = next(&mut sends).await;
+            assert_eq!(seq, want);
+            open.push(confirm);
+        }
+        // The window is full: nothing more goes out until a confirm.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            sends.try_recv().is_err(),
+            "a fourth batch beyond the window"
+        );
+        open.remove(0).send(Ok(())).unwrap();
+        let (seq, confirm) = next(&mut sends).await;
+        assert_eq!(seq, 4);
+        open.push(confirm);
+        for c in open {
+            c.send(Ok(())).unwrap();
+        }
+        let (seq, c) = next(&mut sends).await;
+        assert_eq!(seq, 5);
+        c.send(Ok(())).unwrap();
+        drop(tx);
+        handle.await.unwrap();
+        assert_eq!(*releases.0.lock().unwrap(), vec![1, 2, 3, 4, 5]);
+    }
+
+    #[tokio::test]
+    async fn a_failed_confirm_resends_it_and_every_later_batch_in_order() {
+        let (tx, mut sends, releases, _ready, handle) = start(4);
+        for seq in 1..=4 {
+            tx.send(batch(seq)).await.unwrap();
+        }
+        let mut open = Vec::new();
+        for _ in 1..=4 {
+            open.push(next(&mut sends).await);
+        }
+        // Batch 1 confirmed, batch 2 lost with the connection, 3 confirmed
+        // (a confirm that arrived but is behind the failure), 4 pending.
+        let mut open = open.into_iter();
+        open.next().unwrap().1.send(Ok(())).unwrap();
+        open.next()
+            .unwrap()
+            .1
+            .send(Err(SinkError::Unavailable("connection lost".into())))
+            .unwrap();
+        let rest: Vec<_> = open.collect();
+        let mut again = Vec::new();
+        for _ in 0..3 {
+            again.push(next(&mut sends).await);
+        }
+        assert_eq!(
+            again.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+            vec![2, 3, 4],
+            "go-back-N, in sending order"
+        );
+        drop(rest);
+        for (_, c) in again {
+            c.send(Ok(())).unwrap();
+        }
+        drop(tx);
+        handle.await.unwrap();
+        assert_eq!(
+            *releases.0.lock().unwrap(),
+            vec![1, 2, 3, 4],
+            "each batch released once, in order"
+        );
     }
 }

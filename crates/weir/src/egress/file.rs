@@ -11,7 +11,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::batch::EncodedBatch;
-use super::sink::{Sink, SinkError};
+use super::sink::{confirmed, Confirm, Sink, SinkError};
 
 /// File name extension of a batch file.
 pub const EXTENSION: &str = "weirbatch";
@@ -50,14 +50,17 @@ fn write_atomically(path: &Path, body: &[u8]) -> std::io::Result<()> {
 }
 
 impl Sink for FileSink {
-    async fn deliver(&mut self, batch: &EncodedBatch) -> Result<(), SinkError> {
+    /// Writes and syncs the file; the confirmation is already in when this
+    /// returns.
+    async fn send(&mut self, batch: &EncodedBatch) -> Result<Confirm, SinkError> {
         let path = self.path_of(batch);
         let body = batch.body.clone();
         let shown = path.display().to_string();
         tokio::task::spawn_blocking(move || write_atomically(&path, &body))
             .await
             .map_err(|e| SinkError::Unavailable(format!("writing {shown}: {e}")))?
-            .map_err(|e| SinkError::Unavailable(format!("writing {shown}: {e}")))
+            .map_err(|e| SinkError::Unavailable(format!("writing {shown}: {e}")))?;
+        Ok(confirmed())
     }
 
     fn name(&self) -> &'static str {

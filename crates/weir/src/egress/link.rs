@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::batch::EncodedBatch;
-use super::sink::{Sink, SinkError};
+use super::sink::{Confirm, Sink, SinkError};
 
 /// A link's bandwidth and per-transaction delay.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -70,9 +70,15 @@ impl<S: Sink> EmulatedLink<S> {
 }
 
 impl<S: Sink> Sink for EmulatedLink<S> {
-    async fn deliver(&mut self, batch: &EncodedBatch) -> Result<(), SinkError> {
+    /// Transactions on the emulated link are serial: each send holds the
+    /// link for its transaction time before the real sink sees the batch.
+    async fn send(&mut self, batch: &EncodedBatch) -> Result<Confirm, SinkError> {
         tokio::time::sleep(self.profile.transaction_time(batch.body.len())).await;
-        self.inner.deliver(batch).await
+        self.inner.send(batch).await
+    }
+
+    fn window(&self) -> usize {
+        self.inner.window()
     }
 
     fn name(&self) -> &'static str {

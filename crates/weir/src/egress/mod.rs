@@ -33,4 +33,4 @@ mod sink;
 
 pub use batch::{encode, EncodedBatch};
 pub use deliver::{run, EgressContext};
-pub use sink::{DeliveryObserver, Sink, SinkError};
+pub use sink::{confirmed, Confirm, DeliveryObserver, Sink, SinkError};

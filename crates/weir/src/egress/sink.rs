@@ -3,6 +3,7 @@
 
 use std::future::Future;
 
+use futures::future::BoxFuture;
 use weir_core::Record;
 
 use super::batch::EncodedBatch;
@@ -19,14 +20,44 @@ pub enum SinkError {
     Refused(String),
 }
 
+/// A sent batch's confirmation: resolves once the destination has durably
+/// accepted the batch, or with why it did not.
+pub type Confirm = BoxFuture<'static, Result<(), SinkError>>;
+
+/// A confirmation that is already in.
+pub fn confirmed() -> Confirm {
+    Box::pin(std::future::ready(Ok(())))
+}
+
 /// A destination for batches.
+///
+/// Sending and confirming are separate steps so that the delivery loop can
+/// keep a window of sent, unconfirmed batches ([`Sink::window`]): a sink
+/// whose destination confirms asynchronously (RabbitMQ) is not limited to
+/// one round trip per batch.
 pub trait Sink: Send + 'static {
-    /// Delivers one batch and returns once the destination has durably
+    /// Sends one batch and resolves once it is on its way, with the future
+    /// of its confirmation. Calls are serial: a sink sees the batches in
+    /// sending order, and an error here means the batch was not sent.
+    fn send(
+        &mut self,
+        batch: &EncodedBatch,
+    ) -> impl Future<Output = Result<Confirm, SinkError>> + Send;
+
+    /// Sends one batch and returns once the destination has durably
     /// accepted it (publisher confirm, file renamed into place).
     fn deliver(
         &mut self,
         batch: &EncodedBatch,
-    ) -> impl Future<Output = Result<(), SinkError>> + Send;
+    ) -> impl Future<Output = Result<(), SinkError>> + Send {
+        async move { self.send(batch).await?.await }
+    }
+
+    /// How many sent batches may await their confirmation at once (at
+    /// least 1).
+    fn window(&self) -> usize {
+        1
+    }
 
     /// A short name for logs.
     fn name(&self) -> &'static str;
