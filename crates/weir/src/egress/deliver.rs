@@ -15,9 +15,9 @@ use weir_core::scheduler::{Delivered, OutBatch};
 use weir_core::{ClassSet, NodeId};
 
 use super::batch::encode;
+use super::batch::EncodedBatch;
 use super::compress;
 use super::sink::{Confirm, DeliveryObserver, Sink, SinkError};
-use super::EncodedBatch;
 use crate::handoff::LinkReady;
 use crate::metrics::Metrics;
 
