@@ -42,6 +42,36 @@ pub enum Cmd {
     Throughput(ThroughputArgs),
     /// End-to-end latency of ls records through weir vs straight to RabbitMQ.
     Latency(LatencyArgs),
+    /// The same MQTT QoS 1 load at another broker (e.g. Mosquitto), with
+    /// one QoS 1 subscriber: the figure weir is compared with.
+    Broker(BrokerArgs),
+}
+
+/// `weir-load broker`.
+#[derive(clap::Args, Clone, Debug, Serialize)]
+pub struct BrokerArgs {
+    /// The broker's MQTT address.
+    #[arg(long, default_value = "127.0.0.1:1883")]
+    pub addr: std::net::SocketAddr,
+    /// The broker's process id, to report its CPU (default: the process
+    /// named `mosquitto`, if exactly one runs).
+    #[arg(long)]
+    pub pid: Option<u32>,
+    /// Length of the measured, steady part.
+    #[arg(long, default_value_t = 15)]
+    pub seconds: u64,
+    /// Load before measuring starts.
+    #[arg(long, default_value_t = 3)]
+    pub warmup: u64,
+    /// MQTT connections publishing in parallel.
+    #[arg(long, default_value_t = 4)]
+    pub connections: usize,
+    /// Payload bytes per record (at least 16).
+    #[arg(long, default_value_t = 256)]
+    pub size: usize,
+    /// Unacknowledged QoS 1 publishes allowed per connection.
+    #[arg(long, default_value_t = 1000)]
+    pub window: usize,
 }
 
 /// Knobs of the generated weir config.
@@ -59,6 +89,31 @@ pub struct WeirArgs {
     /// repeatable, applied last.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
+    /// Durability of every class: `memory` (acknowledged once queued) or
+    /// `spool` (acknowledged once on disk; the spool lives in the run's
+    /// directory under the system temp dir, or in --spool-dir).
+    #[arg(long, value_enum, default_value_t = DurabilityArg::Memory)]
+    pub durability: DurabilityArg,
+    /// Where the spool goes with `--durability spool` (put it on the disk
+    /// under test, never on tmpfs: a sync there costs nothing).
+    #[arg(long)]
+    pub spool_dir: Option<std::path::PathBuf>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DurabilityArg {
+    Memory,
+    Spool,
+}
+
+impl DurabilityArg {
+    pub fn name(self) -> &'static str {
+        match self {
+            DurabilityArg::Memory => "memory",
+            DurabilityArg::Spool => "spool",
+        }
+    }
 }
 
 #[derive(clap::Args, Clone, Debug, Serialize)]

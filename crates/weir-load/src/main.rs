@@ -47,6 +47,7 @@
 //! - `shared`: the run's environment, counters, names, threads.
 
 mod amqp;
+mod broker;
 mod child;
 mod cli;
 mod latency;
@@ -101,6 +102,11 @@ fn main() -> anyhow::Result<()> {
         Cmd::Latency(a) => {
             let r = rt.block_on(latency(&env, a))?;
             print_latency(&r);
+            serde_json::to_string_pretty(&r)?
+        }
+        Cmd::Broker(a) => {
+            let r = rt.block_on(crate::broker::broker(a, env.clk_tck))?;
+            crate::broker::print_broker(&r);
             serde_json::to_string_pretty(&r)?
         }
     };

@@ -104,11 +104,16 @@ fn step(shared: &Shared, slot: &ClassSlot, open: &mut Option<Open>) -> std::io::
             });
             return Ok(Step::Again);
         }
-        let limit = match st.durable_end {
-            Some(d) if d.segment == cursor.segment => d.offset,
-            _ => segs[pos].1,
+        // Read only what is durable. The segment holding the durable end
+        // is read up to it and never left: a later segment may have been
+        // started by the group being written, whose records in this one
+        // (past the durable end) are not readable yet. An earlier segment
+        // is sealed, and whole on disk.
+        let (limit, next) = match st.durable_end {
+            Some(d) if d.segment <= cursor.segment => (d.offset, None),
+            _ => (segs[pos].1, segs.get(pos + 1).map(|s| s.0)),
         };
-        (cursor, limit, segs.get(pos + 1).map(|s| s.0))
+        (cursor, limit, next)
     };
     if open
         .as_ref()

@@ -1,0 +1,206 @@
+//! The `broker` run: the throughput run's MQTT load (same publishers, same
+//! window, same payloads) at another broker, e.g. Mosquitto, with one QoS 1
+//! subscriber taking everything: what a user would otherwise run, measured
+//! with the same tool (docs/benchmarks.md).
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context};
+use bytes::BytesMut;
+use rumqttc::mqttbytes::{self, v4, QoS};
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{BrokerArgs, Pacing};
+use crate::mqtt::{run_publishers, MqttLoad};
+use crate::report::{machine_info, MachineInfo};
+use crate::shared::{on_thread, unique, Counters};
+use crate::stamp::{payload_kind, STAMP};
+
+/// What `weir-load broker` reports.
+#[derive(Serialize)]
+pub struct BrokerReport {
+    pub kind: &'static str,
+    pub machine: MachineInfo,
+    pub payload: &'static str,
+    pub params: BrokerArgs,
+    /// PUBACKs the publishers received per second.
+    pub acked_per_sec: f64,
+    /// Records the subscriber received per second.
+    pub delivered_per_sec: f64,
+    /// The broker's CPU, in cores, if its process was found.
+    pub broker_cores: Option<f64>,
+    /// The broker's CPU per acknowledged record, in microseconds.
+    pub broker_us_per_record: Option<f64>,
+}
+
+pub async fn broker(a: &BrokerArgs, clk_tck: f64) -> anyhow::Result<BrokerReport> {
+    ensure!(a.size >= STAMP, "--size must be at least {STAMP} bytes");
+    ensure!(a.connections > 0, "--connections must be at least 1");
+    let name = unique("broker");
+    let pid = a.pid.or_else(|| only_process("mosquitto"));
+    let counters = Arc::new(Counters::default());
+    let stop_sub = CancellationToken::new();
+    let subscriber = on_thread("load-sub", {
+        let (counters, stop, addr, filter) = (
+            Arc::clone(&counters),
+            stop_sub.clone(),
+            a.addr,
+            format!("{name}/#"),
+        );
+        move || subscribe(addr, format!("{name}-sub"), filter, counters, stop)
+    });
+    // The subscription is in place before the first publish.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let loads = (0..a.connections)
+        .map(|i| MqttLoad {
+            addr: a.addr,
+            client_id: format!("{name}-{i}"),
+            topic: format!("{name}/c{i}"),
+            size: a.size,
+            window: a.window,
+            rate: None,
+            pacing: Pacing::Tick,
+            limit: None,
+        })
+        .collect();
+    let stop = CancellationToken::new();
+    let publishers = tokio::spawn(run_publishers(loads, Arc::clone(&counters), stop.clone()));
+    tokio::time::sleep(Duration::from_secs(a.warmup)).await;
+    let first = (Instant::now(), counters.get(), pid.and_then(cpu_ticks));
+    tokio::time::sleep(Duration::from_secs(a.seconds)).await;
+    let last = (Instant::now(), counters.get(), pid.and_then(cpu_ticks));
+    stop.cancel();
+    publishers.await.context("publisher thread")??;
+    // Let the subscriber catch up, then stop it.
+    let sent = counters.sent.load(Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while counters.consumed.load(Ordering::Relaxed) < sent && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop_sub.cancel();
+    subscriber.await?;
+    let secs = last.0.duration_since(first.0).as_secs_f64();
+    let acked = (last.1 .0 - first.1 .0) as f64;
+    let delivered = (last.1 .1 - first.1 .1) as f64;
+    let cores = match (first.2, last.2) {
+        (Some(f), Some(l)) => Some((l - f) as f64 / clk_tck / secs),
+        _ => None,
+    };
+    Ok(BrokerReport {
+        kind: "broker",
+        machine: machine_info(),
+        payload: payload_kind(),
+        params: a.clone(),
+        acked_per_sec: acked / secs,
+        delivered_per_sec: delivered / secs,
+        broker_cores: cores,
+        broker_us_per_record: cores.map(|c| c * secs / acked.max(1.0) * 1e6),
+    })
+}
+
+pub fn print_broker(r: &BrokerReport) {
+    let p = &r.params;
+    println!(
+        "broker {}: {} MQTT connection(s) x window {}, {}-byte records, QoS 1, one QoS 1 subscriber; {} s measured after {} s warm-up",
+        p.addr, p.connections, p.window, p.size, p.seconds, p.warmup
+    );
+    println!("  PUBACKs/s at publisher      {:>10.0}", r.acked_per_sec);
+    println!(
+        "  records/s at subscriber     {:>10.0}",
+        r.delivered_per_sec
+    );
+    match (r.broker_cores, r.broker_us_per_record) {
+        (Some(c), Some(us)) => {
+            println!("  broker CPU                  {c:>10.2} cores, {us:.1} us/record")
+        }
+        _ => println!("  broker CPU                  (process not found; pass --pid)"),
+    }
+}
+
+/// The pid of the one process named `name`, if exactly one runs.
+fn only_process(name: &str) -> Option<u32> {
+    let found: Vec<u32> = std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|pid: &u32| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == name)
+        })
+        .collect();
+    (found.len() == 1).then(|| found[0])
+}
+
+/// utime + stime of a process, in clock ticks.
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// One QoS 1 subscriber: acknowledges and counts every record under
+/// `filter` until `stop`.
+async fn subscribe(
+    addr: SocketAddr,
+    client_id: String,
+    filter: String,
+    counters: Arc<Counters>,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut stream = TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connecting to the broker at {addr}"))?;
+    stream.set_nodelay(true)?;
+    let mut out = BytesMut::with_capacity(64 * 1024);
+    let mut connect = v4::Connect::new(client_id);
+    connect.keep_alive = 0;
+    v4::Packet::Connect(connect).write(&mut out, usize::MAX)?;
+    v4::Packet::Subscribe(v4::Subscribe::new(filter, QoS::AtLeastOnce))
+        .write(&mut out, usize::MAX)?;
+    stream.write_all(&out).await?;
+    out.clear();
+    let mut inbuf = BytesMut::with_capacity(256 * 1024);
+    loop {
+        let mut got = 0u64;
+        loop {
+            match v4::Packet::read(&mut inbuf, usize::MAX) {
+                Ok(v4::Packet::Publish(p)) => {
+                    got += 1;
+                    if p.qos != QoS::AtMostOnce {
+                        v4::Packet::PubAck(v4::PubAck::new(p.pkid)).write(&mut out, usize::MAX)?;
+                    }
+                }
+                Ok(v4::Packet::ConnAck(ack)) => ensure!(
+                    ack.code == v4::ConnectReturnCode::Success,
+                    "the broker refused the subscriber: {:?}",
+                    ack.code
+                ),
+                Ok(_) => {}
+                Err(mqttbytes::Error::InsufficientBytes(_)) => break,
+                Err(e) => bail!("bad packet from the broker: {e}"),
+            }
+        }
+        if got > 0 {
+            counters.consumed.fetch_add(got, Ordering::Relaxed);
+        }
+        if !out.is_empty() {
+            stream.write_all(&out).await?;
+            out.clear();
+        }
+        // Cancel safety: `read_buf` is cancel safe; `stop` only waits.
+        tokio::select! {
+            n = stream.read_buf(&mut inbuf) => {
+                if n? == 0 {
+                    bail!("the broker closed the subscriber's connection");
+                }
+            }
+            _ = stop.cancelled() => return Ok(()),
+        }
+    }
+}
