@@ -48,13 +48,14 @@ pub async fn broker(a: &BrokerArgs, clk_tck: f64) -> anyhow::Result<BrokerReport
     let counters = Arc::new(Counters::default());
     let stop_sub = CancellationToken::new();
     let subscriber = on_thread("load-sub", {
-        let (counters, stop, addr, filter) = (
+        let (counters, stop, addr, id, filter) = (
             Arc::clone(&counters),
             stop_sub.clone(),
             a.addr,
+            format!("{name}-sub"),
             format!("{name}/#"),
         );
-        move || subscribe(addr, format!("{name}-sub"), filter, counters, stop)
+        move || subscribe(addr, id, filter, counters, stop)
     });
     // The subscription is in place before the first publish.
     tokio::time::sleep(Duration::from_millis(500)).await;
