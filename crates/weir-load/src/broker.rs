@@ -162,8 +162,10 @@ async fn subscribe(
     let mut connect = v4::Connect::new(client_id);
     connect.keep_alive = 0;
     v4::Packet::Connect(connect).write(&mut out, usize::MAX)?;
-    v4::Packet::Subscribe(v4::Subscribe::new(filter, QoS::AtLeastOnce))
-        .write(&mut out, usize::MAX)?;
+    let mut sub = v4::Subscribe::new(filter, QoS::AtLeastOnce);
+    // Packet id 0 is a protocol error for SUBSCRIBE.
+    sub.pkid = 1;
+    v4::Packet::Subscribe(sub).write(&mut out, usize::MAX)?;
     stream.write_all(&out).await?;
     out.clear();
     let mut inbuf = BytesMut::with_capacity(256 * 1024);

@@ -99,6 +99,10 @@ pub fn print_throughput(r: &ThroughputReport) {
     );
     println!("  pushes back-pressured          {:>10}", r.backpressured);
     println!(
+        "  disk written per payload byte  {:>10.3}",
+        r.disk_bytes_per_payload_byte
+    );
+    println!(
         "  weir RSS start / idle          {} / {}",
         mib(r.weir_rss_start_kib),
         mib(r.weir_rss_idle_kib)

@@ -131,6 +131,10 @@ pub struct ThroughputReport {
     pub bytes_per_batch: f64,
     /// Pushes that found the class queue full (weir's metrics).
     pub backpressured: u64,
+    /// Bytes weir wrote to storage over the steady part per payload byte
+    /// acknowledged (the spool's write amplification; about 0 in memory
+    /// mode).
+    pub disk_bytes_per_payload_byte: f64,
     /// weir's resident memory right after start, nothing sent yet.
     pub weir_rss_start_kib: u64,
     /// weir's resident memory idle, connected to RabbitMQ, before the load.

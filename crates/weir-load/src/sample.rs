@@ -140,6 +140,17 @@ async fn scrape(addr: SocketAddr) -> anyhow::Result<Scrape> {
     Ok(Scrape(m))
 }
 
+/// `write_bytes` of `/proc/<pid>/io`.
+pub fn disk_written(pid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("write_bytes:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// Everything sampled at one instant.
 pub struct Snapshot {
     pub at: Instant,
@@ -151,6 +162,10 @@ pub struct Snapshot {
     pub tool_threads: BTreeMap<String, u64>,
     pub machine: (u64, u64),
     pub metrics: Scrape,
+    /// Bytes weir has caused to be written to storage (`write_bytes` of
+    /// `/proc/<pid>/io`: what reached the block layer, not what went
+    /// through the page cache and was overwritten there).
+    pub weir_disk_written: u64,
 }
 
 impl Snapshot {
@@ -176,6 +191,7 @@ impl Snapshot {
             tool_threads: thread_ticks("self"),
             machine: machine_ticks(),
             metrics,
+            weir_disk_written: weir.and_then(|w| disk_written(w.pid)).unwrap_or(0),
         })
     }
 }

@@ -159,6 +159,14 @@ pub async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<Through
         } else {
             0.0
         },
+        disk_bytes_per_payload_byte: {
+            let payload = d(|s| s.acked) * a.size as f64;
+            if payload > 0.0 {
+                d(|s| s.weir_disk_written) / payload
+            } else {
+                0.0
+            }
+        },
         backpressured: (last.metrics.sum("weir_records_backpressured_total")
             - first.metrics.sum("weir_records_backpressured_total")) as u64,
         weir_rss_start_kib: rss_start,
