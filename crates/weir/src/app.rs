@@ -48,10 +48,6 @@ const DELIVERED_CHANNEL: usize = 256;
 /// `egress.amqp.reconnect_backoff_max`).
 const EGRESS_RETRY_MAX: Duration = Duration::from_secs(5);
 
-/// How long shutdown waits for the queues to drain and the egress to
-/// confirm before it gives up (and logs what was left).
-pub const DRAIN_DEADLINE: Duration = Duration::from_secs(30);
-
 /// A running weir.
 pub struct App {
     /// Where the MQTT listener is bound (listen mode).
@@ -100,6 +96,13 @@ pub enum AppError {
     /// Peering could not start.
     #[error(transparent)]
     Peering(#[from] crate::peer::PeerError),
+    /// The drain deadline (`egress.drain_timeout`) passed with records of
+    /// `memory` classes undelivered.
+    #[error("shutdown left records of memory classes undelivered (lost): {}; raise egress.drain_timeout or use durability = \"spool\"", lost.iter().map(|(c, n)| format!("{c}: {n}")).collect::<Vec<_>>().join(", "))]
+    Undelivered {
+        /// Class name and records lost.
+        lost: Vec<(String, u64)>,
+    },
     /// The spool could not be opened.
     #[error(transparent)]
     Spool {
@@ -392,40 +395,91 @@ impl App {
     }
 
     /// Stops accepting, drains the queues through the egress, and returns
-    /// once everything is confirmed or `deadline` has passed.
-    pub async fn shutdown(self, deadline: Duration) {
+    /// once everything is confirmed or `deadline` has passed, with what was
+    /// left undelivered.
+    pub async fn shutdown(mut self, deadline: Duration) -> Shutdown {
         self.stop.cancel();
         let abort = self.abort.clone();
+        let (scheduler, egress) = (&mut self.scheduler, &mut self.egress);
+        let listeners = &self.listeners;
         let drain = async {
-            self.listeners.wait().await;
-            let _ = self.scheduler.await;
-            let _ = self.egress.await;
+            listeners.wait().await;
+            let _ = (&mut *scheduler).await;
+            let _ = (&mut *egress).await;
         };
         let clean = tokio::time::timeout(deadline, drain).await.is_ok();
         if !clean {
             abort.cancel();
-            tracing::error!(?deadline, "shutdown deadline passed");
+            tracing::error!(?deadline, "shutdown deadline passed (egress.drain_timeout)");
+            // Both count what they hold as undelivered, then return at once.
+            if !scheduler.is_finished() {
+                let _ = (&mut *scheduler).await;
+            }
+            if !egress.is_finished() {
+                let _ = (&mut *egress).await;
+            }
         }
         if let Some(spool) = self.ingress.spool().cloned() {
             // Appends already taken are written and synced; undelivered
             // records stay on disk for the next start.
             let _ = tokio::task::spawn_blocking(move || spool.close()).await;
-            if let Some(spool) = self.ingress.spool() {
-                for (i, n) in spool.unreleased().into_iter().enumerate() {
-                    if n > 0 {
-                        tracing::info!(
-                            class = self.ingress.class_name(weir_core::ClassId(i as u8)),
-                            records = n,
-                            "undelivered records kept in the spool for the next start"
-                        );
-                    }
-                }
+        }
+        let in_memory = self.ingress.metrics().undelivered_by_class();
+        let spooled = self
+            .ingress
+            .spool()
+            .map(|s| s.unreleased())
+            .unwrap_or_default();
+        let mut report = Shutdown::default();
+        for (i, &n) in in_memory.iter().enumerate() {
+            let class = weir_core::ClassId(i as u8);
+            let on_disk = self.ingress.spool().is_some_and(|s| s.spools(class));
+            if n > 0 && !on_disk {
+                report
+                    .lost
+                    .push((self.ingress.class_name(class).to_owned(), n));
             }
+        }
+        for (i, &n) in spooled.iter().enumerate() {
+            if n > 0 {
+                report.kept.push((
+                    self.ingress
+                        .class_name(weir_core::ClassId(i as u8))
+                        .to_owned(),
+                    n,
+                ));
+            }
+        }
+        for (class, records) in &report.lost {
+            tracing::error!(
+                class = %class,
+                records,
+                "records of a memory class undelivered at shutdown: lost (raise egress.drain_timeout, or use durability = \"spool\")"
+            );
+        }
+        for (class, records) in &report.kept {
+            tracing::info!(
+                class = %class,
+                records,
+                "undelivered records kept in the spool for the next start"
+            );
         }
         if clean {
             tracing::info!("shut down cleanly");
         }
+        report
     }
+}
+
+/// What a shutdown left undelivered, per class name.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Shutdown {
+    /// Records of `memory` classes still in memory when the drain deadline
+    /// passed: lost.
+    pub lost: Vec<(String, u64)>,
+    /// Records of `spool` classes not yet delivered: on disk, sent after
+    /// the next start.
+    pub kept: Vec<(String, u64)>,
 }
 
 /// Tells the spool which records the egress delivered.
@@ -448,6 +502,7 @@ pub fn run_until_signal(cfg: Config) -> Result<(), AppError> {
             what: "start the async runtime",
             source,
         })?;
+    let drain = cfg.egress.drain_timeout;
     rt.block_on(async {
         let app = App::start(cfg).await?;
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -461,7 +516,11 @@ pub fn run_until_signal(cfg: Config) -> Result<(), AppError> {
             _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
             _ = app.stopped() => {}
         }
-        app.shutdown(DRAIN_DEADLINE).await;
-        Ok(())
+        let left = app.shutdown(drain).await;
+        if left.lost.is_empty() {
+            Ok(())
+        } else {
+            Err(AppError::Undelivered { lost: left.lost })
+        }
     })
 }

@@ -79,7 +79,7 @@ pub async fn run(
                     Err(_) => return,
                 },
                 _ = abort.cancelled() => {
-                    report_abandoned(&intake, 0, &mut core);
+                    report_abandoned(&intake, &[], &mut core);
                     return;
                 }
             }
@@ -108,11 +108,11 @@ pub async fn run(
                 link_free = false;
                 // The egress announced it is waiting, so the channel has room.
                 if let Err(e) = out.try_send(batch) {
-                    let n = match &e {
+                    let b = match e {
                         mpsc::error::TrySendError::Full(b)
-                        | mpsc::error::TrySendError::Closed(b) => b.records.len(),
+                        | mpsc::error::TrySendError::Closed(b) => b,
                     };
-                    report_abandoned(&intake, n, &mut core);
+                    report_abandoned(&intake, &b.records, &mut core);
                     return;
                 }
             }
@@ -122,7 +122,7 @@ pub async fn run(
                     _ = tokio::time::sleep_until(at(until)) => {}
                     _ = intake.arrived() => {}
                     _ = abort.cancelled() => {
-                        report_abandoned(&intake, 0, &mut core);
+                        report_abandoned(&intake, &[], &mut core);
                         return;
                     }
                 }
@@ -173,10 +173,22 @@ fn publish(core: &mut Scheduler, peer: Option<&PeerPort>, metrics: &crate::metri
     }
 }
 
-fn report_abandoned(intake: &Intake, in_hand: usize, core: &mut Scheduler) {
-    let held = core.take_held().len();
-    let queued = intake.queues().total_len();
-    let lost = in_hand + held + queued;
+/// The shutdown deadline passed: counts, per class, what the scheduler
+/// holds, the batch in hand and what is still queued, as undelivered.
+fn report_abandoned(intake: &Intake, in_hand: &[weir_core::Record], core: &mut Scheduler) {
+    let metrics = intake.metrics();
+    let mut lost = 0u64;
+    for r in core.take_held().iter().chain(in_hand) {
+        metrics.undelivered(r.class, 1);
+        lost += 1;
+    }
+    for (class, q) in intake.queues().iter() {
+        let n = q.len() as u64;
+        if n > 0 {
+            metrics.undelivered(class, n);
+            lost += n;
+        }
+    }
     if lost > 0 {
         tracing::error!(
             records = lost,

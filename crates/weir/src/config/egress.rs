@@ -23,6 +23,7 @@ pub(crate) struct RawEgress {
     pub file: Option<RawFileEgress>,
     pub amqp: Option<RawAmqp>,
     pub link: Option<RawLink>,
+    pub drain_timeout: Option<Written<HumanDuration>>,
 }
 
 /// `[egress]`
@@ -32,7 +33,16 @@ pub struct EgressConfig {
     pub sink: EgressSink,
     /// An emulated uplink in front of the sink, for experiments.
     pub link: Option<LinkEmulation>,
+    /// How long a shutdown (SIGTERM, SIGINT) waits for the queues to drain
+    /// and the egress to confirm; what is still in memory then is
+    /// undelivered (counted per class, and the exit status is non-zero
+    /// when records of `memory` classes are among it).
+    pub drain_timeout: Duration,
 }
+
+/// A shutdown waits this long for the egress: enough for a healthy uplink
+/// to carry the queues out, short of systemd's default stop timeout (90 s).
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Where batches go (`egress.kind`).
 #[derive(Debug, Clone, PartialEq)]
@@ -96,12 +106,15 @@ pub(crate) fn egress(p: &mut Problems, raw: RawEgress) -> Option<EgressConfig> {
         None => Some(None),
         Some(raw) => link(p, raw).map(Some),
     };
+    let drain_timeout =
+        p.positive_duration("egress.drain_timeout", raw.drain_timeout, DRAIN_TIMEOUT);
     if p.len() != before {
         return None;
     }
     Some(EgressConfig {
         sink: sink?,
         link: link?,
+        drain_timeout: drain_timeout?,
     })
 }
 

@@ -129,16 +129,28 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
     let mut retry_at: Option<Instant> = None;
     // When the link last finished a transaction.
     let mut link_free_at = Instant::now();
-    let lost = |todo: &VecDeque<Prepared>, flight: &VecDeque<InFlight>| {
-        let batches = todo.len() + flight.len();
-        let records: usize = todo.iter().map(|p| p.encoded.records).sum::<usize>()
-            + flight
-                .iter()
-                .map(|f| f.prepared.encoded.records)
-                .sum::<usize>();
-        if batches > 0 {
+    // The deadline passed: what is unconfirmed, and what the scheduler
+    // handed over and was never taken, is undelivered.
+    let lost = |todo: &VecDeque<Prepared>,
+                flight: &VecDeque<InFlight>,
+                batches: &mut mpsc::Receiver<OutBatch>| {
+        let mut records = 0u64;
+        let mut count = |b: &OutBatch| {
+            for r in &b.records {
+                metrics.undelivered(r.class, 1);
+                records += 1;
+            }
+        };
+        todo.iter().for_each(|p| count(&p.batch));
+        flight.iter().for_each(|f| count(&f.prepared.batch));
+        let mut batches_left = todo.len() + flight.len();
+        while let Ok(b) = batches.try_recv() {
+            count(&b);
+            batches_left += 1;
+        }
+        if batches_left > 0 {
             tracing::error!(
-                batches,
+                batches = batches_left,
                 records,
                 "shutdown deadline passed with batches unconfirmed"
             );
@@ -164,7 +176,7 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                 r = sink.send(&prepared.encoded) => r,
                 _ = abort.cancelled() => {
                     todo.push_front(prepared);
-                    lost(&todo, &flight);
+                    lost(&todo, &flight, &mut batches);
                     return;
                 }
             };
@@ -194,7 +206,7 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
         tokio::select! {
             biased;
             _ = abort.cancelled() => {
-                lost(&todo, &flight);
+                lost(&todo, &flight, &mut batches);
                 return;
             }
             r = async { (&mut flight.front_mut().expect("guarded").confirm).await }, if !flight.is_empty() => {
@@ -241,8 +253,11 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                     encoded = tokio::select! {
                         e = compressor.compress(encoded, &kind, &estimate, &metrics) => e,
                         _ = abort.cancelled() => {
-                            lost(&todo, &flight);
+                            for r in &batch.records {
+                                metrics.undelivered(r.class, 1);
+                            }
                             tracing::error!(batch = batch.seq, records = batch.records.len(), "shutdown deadline passed with a batch unsent");
+                            lost(&todo, &flight, &mut batches);
                             return;
                         }
                     };

@@ -34,6 +34,7 @@ pub struct Metrics {
     backpressured: Family<ClassLabel, Counter>,
     dropped: Family<ClassLabel, Counter>,
     forwarded: Family<ClassLabel, Counter>,
+    undelivered: Family<ClassLabel, Counter>,
     allocated: Family<ClassLabel, Gauge<f64, AtomicU64>>,
     queued: Family<ClassLabel, Gauge<i64, AtomicI64>>,
     /// Batches confirmed by the egress.
@@ -76,6 +77,7 @@ impl Metrics {
             backpressured: Family::default(),
             dropped: Family::default(),
             forwarded: Family::default(),
+            undelivered: Family::default(),
             allocated: Family::default(),
             queued: Family::default(),
             batches_confirmed: Counter::default(),
@@ -115,6 +117,11 @@ impl Metrics {
             "records_forwarded",
             "Records confirmed by the egress",
             m.forwarded.clone(),
+        );
+        m.registry.register(
+            "shutdown_undelivered_records",
+            "Records still in memory (queued, batched or unconfirmed) when the shutdown deadline (egress.drain_timeout) passed; those of spool classes stay on disk",
+            m.undelivered.clone(),
         );
         m.registry.register(
             "class_allocated_bytes_per_second",
@@ -208,6 +215,19 @@ impl Metrics {
     /// `n` records of a class confirmed by the egress.
     pub fn forwarded(&self, class: ClassId, n: u64) {
         self.forwarded.get_or_create(self.label(class)).inc_by(n);
+    }
+
+    /// Records of `class` left in memory when the shutdown deadline passed.
+    pub fn undelivered(&self, class: ClassId, n: u64) {
+        self.undelivered.get_or_create(self.label(class)).inc_by(n);
+    }
+
+    /// Records of each class left in memory at shutdown, by class index.
+    pub fn undelivered_by_class(&self) -> Vec<u64> {
+        self.names
+            .iter()
+            .map(|l| self.undelivered.get_or_create(l).get())
+            .collect()
     }
 
     /// The allocation now in force.
