@@ -85,6 +85,8 @@ pub(super) enum Hello {
 #[derive(Debug)]
 pub(super) struct InPublish {
     pub(super) qos: QoS,
+    /// DUP: the client may have sent this packet id's PUBLISH before.
+    pub(super) dup: bool,
     pub(super) pkid: u16,
     pub(super) topic: Bytes,
     pub(super) payload: Bytes,
@@ -246,6 +248,7 @@ pub(super) fn from_v4(packet: v4::Packet) -> Inbound {
         v4::Packet::Connect(_) => Inbound::Connect,
         v4::Packet::Publish(p) => Inbound::Publish(InPublish {
             qos: p.qos,
+            dup: p.dup,
             pkid: p.pkid,
             topic: Bytes::from(p.topic),
             payload: p.payload,
@@ -276,6 +279,7 @@ pub(super) fn from_v5(packet: v5::Packet) -> Inbound {
     match packet {
         v5::Packet::Connect(..) => Inbound::Connect,
         v5::Packet::Publish(p) => Inbound::Publish(InPublish {
+            dup: p.dup,
             qos: match p.qos {
                 QoS5::AtMostOnce => QoS::AtMostOnce,
                 QoS5::AtLeastOnce => QoS::AtLeastOnce,

@@ -382,6 +382,7 @@ impl Connection {
         check_topic(&publish)?;
         let InPublish {
             qos,
+            dup,
             pkid,
             topic,
             payload,
@@ -406,6 +407,21 @@ impl Connection {
                 }
             }
             QoS::AtLeastOnce => {
+                // A resend of a PUBLISH whose PUBACK is still held (its
+                // record on its way to disk) is the same record: the held
+                // PUBACK answers both.
+                if dup
+                    && self
+                        .held
+                        .iter()
+                        .any(|(_, r)| matches!(r, Reply::PubAck(p) if *p == pkid))
+                {
+                    debug!(
+                        pkid,
+                        "QoS 1 resend (DUP) of a record not yet acknowledged: not queued again"
+                    );
+                    return Ok(());
+                }
                 let record = self.ingress.mqtt_record(topic, payload);
                 let ticket = self.enqueue(record).await?;
                 self.reply_after(ticket, Reply::PubAck(pkid));
