@@ -561,6 +561,7 @@ mod tests {
     fn topics_with_wildcards_nul_or_nothing_are_refused() {
         let publish = |topic: &'static str| InPublish {
             qos: QoS::AtMostOnce,
+            dup: false,
             pkid: 0,
             topic: Bytes::from_static(topic.as_bytes()),
             payload: Bytes::new(),
