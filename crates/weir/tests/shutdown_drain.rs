@@ -9,48 +9,9 @@ use std::io::Read;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use bytes::BufMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-
-use common::mqtt::{mqtt_str, packet};
-use common::process::{sigterm, spawn_weir, wait_port, write_config};
+use common::mqtt::MqttClient;
+use common::process::{free_port, sigterm, spawn_weir, wait_port, write_config};
 use common::{tmp, PATIENCE};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Publishes `n` QoS 1 records on `topic` and waits for every PUBACK.
-async fn publish_acked(port: u16, topic: &[u8], n: u16) {
-    let mut conn = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    let mut body = Vec::new();
-    mqtt_str(&mut body, b"MQTT");
-    body.put_u8(4);
-    body.put_u8(0x02);
-    body.put_u16(60);
-    mqtt_str(&mut body, b"drain-test");
-    conn.write_all(&packet(0x10, &body)).await.unwrap();
-    let mut connack = [0u8; 4];
-    conn.read_exact(&mut connack).await.unwrap();
-    assert_eq!(connack, [0x20, 2, 0, 0], "CONNACK accepted");
-    for pkid in 1..=n {
-        let mut body = Vec::new();
-        mqtt_str(&mut body, topic);
-        body.put_u16(pkid);
-        body.extend_from_slice(format!("r{pkid}").as_bytes());
-        conn.write_all(&packet(0x32, &body)).await.unwrap();
-    }
-    let mut acks = vec![0u8; 4 * n as usize];
-    tokio::time::timeout(PATIENCE, conn.read_exact(&mut acks))
-        .await
-        .expect("every record acknowledged")
-        .unwrap();
-}
 
 /// Runs weir with `durability` for every class and an unreachable
 /// RabbitMQ, publishes 40 records, sends SIGTERM; returns the exit code
@@ -73,7 +34,13 @@ async fn sigterm_with_broker_down(durability: &str) -> (Option<i32>, String) {
     let mut child = spawn_weir(&path, Stdio::piped());
     wait_port(format!("127.0.0.1:{mqtt}").parse().unwrap()).await;
     common::process::wait_until_catching_sigterm(&mut child);
-    publish_acked(mqtt, b"plant/cooling", 40).await;
+    let records: Vec<(String, Vec<u8>)> = (1..=40)
+        .map(|i| ("plant/cooling".to_owned(), format!("r{i}").into_bytes()))
+        .collect();
+    MqttClient::connect(mqtt, "drain-test")
+        .await
+        .publish_confirmed(&records)
+        .await;
     sigterm(child.id());
     let give_up = Instant::now() + PATIENCE;
     let status = loop {

@@ -16,19 +16,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use common::amqp::{amqp_egress, consume_until, delete_queue};
-use common::mqtt::{mqtt_str, packet};
-use common::process::{file_egress, metric, scrape, sigterm, spawn_weir, wait_port, write_config};
+use common::mqtt::{connect_packet, mqtt_str, packet};
+use common::process::{
+    file_egress, free_port, metric, scrape, sigterm, spawn_weir, wait_port, write_config,
+};
 use common::{tmp, unique, PATIENCE};
-
-/// A free loopback port (bound and released: weir binds it next, across
-/// restarts).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn config(spool: &Path, mqtt: u16, admin: u16, egress: &str, extra: &str) -> String {
     format!(
@@ -56,13 +48,11 @@ async fn publish_until_broken(
     let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)).await else {
         return;
     };
-    let mut body = Vec::new();
-    mqtt_str(&mut body, b"MQTT");
-    body.put_u8(4);
-    body.put_u8(0x02);
-    body.put_u16(60);
-    mqtt_str(&mut body, client.as_bytes());
-    if conn.write_all(&packet(0x10, &body)).await.is_err() {
+    if conn
+        .write_all(&connect_packet(client.as_bytes()))
+        .await
+        .is_err()
+    {
         return;
     }
     let mut connack = [0u8; 4];

@@ -11,17 +11,9 @@ use bytes::BufMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use common::mqtt::{mqtt_str, packet};
-use common::process::{metric, scrape, spawn_weir, wait_port, write_config};
+use common::mqtt::{connect_packet, mqtt_str, packet};
+use common::process::{free_port, metric, scrape, spawn_weir, wait_port, write_config};
 use common::{tmp, PATIENCE};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 #[tokio::test]
 async fn a_dup_resend_of_a_held_qos1_publish_is_appended_once() {
@@ -47,12 +39,6 @@ async fn a_dup_resend_of_a_held_qos1_publish_is_appended_once() {
     wait_port(admin_addr).await;
 
     let mut conn = TcpStream::connect(("127.0.0.1", mqtt)).await.unwrap();
-    let mut body = Vec::new();
-    mqtt_str(&mut body, b"MQTT");
-    body.put_u8(4);
-    body.put_u8(0x02);
-    body.put_u16(60);
-    mqtt_str(&mut body, b"dup-test");
     let publish = |byte1: u8| {
         let mut body = Vec::new();
         mqtt_str(&mut body, b"plant/press");
@@ -61,7 +47,7 @@ async fn a_dup_resend_of_a_held_qos1_publish_is_appended_once() {
         packet(byte1, &body)
     };
     let bytes = [
-        packet(0x10, &body),
+        connect_packet(b"dup-test"),
         publish(0x32), // QoS 1, packet id 7
         publish(0x3A), // the same, DUP
     ]

@@ -167,6 +167,17 @@ pub fn packet(first: u8, body: &[u8]) -> Vec<u8> {
     out
 }
 
+/// A raw MQTT 3.1.1 CONNECT: clean session, keep alive 60 s, as `client`.
+pub fn connect_packet(client: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    mqtt_str(&mut body, b"MQTT");
+    body.put_u8(4);
+    body.put_u8(0x02);
+    body.put_u16(60);
+    mqtt_str(&mut body, client);
+    packet(0x10, &body)
+}
+
 /// Appends an MQTT string: length prefix and bytes (unchecked).
 pub fn mqtt_str(buf: &mut impl BufMut, s: &[u8]) {
     buf.put_u16(s.len() as u16);

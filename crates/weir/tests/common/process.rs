@@ -27,6 +27,12 @@ pub fn parse_config(text: &str, name: &str) -> weir::config::Config {
     weir::config::parse(text, name).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// A free loopback port (bound and released: weir binds it next, across
+/// restarts).
+pub fn free_port() -> u16 {
+    super::peering::free_ports(1)[0]
+}
+
 /// Writes `text` to `dir/file` and returns the path.
 pub fn write_config(dir: &Path, file: &str, text: &str) -> PathBuf {
     let path = dir.join(file);
