@@ -188,6 +188,15 @@ level = "warn"
         Ok(())
     }
 
+    /// SIGKILL, as a crash or power cut would stop it; leaves its
+    /// directory (and spool) for the next start under the same name.
+    pub fn kill(mut self) -> anyhow::Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        self.cleaned = true;
+        Ok(())
+    }
+
     /// SIGTERM (graceful drain), then waits; deletes the queue and exchange.
     pub async fn stop(mut self, keep: bool) -> anyhow::Result<ExitStatus> {
         let _ = Command::new("kill")

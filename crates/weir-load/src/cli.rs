@@ -45,6 +45,33 @@ pub enum Cmd {
     /// The same MQTT QoS 1 load at another broker (e.g. Mosquitto), with
     /// one QoS 1 subscriber: the figure weir is compared with.
     Broker(BrokerArgs),
+    /// The spool under a long outage: fill it through weir while the
+    /// broker is unreachable, then kill weir (SIGKILL) and time its
+    /// restart; resident memory while spooled and after recovery.
+    Recovery(RecoveryArgs),
+}
+
+/// `weir-load recovery`.
+#[derive(clap::Args, Clone, Debug, Serialize)]
+pub struct RecoveryArgs {
+    /// Bytes of segments to spool before killing weir (e.g. 1GiB, 256MiB).
+    #[arg(long, default_value = "1GiB")]
+    pub bytes: String,
+    /// Payload bytes per record (at least 16).
+    #[arg(long, default_value_t = 1024)]
+    pub size: usize,
+    /// MQTT connections publishing in parallel.
+    #[arg(long, default_value_t = 4)]
+    pub connections: usize,
+    /// Unacknowledged QoS 1 publishes allowed per connection.
+    #[arg(long, default_value_t = 1000)]
+    pub window: usize,
+    /// Also time a restart with the page cache dropped (as after a power
+    /// cut); needs root (writes /proc/sys/vm/drop_caches).
+    #[arg(long)]
+    pub cold: bool,
+    #[command(flatten)]
+    pub weir_config: WeirArgs,
 }
 
 /// `weir-load broker`.

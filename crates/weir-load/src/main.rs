@@ -37,6 +37,7 @@
 //!
 //! # Modules
 //! - `cli`: the command line.
+//! - `recovery`: the spool filled during an outage, SIGKILL, restart.
 //! - `throughput`, `latency`: the two runs; `run`: the steps they share.
 //! - `child`: the weir child process and its generated config.
 //! - `mqtt`: the MQTT publisher; `amqp`: the consumer, the direct
@@ -53,6 +54,7 @@ mod cli;
 mod latency;
 mod mqtt;
 mod pacer;
+mod recovery;
 mod print;
 mod report;
 mod run;
@@ -102,6 +104,11 @@ fn main() -> anyhow::Result<()> {
         Cmd::Latency(a) => {
             let r = rt.block_on(latency(&env, a))?;
             print_latency(&r);
+            serde_json::to_string_pretty(&r)?
+        }
+        Cmd::Recovery(a) => {
+            let r = rt.block_on(crate::recovery::recovery(&env, a))?;
+            crate::recovery::print_recovery(&r);
             serde_json::to_string_pretty(&r)?
         }
         Cmd::Broker(a) => {

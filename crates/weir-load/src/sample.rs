@@ -115,7 +115,7 @@ impl Scrape {
 }
 
 /// Reads `/metrics` from weir's admin listener (plain HTTP/1.1 GET).
-async fn scrape(addr: SocketAddr) -> anyhow::Result<Scrape> {
+pub async fn scrape(addr: SocketAddr) -> anyhow::Result<Scrape> {
     let mut s = TcpStream::connect(addr)
         .await
         .with_context(|| format!("weir's admin listener {addr}"))?;

@@ -156,6 +156,15 @@ impl App {
         let scheme = cfg.scheduler.scheme;
         let queues = Arc::new(scheduler::queues_for(scheme, &cfg.memory_capacities()));
         let metrics = Arc::new(Metrics::new(&cfg.classes));
+        {
+            // Queue lengths are read when scraped, never a window late.
+            let queues = Arc::clone(&queues);
+            metrics.on_render(move |m| {
+                for (class, q) in queues.iter() {
+                    m.set_queued(class, q.len());
+                }
+            });
+        }
         let stop = CancellationToken::new();
         let abort = CancellationToken::new();
         // Sequence numbers start from the clock so a restarted node never

@@ -95,11 +95,7 @@ pub async fn run(
         if feedback.link.has_changed().unwrap_or(false) {
             core.handle_link_estimate(*feedback.link.borrow_and_update());
         }
-        if core.poll_window(now(), &queues, intake.foreign_bytes()) {
-            for (class, q) in queues.iter() {
-                metrics.set_queued(class, q.len());
-            }
-        }
+        core.poll_window(now(), &queues, intake.foreign_bytes());
         publish(&mut core, feedback.peer.as_ref(), &metrics);
 
         match core.poll_batch(now(), unix_micros(), &queues) {

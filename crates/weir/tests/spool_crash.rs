@@ -11,14 +11,11 @@ use std::path::Path;
 use std::process::Child;
 use std::time::Duration;
 
-use bytes::BufMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use common::amqp::{amqp_egress, consume_until, delete_queue};
-use common::mqtt::{connect_packet, mqtt_str, packet};
+use common::mqtt::{publish_qos1, Pace};
 use common::process::{
-    file_egress, free_port, metric, scrape, sigterm, spawn_weir, wait_port, write_config,
+    file_batch_payloads, file_egress, free_port, metric, scrape, sigterm, spawn_weir, wait_port, write_config,
 };
 use common::{tmp, unique, PATIENCE};
 
@@ -34,9 +31,9 @@ fn config(spool: &Path, mqtt: u16, admin: u16, egress: &str, extra: &str) -> Str
     )
 }
 
-/// A raw MQTT 3.1.1 QoS 1 publisher that keeps `window` publishes in
-/// flight and records which payloads were acknowledged; it stops when the
-/// connection breaks (weir was killed) or `stop` fires.
+/// Publishes QoS 1 as fast as weir acknowledges, `window` in flight,
+/// a third of them `ls`, until weir is killed or `stop`; the payloads
+/// acknowledged are added to `acked`.
 async fn publish_until_broken(
     port: u16,
     client: &str,
@@ -45,68 +42,24 @@ async fn publish_until_broken(
     stop: tokio::time::Instant,
     acked: &mut Vec<Vec<u8>>,
 ) {
-    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)).await else {
-        return;
-    };
-    if conn
-        .write_all(&connect_packet(client.as_bytes()))
-        .await
-        .is_err()
-    {
-        return;
-    }
-    let mut connack = [0u8; 4];
-    if conn.read_exact(&mut connack).await.is_err() {
-        return;
-    }
-    let mut in_flight: BTreeMap<u16, Vec<u8>> = BTreeMap::new();
-    let mut next: u32 = 0;
-    let mut buf = Vec::new();
-    loop {
-        while in_flight.len() < window
-            && tokio::time::Instant::now() < stop
-            && next < MAX_PER_CONNECTION
-        {
-            let pkid = (next % 60_000) as u16 + 1;
-            let payload = format!("{prefix}-{next}").into_bytes();
-            let topic: &[u8] = if next.is_multiple_of(3) {
+    let pace = Pace::unpaced(window, stop);
+    acked.extend(
+        publish_qos1(port, client, pace, |i| {
+            let topic: &[u8] = if i.is_multiple_of(3) {
                 b"ls/crash"
             } else {
                 b"lt/crash"
             };
-            let mut body = Vec::new();
-            mqtt_str(&mut body, topic);
-            body.put_u16(pkid);
-            body.extend_from_slice(&payload);
-            if conn.write_all(&packet(0x32, &body)).await.is_err() {
-                return;
-            }
-            in_flight.insert(pkid, payload);
-            next += 1;
-        }
-        if in_flight.is_empty() {
-            return;
-        }
-        let mut chunk = [0u8; 4096];
-        let n = match tokio::time::timeout(Duration::from_secs(5), conn.read(&mut chunk)).await {
-            Ok(Ok(n)) if n > 0 => n,
-            _ => return,
-        };
-        buf.extend_from_slice(&chunk[..n]);
-        while buf.len() >= 4 {
-            assert_eq!(buf[0], 0x40, "only PUBACKs are expected");
-            let pkid = u16::from_be_bytes([buf[2], buf[3]]);
-            if let Some(p) = in_flight.remove(&pkid) {
-                acked.push(p);
-            }
-            buf.drain(..4);
-        }
-    }
+            (i < MAX_PER_CONNECTION)
+                .then(|| (topic.to_vec(), format!("{prefix}-{i}").into_bytes()))
+        })
+        .await,
+    );
 }
 
 /// Publishes per connection at most: keeps the test's volume (and the
 /// final consume) small enough for CI.
-const MAX_PER_CONNECTION: u32 = 3000;
+const MAX_PER_CONNECTION: u64 = 3000;
 
 fn kill9(child: &mut Child) {
     let _ = child.kill();
@@ -262,13 +215,13 @@ async fn damaged_segments_lose_only_the_damaged_records() {
     let want = acked.len();
     let mut delivered = BTreeSet::new();
     common::eventually_async("intact records delivered from the damaged spool", || {
-        delivered = read_file_batches(&out);
+        delivered = file_batch_payloads(&out);
         let n = delivered.len();
         async move { n + 4 >= want }
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    delivered = read_file_batches(&out);
+    delivered = file_batch_payloads(&out);
     let metrics = scrape(admin_addr).await.unwrap();
     sigterm(child.id());
     let _ = child.wait();
@@ -293,26 +246,4 @@ async fn damaged_segments_lose_only_the_damaged_records() {
         lost.len()
     );
     let _ = std::fs::remove_dir_all(dir);
-}
-
-/// Payloads of every record in the file egress's batch files.
-fn read_file_batches(dir: &Path) -> BTreeSet<Vec<u8>> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return BTreeSet::new();
-    };
-    let mut out = BTreeSet::new();
-    for e in entries.flatten() {
-        let p = e.path();
-        let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        let Some(encoding) = name
-            .strip_suffix(".weirbatch")
-            .and_then(|n| n.rsplit('.').next())
-        else {
-            continue;
-        };
-        let body = std::fs::read(&p).unwrap();
-        let batch = weir_proto::decode_batch(&body, encoding, 64 << 20).unwrap();
-        out.extend(batch.records.into_iter().map(|r| r.payload.to_vec()));
-    }
-    out
 }

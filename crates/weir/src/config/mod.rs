@@ -191,14 +191,20 @@ impl Config {
     }
 
     /// The memory queue capacity of each class: a spooled class holds at
-    /// most `spool.window_bytes` in memory, the rest waits on disk.
+    /// most `spool.window_bytes` in memory, the rest waits on disk, and
+    /// its ring at most one record per [`SPOOL_WINDOW_BYTES_PER_SLOT`] of
+    /// that window (a ring's slots are allocated, and touched, up front:
+    /// 65,536 of them cost about 7.5 MiB of resident memory per class).
     pub fn memory_capacities(&self) -> Vec<QueueCapacity> {
         self.capacities
             .iter()
             .zip(&self.durability)
             .map(|(c, d)| match d.spooled() {
                 true => QueueCapacity {
-                    records: c.records,
+                    records: c
+                        .records
+                        .min((self.spool.window_bytes / SPOOL_WINDOW_BYTES_PER_SLOT) as usize)
+                        .max(1),
                     bytes: c.bytes.min(self.spool.window_bytes as usize),
                 },
                 false => *c,
@@ -206,6 +212,12 @@ impl Config {
             .collect()
     }
 }
+
+/// A spooled class's ring has one slot per this many bytes of
+/// `spool.window_bytes` (16,384 slots for the default 8 MiB): enough for
+/// records of 512 bytes and more to fill the window; smaller records keep
+/// fewer bytes in memory, the rest waits on disk.
+pub const SPOOL_WINDOW_BYTES_PER_SLOT: u64 = 512;
 
 /// Checks `raw`, returning the config or every problem found.
 fn validate(raw: RawConfig) -> Result<Config, Vec<Problem>> {

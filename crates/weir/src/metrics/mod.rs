@@ -54,7 +54,12 @@ pub struct Metrics {
     pub peer: PeerMetrics,
     /// The spool (`weir_spool_*`).
     pub spool: SpoolMetrics,
+    /// Run before each rendering, to bring gauges up to date.
+    refresh: std::sync::Mutex<Vec<Refresh>>,
 }
+
+/// A gauge update run at scrape time.
+type Refresh = Box<dyn Fn(&Metrics) + Send + Sync>;
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -91,6 +96,7 @@ impl Metrics {
             link_transaction: Gauge::default(),
             peer: PeerMetrics::new(classes),
             spool: SpoolMetrics::new(classes),
+            refresh: std::sync::Mutex::new(Vec::new()),
             registry: Registry::with_prefix("weir"),
         };
         m.registry.register(
@@ -237,6 +243,16 @@ impl Metrics {
         }
     }
 
+    /// Runs `refresh` before every rendering: for gauges of state that
+    /// changes too often to publish on each change (queue lengths), so
+    /// that a scrape always reads them as they are.
+    pub fn on_render(&self, refresh: impl Fn(&Metrics) + Send + Sync + 'static) {
+        self.refresh
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Box::new(refresh));
+    }
+
     /// Queue lengths now.
     pub fn set_queued(&self, class: ClassId, records: usize) {
         self.queued
@@ -281,6 +297,14 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
+        for refresh in self
+            .refresh
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            refresh(self);
+        }
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);

@@ -147,6 +147,18 @@ pub(super) fn free_bytes(dir: &Path) -> io::Result<u64> {
     Ok(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
+/// Hands memory freed after start-up back to the system. Start-up reads
+/// whole segments; glibc keeps a freed block of that size in its heap
+/// (its mmap threshold grows with the blocks freed), so without this a
+/// recovered weir keeps a segment's worth of memory it no longer uses.
+pub(super) fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Takes an exclusive lock on `dir/lock` (released when the file is
 /// closed, including by a crash); `WouldBlock` if another process has it.
 pub(super) fn lock_dir(dir: &Path) -> io::Result<File> {

@@ -194,6 +194,7 @@ impl Spool {
                 state: Mutex::new(state),
             }));
         }
+        files::release_free_memory();
         let total: u64 = slots
             .iter()
             .flatten()

@@ -17,8 +17,10 @@ use crate::config::{ClassDurability, SpoolConfig};
 use crate::metrics::Metrics;
 
 /// Most bytes admitted to the writer and not yet written: appends beyond
-/// wait, so a burst cannot grow the writer's channel without bound.
-pub(super) const MAX_PENDING_BYTES: u64 = 64 << 20;
+/// wait, so a burst cannot grow the writer's channel without bound. Two
+/// full groups of 1 KiB records: enough to keep the disk busy, small
+/// enough for the memory bound (docs/durability.md).
+pub(super) const MAX_PENDING_BYTES: u64 = 16 << 20;
 /// Most appends the writer takes into one group: bounds the time before
 /// the first of them is acknowledged.
 pub(super) const MAX_GROUP_RECORDS: usize = 8192;

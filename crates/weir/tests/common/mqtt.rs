@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::BufMut;
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -182,4 +182,127 @@ pub fn connect_packet(client: &[u8]) -> Vec<u8> {
 pub fn mqtt_str(buf: &mut impl BufMut, s: &[u8]) {
     buf.put_u16(s.len() as u16);
     buf.put_slice(s);
+}
+
+/// How [`publish_qos1`] sends.
+#[derive(Debug, Clone)]
+pub struct Pace {
+    /// Unacknowledged publishes allowed at once.
+    pub window: usize,
+    /// Publishes per second; `None`: as fast as they are acknowledged.
+    pub rate: Option<f64>,
+    /// No publish starts after this.
+    pub until: tokio::time::Instant,
+    /// With publishes unacknowledged, a silence this long means the
+    /// connection is broken.
+    pub silence: Duration,
+    /// Counts PUBACKs as they arrive, for a test watching progress.
+    pub acks: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+}
+
+impl Pace {
+    /// `window` in flight, as fast as acknowledged, until `until`; 5 s of
+    /// silence is a broken connection.
+    pub fn unpaced(window: usize, until: tokio::time::Instant) -> Pace {
+        Pace {
+            window,
+            rate: None,
+            until,
+            silence: Duration::from_secs(5),
+            acks: None,
+        }
+    }
+}
+
+/// Publishes QoS 1 over one raw MQTT 3.1.1 connection (client id
+/// `client`): publish `i` is `next(i)` as `(topic, payload)`, until `next`
+/// says `None`, `pace.until` passes or the connection breaks (weir was
+/// killed; see [`Pace::silence`]). Returns the payloads whose
+/// PUBACK arrived, in arrival order.
+pub async fn publish_qos1(
+    port: u16,
+    client: &str,
+    pace: Pace,
+    mut next: impl FnMut(u64) -> Option<(Vec<u8>, Vec<u8>)>,
+) -> Vec<Vec<u8>> {
+    let mut acked = Vec::new();
+    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)).await else {
+        return acked;
+    };
+    if conn
+        .write_all(&connect_packet(client.as_bytes()))
+        .await
+        .is_err()
+    {
+        return acked;
+    }
+    let mut connack = [0u8; 4];
+    if conn.read_exact(&mut connack).await.is_err() {
+        return acked;
+    }
+    let start = tokio::time::Instant::now();
+    let due = |i: u64| match pace.rate {
+        Some(r) => start + Duration::from_secs_f64(i as f64 / r),
+        None => start,
+    };
+    let mut in_flight: std::collections::HashMap<u16, Vec<u8>> = Default::default();
+    let mut i: u64 = 0;
+    let mut ended = false;
+    let mut buf = Vec::new();
+    loop {
+        let mut out = Vec::new();
+        while !ended && in_flight.len() < pace.window {
+            let now = tokio::time::Instant::now();
+            if now >= pace.until {
+                ended = true;
+                break;
+            }
+            if due(i) > now {
+                break;
+            }
+            let Some((topic, payload)) = next(i) else {
+                ended = true;
+                break;
+            };
+            let pkid = (i % 60_000) as u16 + 1;
+            let mut body = Vec::new();
+            mqtt_str(&mut body, &topic);
+            body.put_u16(pkid);
+            body.extend_from_slice(&payload);
+            out.extend_from_slice(&packet(0x32, &body));
+            in_flight.insert(pkid, payload);
+            i += 1;
+        }
+        if !out.is_empty() && conn.write_all(&out).await.is_err() {
+            return acked;
+        }
+        if ended && in_flight.is_empty() {
+            return acked;
+        }
+        // Wait for acks, or for the next publish to be due.
+        let wake = if ended || in_flight.len() >= pace.window {
+            tokio::time::Instant::now() + pace.silence
+        } else {
+            due(i).min(tokio::time::Instant::now() + pace.silence)
+        };
+        let mut chunk = [0u8; 4096];
+        let n = match tokio::time::timeout_at(wake, conn.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => n,
+            Ok(_) => return acked,
+            Err(_) if !ended && in_flight.len() < pace.window => continue,
+            Err(_) => return acked,
+        };
+        buf.extend_from_slice(&chunk[..n]);
+        while buf.len() >= 4 {
+            assert_eq!(buf[0], 0x40, "only PUBACKs are expected");
+            let pkid = u16::from_be_bytes([buf[2], buf[3]]);
+            if let Some(p) = in_flight.remove(&pkid) {
+                acked.push(p);
+                if let Some(n) = &pace.acks {
+                    n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            buf.drain(..4);
+        }
+    }
 }

@@ -137,3 +137,25 @@ pub fn metric(text: &str, name: &str) -> f64 {
         })
         .sum()
 }
+
+/// Payloads of every record in the file egress's batch files.
+pub fn file_batch_payloads(dir: &Path) -> std::collections::BTreeSet<Vec<u8>> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return std::collections::BTreeSet::new();
+    };
+    let mut out = std::collections::BTreeSet::new();
+    for e in entries.flatten() {
+        let p = e.path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        let Some(encoding) = name
+            .strip_suffix(".weirbatch")
+            .and_then(|n| n.rsplit('.').next())
+        else {
+            continue;
+        };
+        let body = std::fs::read(&p).unwrap();
+        let batch = weir_proto::decode_batch(&body, encoding, 64 << 20).unwrap();
+        out.extend(batch.records.into_iter().map(|r| r.payload.to_vec()));
+    }
+    out
+}
