@@ -35,7 +35,9 @@ kind = "amqp"
 url = "amqp://127.0.0.1:1/%2f"
 max_in_flight = 1
 "#;
-    let app = App::start(parse_config(text, "metrics-live")).await.unwrap();
+    let app = App::start(parse_config(text, "metrics-live"))
+        .await
+        .unwrap();
     let admin = app.admin_addr.unwrap();
     let before = scrape(admin).await.unwrap();
     assert_eq!(metric(&before, "weir_class_queued_records"), 0.0);

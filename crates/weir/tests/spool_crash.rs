@@ -11,11 +11,11 @@ use std::path::Path;
 use std::process::Child;
 use std::time::Duration;
 
-
 use common::amqp::{amqp_egress, consume_until, delete_queue};
 use common::mqtt::{publish_qos1, Pace};
 use common::process::{
-    file_batch_payloads, file_egress, free_port, metric, scrape, sigterm, spawn_weir, wait_port, write_config,
+    file_batch_payloads, file_egress, free_port, metric, scrape, sigterm, spawn_weir, wait_port,
+    write_config,
 };
 use common::{tmp, unique, PATIENCE};
 
@@ -50,8 +50,7 @@ async fn publish_until_broken(
             } else {
                 b"lt/crash"
             };
-            (i < MAX_PER_CONNECTION)
-                .then(|| (topic.to_vec(), format!("{prefix}-{i}").into_bytes()))
+            (i < MAX_PER_CONNECTION).then(|| (topic.to_vec(), format!("{prefix}-{i}").into_bytes()))
         })
         .await,
     );

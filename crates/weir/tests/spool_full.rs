@@ -122,9 +122,7 @@ fn payload(class: &str, i: u64, size: usize) -> Vec<u8> {
 }
 
 /// Delivered record indices by class.
-fn by_class_index(
-    delivered: &BTreeSet<Vec<u8>>,
-) -> std::collections::BTreeMap<String, Vec<u64>> {
+fn by_class_index(delivered: &BTreeSet<Vec<u8>>) -> std::collections::BTreeMap<String, Vec<u64>> {
     let mut out: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
     for p in delivered {
         let (class, i) = index_of(p);
@@ -338,16 +336,29 @@ async fn each_on_full_policy_does_what_it_says_and_ttl_expires_old_records() {
     );
     // drop-oldest keeps the newest records; drop-newest the oldest; each
     // counts every record it dropped.
-    assert!(old_got.contains(&(N - 1)) && !old_got.contains(&0), "{old_got:?}");
+    assert!(
+        old_got.contains(&(N - 1)) && !old_got.contains(&0),
+        "{old_got:?}"
+    );
     assert_eq!(old_got.len() as f64 + evicted, N as f64);
-    assert!(new_got.contains(&0) && !new_got.contains(&(N - 1)), "{new_got:?}");
+    assert!(
+        new_got.contains(&0) && !new_got.contains(&(N - 1)),
+        "{new_got:?}"
+    );
     assert_eq!(new_got.len() as f64 + refused, N as f64);
     // block drops nothing it acknowledged.
     let blk_want: BTreeSet<u64> = blk.iter().map(|p| index_of(p).1).collect();
     let blk_seen: BTreeSet<u64> = blk_got.iter().copied().collect();
-    assert!(blk_want.is_subset(&blk_seen), "block lost acknowledged records");
+    assert!(
+        blk_want.is_subset(&blk_seen),
+        "block lost acknowledged records"
+    );
     // ttl: older than 2 s when read back, so dropped and counted.
-    assert!(ttl_got.is_empty(), "{} expired records delivered", ttl_got.len());
+    assert!(
+        ttl_got.is_empty(),
+        "{} expired records delivered",
+        ttl_got.len()
+    );
     assert_eq!(expired, N as f64);
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -163,10 +163,9 @@ async fn a_sixty_second_broker_outage_is_spooled_with_bounded_memory_and_ls_drai
     let _ = child.wait();
 
     // Nothing acknowledged is lost.
-    let got: HashMap<&[u8], usize> =
-        common::tally(seen.iter().map(|s| s.record.payload.as_ref()))
-            .into_iter()
-            .collect();
+    let got: HashMap<&[u8], usize> = common::tally(seen.iter().map(|s| s.record.payload.as_ref()))
+        .into_iter()
+        .collect();
     let lost = want
         .iter()
         .filter(|p| !got.contains_key(p.as_slice()))
