@@ -314,6 +314,12 @@ pub struct CodecTable {
     batch: u64,
     last_sample_batch: u64,
     last_sample_at: Option<Duration>,
+    /// Multiplies `sample_every_batches` (1, 2, 4, .. up to
+    /// [`MAX_SAMPLE_BACKOFF`]): doubled each time a sample is due and the
+    /// choice has not changed since the one before, reset when it has.
+    backoff: u32,
+    /// The codec chosen when the last periodic sample was taken.
+    choice_at_sample: Option<Codec>,
 }
 
 impl CodecTable {
@@ -323,7 +329,14 @@ impl CodecTable {
             batch: 0,
             last_sample_batch: 0,
             last_sample_at: None,
+            backoff: 1,
+            choice_at_sample: None,
         }
+    }
+
+    /// The current multiple of `sample_every_batches` between samples.
+    pub fn sample_backoff(&self) -> u32 {
+        self.backoff
     }
 
     /// The stats of `codec`, if it is a candidate.
@@ -406,6 +419,27 @@ pub enum ChooserConfigError {
     /// No room for any kind.
     #[error("compression max_kinds must be at least 1")]
     MaxKinds,
+}
+
+/// Largest multiple of `sample_every_batches` between samples once they
+/// keep confirming the choice (32 x 64 = 2,048 batches by default): on
+/// incompressible data at hundreds of thousands of records per second, a
+/// sample of a slow level every 32 batches costs a noticeable share of a
+/// core for nothing. The time trigger (`sample_every`) is not stretched,
+/// so a change in the data is still noticed within it.
+pub const MAX_SAMPLE_BACKOFF: u32 = 64;
+
+/// What [`CompressionChooser::decide`] picked for one batch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Decision {
+    /// The codec to run.
+    pub codec: Codec,
+    /// True when the codec is a sample of one not in use (its output is
+    /// sent all the same).
+    pub sampled: bool,
+    /// The predicted effective throughput (uncompressed bytes/s), when it
+    /// chose rather than sampled.
+    pub predicted: Option<f64>,
 }
 
 /// Per-batch codec choice from per-kind tables (module docs).
@@ -632,7 +666,8 @@ impl CompressionChooser {
             .find(|(_, (_, st))| st.last_touch.is_none())
             .map(|(i, _)| i)
             .or_else(|| {
-                let due = table.batch - table.last_sample_batch >= every_batches
+                let due = table.batch - table.last_sample_batch
+                    >= every_batches * u64::from(table.backoff)
                     || table
                         .last_sample_at
                         .is_none_or(|at| now.saturating_sub(at) >= every);
@@ -648,6 +683,49 @@ impl CompressionChooser {
         table.last_sample_batch = batch;
         table.last_sample_at = Some(now);
         Some(table.entries[pick].0)
+    }
+
+    /// The codec for one batch of `batch_bytes` of `kind` at `now`: a
+    /// sample when one is due ([`Self::sample_due`]), else the best
+    /// prediction ([`Self::choose`]). Samples back off: each time one is
+    /// due and the choice is the same as at the last one, the batches
+    /// between samples double, up to [`MAX_SAMPLE_BACKOFF`] times
+    /// `sample_every_batches`; a changed choice resets them.
+    pub fn decide(
+        &mut self,
+        kind: &str,
+        batch_bytes: u64,
+        link: &LinkEstimate,
+        now: Duration,
+    ) -> Decision {
+        let choice = self.choose(kind, batch_bytes, link);
+        let sample = self.sample_due(kind, now);
+        if sample.is_some() {
+            let table = self.table_mut(kind);
+            let measured_all = table
+                .entries
+                .iter()
+                .all(|(c, st)| c.is_none() || st.last_touch.is_some());
+            if measured_all {
+                table.backoff = match table.choice_at_sample {
+                    Some(c) if c == choice.codec => (table.backoff * 2).min(MAX_SAMPLE_BACKOFF),
+                    _ => 1,
+                };
+                table.choice_at_sample = Some(choice.codec);
+            }
+        }
+        match sample {
+            Some(codec) => Decision {
+                codec,
+                sampled: true,
+                predicted: None,
+            },
+            None => Decision {
+                codec: choice.codec,
+                sampled: false,
+                predicted: Some(choice.predicted_throughput),
+            },
+        }
     }
 }
 

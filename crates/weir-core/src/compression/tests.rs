@@ -492,3 +492,81 @@ proptest! {
         }
     }
 }
+
+/// Samples per `n` batches of `kind` through `decide`, each sample (and
+/// each batch of the codec in use) observed as `observe` says.
+fn run_batches(
+    ch: &mut CompressionChooser,
+    kind: &str,
+    n: u64,
+    l: &LinkEstimate,
+    observe: impl Fn(Codec) -> (f64, f64),
+) -> u64 {
+    let mut samples = 0;
+    for _ in 0..n {
+        let d = ch.decide(kind, 64 << 10, l, Duration::ZERO);
+        samples += u64::from(d.sampled);
+        if !d.codec.is_none() {
+            let (cr, thc) = observe(d.codec);
+            ch.observe(
+                kind,
+                d.codec,
+                64 << 10,
+                ((64 << 10) as f64 / cr) as u64,
+                Duration::from_secs_f64((64 << 10) as f64 / (thc * MB)),
+            );
+        }
+    }
+    samples
+}
+
+#[test]
+fn samples_back_off_while_they_confirm_the_choice_and_resume_when_it_changes() {
+    let mut ch = CompressionChooser::new(ChooserConfig::default()).unwrap();
+    let l = link(0.5, 0.05);
+    // Incompressible: every sample says "raw is best".
+    let jpeg = |_| (0.999, 50.0);
+    // The first 7 batches sample each codec once; then one sample per 32
+    // batches at first, stretching to one per 32 x 64.
+    let early = run_batches(&mut ch, "k", 7 + 32 * 8, &l, jpeg);
+    let backoff = ch.table("k").unwrap().sample_backoff();
+    assert!(backoff > 1, "no backoff after {early} samples");
+    // Long after: the choice never changed, the backoff is at its cap.
+    run_batches(&mut ch, "k", 32 * 64 * 8, &l, jpeg);
+    assert_eq!(ch.table("k").unwrap().sample_backoff(), MAX_SAMPLE_BACKOFF);
+    let late = run_batches(&mut ch, "k", 32 * 64 * 4, &l, jpeg);
+    assert!(
+        (3..=5).contains(&late),
+        "{late} samples in 4 backed-off periods"
+    );
+    assert_eq!(ch.choose("k", 64 << 10, &l).codec, Codec::None);
+    // The data turns compressible (10:1, fast): the next samples find it,
+    // the choice changes, and sampling is back at its base rate.
+    let text = |_| (10.0, 200.0);
+    run_batches(&mut ch, "k", 32 * 64 * 8, &l, text);
+    assert!(!ch.choose("k", 64 << 10, &l).codec.is_none());
+    assert_eq!(
+        ch.table("k").unwrap().sample_backoff(),
+        MAX_SAMPLE_BACKOFF,
+        "settled again on the new choice"
+    );
+}
+
+#[test]
+fn a_changed_choice_resets_the_backoff() {
+    let mut ch = CompressionChooser::new(ChooserConfig::default()).unwrap();
+    let l = link(0.5, 0.05);
+    run_batches(&mut ch, "k", 7 + 32 * 64 * 8, &l, |_| (0.999, 50.0));
+    assert_eq!(ch.table("k").unwrap().sample_backoff(), MAX_SAMPLE_BACKOFF);
+    // Compressible from here: within one backed-off period a sample sees
+    // it, and the period after the choice changed is the base one.
+    let mut reset = false;
+    for _ in 0..(32 * 64 * 8) {
+        run_batches(&mut ch, "k", 1, &l, |_| (10.0, 200.0));
+        if ch.table("k").unwrap().sample_backoff() == 1 {
+            reset = true;
+            break;
+        }
+    }
+    assert!(reset, "the backoff never reset after the choice changed");
+}

@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::time::Instant;
+pub use weir_core::compression::Decision;
 use weir_core::compression::{ChooserConfig, Codec, CompressionChooser};
 use weir_core::link_estimate::LinkEstimate;
 use weir_core::ClassSet;
@@ -45,18 +46,6 @@ pub fn wire_encoding(codec: Codec) -> Option<(Encoding, i32)> {
         Codec::Gzip(level) => Some((Encoding::Gzip, level.into())),
         Codec::Zstd(level) => Some((Encoding::Zstd, level.into())),
     }
-}
-
-/// What was decided for one batch.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Decision {
-    /// The codec to run.
-    pub codec: Codec,
-    /// True when the codec is a sample of one not in use.
-    pub sampled: bool,
-    /// The chooser's predicted effective throughput (uncompressed bytes/s),
-    /// when it chose rather than sampled.
-    pub predicted: Option<f64>,
 }
 
 /// The egress's compression state: the chooser and its per-kind tables.
@@ -127,28 +116,17 @@ impl BatchCompressor {
     }
 
     /// Picks the codec for a batch of `body_len` protobuf bytes of `kind`
-    /// (counts one batch on the kind's sampling clock).
+    /// (counts one batch on the kind's sampling clock; see
+    /// [`CompressionChooser::decide`]).
     pub fn decide(&mut self, kind: &str, body_len: usize, link: &LinkEstimate) -> Decision {
         let now = self.epoch.elapsed();
-        let Some(chooser) = self.chooser.as_mut() else {
-            return Decision {
+        match self.chooser.as_mut() {
+            Some(chooser) => chooser.decide(kind, body_len as u64, link, now),
+            None => Decision {
                 codec: Codec::None,
                 sampled: false,
                 predicted: None,
-            };
-        };
-        if let Some(codec) = chooser.sample_due(kind, now) {
-            return Decision {
-                codec,
-                sampled: true,
-                predicted: None,
-            };
-        }
-        let choice = chooser.choose(kind, body_len as u64, link);
-        Decision {
-            codec: choice.codec,
-            sampled: false,
-            predicted: Some(choice.predicted_throughput),
+            },
         }
     }
 
