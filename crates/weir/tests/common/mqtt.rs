@@ -169,10 +169,15 @@ pub fn packet(first: u8, body: &[u8]) -> Vec<u8> {
 
 /// A raw MQTT 3.1.1 CONNECT: clean session, keep alive 60 s, as `client`.
 pub fn connect_packet(client: &[u8]) -> Vec<u8> {
+    connect_packet_session(client, true)
+}
+
+/// A raw MQTT 3.1.1 CONNECT with `clean_session` as given.
+pub fn connect_packet_session(client: &[u8], clean: bool) -> Vec<u8> {
     let mut body = Vec::new();
     mqtt_str(&mut body, b"MQTT");
     body.put_u8(4);
-    body.put_u8(0x02);
+    body.put_u8(if clean { 0x02 } else { 0x00 });
     body.put_u16(60);
     mqtt_str(&mut body, client);
     packet(0x10, &body)

@@ -26,11 +26,16 @@
 //!   record, counted in `weir_records_dropped_total` (`drop`).
 //! - Redelivery: a PUBACK is only ever sent for a queued record, so a client
 //!   re-sends a publish (DUP set) only when the PUBACK was lost with its
-//!   connection. weir keeps no session state across connections (CONNACK
-//!   always says "no session present"), so such a redelivery is accepted as a
-//!   new record with its own sequence number: QoS 1 is at-least-once, and a
-//!   consumer that cannot tolerate the rare duplicate must recognise it by
-//!   its payload.
+//!   connection. A resend whose PUBACK is still held on the same connection
+//!   (its record on its way to disk) is answered by that PUBACK. A client
+//!   with a persistent session (`clean_session = 0`, MQTT 5 `clean_start =
+//!   0`) resumes it when it reconnects (CONNACK says "session present"), and
+//!   a QoS 1 resend of a publish accepted in that session (DUP, same packet
+//!   id, same topic and payload) is acknowledged without a second record;
+//!   QoS 2 packet ids awaiting PUBREL carry over too (`listen/session.rs`).
+//!   With a clean session, or after weir restarts (sessions are kept in
+//!   memory only), a resend is a new record with its own sequence number:
+//!   QoS 1 is at-least-once.
 //!
 //! # What closes a connection
 //! Bad input closes that connection only, with a `warn` line giving the
@@ -55,6 +60,7 @@
 //! - `listen/codec.rs`: framing, decoding, the input checks and the replies,
 //!   with their unit and property tests.
 //! - `listen/connection.rs`: one connection's task, and how it ends.
+//! - `listen/session.rs`: persistent sessions between connections.
 
 use std::io;
 use std::net::SocketAddr;
@@ -73,6 +79,7 @@ use connection::{Connection, Settings};
 
 mod codec;
 mod connection;
+mod session;
 
 /// Pause after a failed accept (e.g. out of file descriptors), so that the
 /// loop does not spin while the condition lasts.
@@ -121,6 +128,7 @@ pub async fn serve(
         Err(error) => info!(%error, "MQTT ingress accepting device connections"),
     }
     let connections = TaskTracker::new();
+    let sessions = Arc::new(session::Sessions::default());
     loop {
         // Cancel safety: `accept` is cancel safe (a connection it has not
         // returned stays in the backlog); `cancelled` only waits.
@@ -135,8 +143,14 @@ pub async fn serve(
                     peer = %peer,
                     client_id = tracing::field::Empty
                 );
-                let connection =
-                    Connection::new(stream, peer, settings, ingress.clone(), shutdown.clone());
+                let connection = Connection::new(
+                    stream,
+                    peer,
+                    settings,
+                    ingress.clone(),
+                    sessions.clone(),
+                    shutdown.clone(),
+                );
                 connections.spawn(connection.run().instrument(span));
             }
             Err(error) => {

@@ -120,6 +120,8 @@ pub(super) enum Reply {
     ConnAck {
         assigned_client_id: Option<String>,
         max_packet_size: usize,
+        /// A stored session was resumed.
+        session_present: bool,
     },
     ConnRefused(Refusal),
     PubAck(u16),
@@ -339,9 +341,12 @@ pub(super) fn encode(out: &mut BytesMut, version: Version, reply: Reply) {
     match version {
         Version::V311 => {
             let packet = match reply {
-                Reply::ConnAck { .. } => {
-                    v4::Packet::ConnAck(v4::ConnAck::new(v4::ConnectReturnCode::Success, false))
-                }
+                Reply::ConnAck {
+                    session_present, ..
+                } => v4::Packet::ConnAck(v4::ConnAck::new(
+                    v4::ConnectReturnCode::Success,
+                    session_present,
+                )),
                 Reply::ConnRefused(refusal) => {
                     let code = match refusal {
                         Refusal::ProtocolVersion => v4::ConnectReturnCode::RefusedProtocolVersion,
@@ -370,8 +375,9 @@ pub(super) fn encode(out: &mut BytesMut, version: Version, reply: Reply) {
                 Reply::ConnAck {
                     assigned_client_id,
                     max_packet_size,
+                    session_present,
                 } => v5::Packet::ConnAck(v5::ConnAck {
-                    session_present: false,
+                    session_present,
                     code: v5::ConnectReturnCode::Success,
                     properties: Some(connack_properties(assigned_client_id, max_packet_size)),
                 }),
@@ -595,6 +601,7 @@ mod tests {
                 Reply::ConnAck {
                     assigned_client_id: Some("weir-x".into()),
                     max_packet_size: MAX,
+                    session_present: true,
                 },
                 Reply::ConnRefused(Refusal::ProtocolVersion),
                 Reply::PubAck(1),

@@ -3,7 +3,7 @@
 //! out in one write per burst. How it ends, and what that is logged as, is
 //! [`Ending`].
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
@@ -25,6 +25,7 @@ use crate::intake::{Accepted, EnqueueError, Intake};
 use crate::spool::Ticket;
 
 use super::codec::*;
+use super::session::{fingerprint, Session, Sessions};
 
 /// How long a new connection may take to send CONNECT: generous for a slow
 /// cellular link, short enough that idle sockets do not pile up.
@@ -56,6 +57,8 @@ pub(super) enum Ending {
     Eof,
     /// weir is shutting down.
     Shutdown,
+    /// The client connected again with the same client id.
+    TakenOver,
     /// No CONNECT within [`CONNECT_TIMEOUT`].
     ConnectTimeout,
     /// Nothing received for 1.5 times the keep alive the client chose.
@@ -92,6 +95,9 @@ impl Ending {
             Ending::ClientDisconnect => debug!("MQTT client disconnected"),
             Ending::Eof => debug!("MQTT client closed the connection without DISCONNECT"),
             Ending::Shutdown => debug!("closing MQTT connection: weir is shutting down"),
+            Ending::TakenOver => {
+                info!("closing MQTT connection: the client connected again with the same client id")
+            }
             Ending::ConnectTimeout => info!(
                 timeout = ?CONNECT_TIMEOUT,
                 "closing connection: no MQTT CONNECT in time"
@@ -128,6 +134,10 @@ impl Ending {
             Ending::Protocol(e) => Some((e.v5_reason(), e.to_string())),
             Ending::Refused(e) => Some((R::QuotaExceeded, e.to_string())),
             Ending::Shutdown => Some((R::ServerShuttingDown, "weir is shutting down".into())),
+            Ending::TakenOver => Some((
+                R::SessionTakenOver,
+                "another connection with this client id took over".into(),
+            )),
             Ending::KeepAliveExpired(_) => Some((
                 R::KeepAliveTimeout,
                 "nothing received for 1.5 times the keep alive".into(),
@@ -144,6 +154,11 @@ pub(super) struct Connection {
     pub(super) settings: Settings,
     pub(super) ingress: Arc<Intake>,
     pub(super) shutdown: CancellationToken,
+    /// Fires on shutdown, or when a new connection takes this one's
+    /// client id over.
+    pub(super) kicked: CancellationToken,
+    /// Tells this connection from others with the same client id.
+    pub(super) id: u64,
     /// Bytes read and not yet decoded.
     pub(super) inbuf: BytesMut,
     /// Replies not yet written.
@@ -154,9 +169,17 @@ pub(super) struct Connection {
     pub(super) keep_alive: Option<Duration>,
     /// When the connection expires unless a packet arrives.
     pub(super) deadline: Option<Instant>,
-    /// QoS 2 packet ids whose record is queued and PUBREC sent, awaiting
-    /// PUBREL: a redelivery of one of these is not queued again.
-    pub(super) awaiting_rel: HashSet<u16>,
+    /// Sessions of clients not connected now.
+    pub(super) sessions: Arc<Sessions>,
+    /// This connection's session: QoS 1 publishes accepted (kept for
+    /// persistent sessions only) and QoS 2 packet ids whose record is
+    /// queued and PUBREC sent, awaiting PUBREL (a redelivery of one of
+    /// these is not queued again).
+    pub(super) session: Session,
+    /// The client id, when its session outlives the connection.
+    pub(super) persistent: Option<String>,
+    /// The client id, once connected.
+    pub(super) client_id: Option<String>,
     /// Replies waiting for a spooled record to be durable, in order; a
     /// reply with no ticket waits only for those before it (MQTT wants
     /// acknowledgements in the order of the publishes).
@@ -178,6 +201,7 @@ impl Connection {
         peer: SocketAddr,
         settings: Settings,
         ingress: Arc<Intake>,
+        sessions: Arc<Sessions>,
         shutdown: CancellationToken,
     ) -> Self {
         Connection {
@@ -185,13 +209,18 @@ impl Connection {
             peer,
             settings,
             ingress,
+            sessions: sessions.clone(),
+            session: Session::default(),
+            persistent: None,
+            kicked: shutdown.child_token(),
+            id: sessions.next_id(),
+            client_id: None,
             shutdown,
             inbuf: BytesMut::with_capacity(READ_CHUNK),
             out: BytesMut::new(),
             version: None,
             keep_alive: None,
             deadline: Some(Instant::now() + CONNECT_TIMEOUT),
-            awaiting_rel: HashSet::new(),
             held: VecDeque::new(),
         }
     }
@@ -220,7 +249,25 @@ impl Connection {
                 debug!(?ending, "final replies not delivered");
             }
         }
+        // The session is handed back before lingering: a client taking it
+        // over waits for it.
+        if let Some(client_id) = self.client_id.take() {
+            let session = self
+                .persistent
+                .take()
+                .map(|_| std::mem::take(&mut self.session));
+            self.sessions.end(client_id, self.id, session);
+        }
         self.linger().await;
+    }
+
+    /// Why the connection stops when `kicked` fired.
+    fn stopped(&self) -> Ending {
+        if self.shutdown.is_cancelled() {
+            Ending::Shutdown
+        } else {
+            Ending::TakenOver
+        }
     }
 
     /// CONNECT, then packets until the connection ends.
@@ -247,12 +294,12 @@ impl Connection {
                 }
             }
         };
-        let version = self.accept(hello)?;
+        let version = self.accept(hello).await?;
         loop {
             // Packets still buffered when shutdown began are left
             // unacknowledged: their senders keep them and send them again.
-            if self.shutdown.is_cancelled() {
-                return Err(Ending::Shutdown);
+            if self.kicked.is_cancelled() {
+                return Err(self.stopped());
             }
             let packet = match decode(&mut self.inbuf, version, max)? {
                 Some(packet) => packet,
@@ -267,7 +314,7 @@ impl Connection {
     }
 
     /// Answers CONNECT: fixes the version and keep alive, queues CONNACK.
-    fn accept(&mut self, hello: Hello) -> Result<Version, Ending> {
+    async fn accept(&mut self, hello: Hello) -> Result<Version, Ending> {
         let (version, client_id, keep_alive, clean) = match hello {
             Hello::V311(connect) => {
                 if connect.client_id.is_empty() && !connect.clean_session {
@@ -278,12 +325,20 @@ impl Connection {
                     );
                     return Err(ProtocolError::EmptyClientId.into());
                 }
+                let session_present = self
+                    .resume(
+                        &connect.client_id,
+                        connect.clean_session,
+                        !connect.clean_session,
+                    )
+                    .await;
                 encode(
                     &mut self.out,
                     Version::V311,
                     Reply::ConnAck {
                         assigned_client_id: None,
                         max_packet_size: self.settings.max_packet_size,
+                        session_present,
                     },
                 );
                 (
@@ -313,12 +368,24 @@ impl Connection {
                 } else {
                     (connect.client_id, None)
                 };
+                // MQTT 5 keeps a session after the connection only for
+                // its session expiry interval (absent: 0, none). weir keeps
+                // it until the client returns or MAX_SESSIONS push it out.
+                let expiry = connect
+                    .properties
+                    .as_ref()
+                    .and_then(|p| p.session_expiry_interval)
+                    .unwrap_or(0);
+                let session_present = self
+                    .resume(&client_id, connect.clean_start, expiry > 0)
+                    .await;
                 encode(
                     &mut self.out,
                     Version::V5,
                     Reply::ConnAck {
                         assigned_client_id: assigned,
                         max_packet_size: self.settings.max_packet_size,
+                        session_present,
                     },
                 );
                 (
@@ -342,6 +409,22 @@ impl Connection {
         Ok(version)
     }
 
+    /// Takes the client id over from a connection still holding it, then
+    /// takes up its stored session unless `clean`; returns whether there
+    /// was one ("session present").
+    /// `keep`: whether the session outlives this connection (MQTT 3.1.1:
+    /// not clean; MQTT 5: a session expiry interval above zero).
+    async fn resume(&mut self, client_id: &str, clean: bool, keep: bool) -> bool {
+        let (session, present) = self
+            .sessions
+            .resume(client_id, clean, self.id, &self.kicked)
+            .await;
+        self.session = session;
+        self.client_id = Some(client_id.to_owned());
+        self.persistent = keep.then(|| client_id.to_owned());
+        present
+    }
+
     /// Acts on one packet of an established connection.
     async fn handle(&mut self, packet: Inbound) -> Result<(), Ending> {
         match packet {
@@ -349,7 +432,7 @@ impl Connection {
             Inbound::PubRel(pkid) => {
                 // An unknown id is answered too: the client may be resending
                 // a PUBREL whose PUBCOMP was lost with an earlier connection.
-                self.awaiting_rel.remove(&pkid);
+                self.session.awaiting_rel.remove(&pkid);
                 self.reply(Reply::PubComp(pkid));
                 Ok(())
             }
@@ -422,17 +505,35 @@ impl Connection {
                     );
                     return Ok(());
                 }
+                // A resend after a reconnect, in a persistent session.
+                let print = self
+                    .persistent
+                    .is_some()
+                    .then(|| fingerprint(topic.as_ref(), payload.as_ref()));
+                if let Some(f) = print {
+                    if let Some(ticket) = self.session.resend(dup, pkid, f) {
+                        debug!(
+                            pkid,
+                            "QoS 1 resend (DUP) of a record accepted in this session: acknowledged, not queued again"
+                        );
+                        self.reply_after(ticket, Reply::PubAck(pkid));
+                        return Ok(());
+                    }
+                }
                 let record = self.ingress.mqtt_record(topic, payload);
                 let ticket = self.enqueue(record).await?;
+                if let Some(f) = print {
+                    self.session.accepted(pkid, f, ticket.clone());
+                }
                 self.reply_after(ticket, Reply::PubAck(pkid));
                 Ok(())
             }
             QoS::ExactlyOnce => {
                 let mut ticket = None;
-                if !self.awaiting_rel.contains(&pkid) {
+                if !self.session.awaiting_rel.contains(&pkid) {
                     let record = self.ingress.mqtt_record(topic, payload);
                     ticket = self.enqueue(record).await?;
-                    self.awaiting_rel.insert(pkid);
+                    self.session.awaiting_rel.insert(pkid);
                 }
                 self.reply_after(ticket, Reply::PubRec(pkid));
                 Ok(())
@@ -464,7 +565,7 @@ impl Connection {
             // once.
             let outcome = tokio::select! {
                 outcome = self.ingress.accept(record, None) => outcome,
-                _ = self.shutdown.cancelled() => return Err(Ending::Shutdown),
+                _ = self.kicked.cancelled() => return Err(self.stopped()),
             };
             match outcome {
                 // Without a deadline `enqueue` waits for room; if it ever
@@ -555,7 +656,7 @@ impl Connection {
             // Cancel safety: `read_buf` is cancel safe (when another branch
             // wins, no bytes were consumed); the other branches only wait.
             tokio::select! {
-                _ = self.shutdown.cancelled() => Wake::Shutdown,
+                _ = self.kicked.cancelled() => Wake::Shutdown,
                 _ = expiry => Wake::Expired,
                 _ = durable => Wake::Durable,
                 read = self.stream.read_buf(&mut self.inbuf) => Wake::Read(read),
@@ -563,7 +664,7 @@ impl Connection {
         };
         match wake {
             Wake::Durable => Ok(()),
-            Wake::Shutdown => Err(Ending::Shutdown),
+            Wake::Shutdown => Err(self.stopped()),
             Wake::Expired => Err(match self.keep_alive {
                 Some(keep_alive) if self.version.is_some() => Ending::KeepAliveExpired(keep_alive),
                 _ => Ending::ConnectTimeout,
