@@ -31,6 +31,39 @@ pub struct SegmentMeta {
     pub bytes: u64,
 }
 
+/// A place in a class's log: a segment (by its first index) and a byte
+/// offset in its file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogPosition {
+    /// The segment's first record index.
+    pub segment: u64,
+    /// Byte offset in the segment file.
+    pub offset: u64,
+}
+
+/// What a reader refilling memory from the log may do next, from where it
+/// stands ([`ClassLog::read_plan`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadPlan {
+    /// No segment at or after the reader's: everything was deleted
+    /// (delivered or dropped by policy); it has caught up.
+    CaughtUp,
+    /// The reader's segment is gone (dropped by policy): go on at the
+    /// start of this one.
+    Skip {
+        /// The next segment still on disk.
+        segment: u64,
+    },
+    /// Read the reader's segment up to byte `limit`; at the limit, go on
+    /// with `next` if given, else stop: the reader is at the durable end.
+    Read {
+        /// End of what may be read.
+        limit: u64,
+        /// The segment after this one, once this one is read to its end.
+        next: Option<u64>,
+    },
+}
+
 /// What to do with a record about to be appended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admit {
@@ -133,6 +166,38 @@ impl ClassLog {
     /// The segments, oldest first.
     pub fn segments(&self) -> impl ExactSizeIterator<Item = &SegmentMeta> {
         self.segments.iter()
+    }
+
+    /// What a reader at `at` may read, given `durable_end`, the end of
+    /// what the writer has synced (`None`: nothing written since start).
+    /// Only durable bytes are read. The segment holding the durable end is
+    /// read up to it and never left: a later segment may have been started
+    /// by the group being written, whose records in this one (past the
+    /// durable end) are not readable yet. An earlier segment is sealed,
+    /// and whole on disk.
+    pub fn read_plan(&self, at: LogPosition, durable_end: Option<LogPosition>) -> ReadPlan {
+        let mut segs = self
+            .segments
+            .iter()
+            .skip_while(|s| s.first_index < at.segment);
+        let Some(here) = segs.next() else {
+            return ReadPlan::CaughtUp;
+        };
+        if here.first_index != at.segment {
+            return ReadPlan::Skip {
+                segment: here.first_index,
+            };
+        }
+        match durable_end {
+            Some(d) if d.segment <= at.segment => ReadPlan::Read {
+                limit: d.offset,
+                next: None,
+            },
+            _ => ReadPlan::Read {
+                limit: here.bytes,
+                next: segs.next().map(|s| s.first_index),
+            },
+        }
     }
 
     /// Whether `index` is released.
@@ -259,6 +324,55 @@ mod tests {
                 log.append(100)
             })
             .collect()
+    }
+
+    #[test]
+    fn a_reader_reads_only_what_is_durable_and_never_leaves_the_durable_segment() {
+        let mut log = log(FullPolicy::Block);
+        fill(&mut log, 25);
+        let firsts: Vec<(u64, u64)> = log.segments().map(|s| (s.first_index, s.bytes)).collect();
+        assert_eq!(firsts, [(0, 950), (9, 950), (18, 750)]);
+        let at = |segment, offset| LogPosition { segment, offset };
+        let end = Some(at(18, 750));
+        // A sealed segment: to its end, then the next.
+        assert_eq!(
+            log.read_plan(at(0, 50), end),
+            ReadPlan::Read {
+                limit: 950,
+                next: Some(9)
+            }
+        );
+        assert_eq!(
+            log.read_plan(at(0, 50), None),
+            log.read_plan(at(0, 50), end)
+        );
+        // The segment holding the durable end: up to it, and no further.
+        assert_eq!(
+            log.read_plan(at(18, 100), end),
+            ReadPlan::Read {
+                limit: 750,
+                next: None
+            }
+        );
+        // A group being written started segment 18 while some of its
+        // records went to the end of 9: the reader stays in 9.
+        assert_eq!(
+            log.read_plan(at(9, 50), Some(at(9, 500))),
+            ReadPlan::Read {
+                limit: 500,
+                next: None
+            }
+        );
+        assert_eq!(log.read_plan(at(30, 0), end), ReadPlan::CaughtUp);
+        // The reader's segment deleted under it (dropped by policy).
+        for i in 0..9 {
+            log.release(i);
+        }
+        assert_eq!(log.take_deletable().len(), 1);
+        assert_eq!(
+            log.read_plan(at(0, 300), end),
+            ReadPlan::Skip { segment: 9 }
+        );
     }
 
     #[test]

@@ -24,7 +24,9 @@ pub mod scan;
 mod tests;
 
 pub use frame::{Frame, FrameError, HeaderError, SegmentHeader};
-pub use log::{Admit, ClassLog, Eviction, FullPolicy, SegmentMeta, SpoolRoom};
+pub use log::{
+    Admit, ClassLog, Eviction, FullPolicy, LogPosition, ReadPlan, SegmentMeta, SpoolRoom,
+};
 pub use released::Released;
 pub use scan::{Scan, Scanned};
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use weir_core::queue::PushError;
-use weir_core::spool::{frame, Scan, Scanned, SegmentHeader};
+use weir_core::spool::{frame, ReadPlan, Scan, Scanned, SegmentHeader};
 use weir_core::Record;
 
 use super::files;
@@ -86,32 +86,18 @@ fn step(shared: &Shared, slot: &ClassSlot, open: &mut Option<Open>) -> std::io::
         let Some(cursor) = st.behind else {
             return Ok(Step::Done);
         };
-        let segs: Vec<(u64, u64)> = st
-            .log
-            .segments()
-            .map(|s| (s.first_index, s.bytes))
-            .collect();
-        let Some(pos) = segs.iter().position(|s| s.0 >= cursor.segment) else {
-            // Nothing left on disk (all evicted): caught up.
-            st.behind = None;
-            return Ok(Step::Again);
-        };
-        if segs[pos].0 != cursor.segment {
-            // The segment is gone (dropped by policy): go on with the next.
-            st.behind = Some(Cursor {
-                segment: segs[pos].0,
-                offset: 0,
-            });
-            return Ok(Step::Again);
-        }
-        // Read only what is durable. The segment holding the durable end
-        // is read up to it and never left: a later segment may have been
-        // started by the group being written, whose records in this one
-        // (past the durable end) are not readable yet. An earlier segment
-        // is sealed, and whole on disk.
-        let (limit, next) = match st.durable_end {
-            Some(d) if d.segment <= cursor.segment => (d.offset, None),
-            _ => (segs[pos].1, segs.get(pos + 1).map(|s| s.0)),
+        let (limit, next) = match st.log.read_plan(cursor, st.durable_end) {
+            ReadPlan::CaughtUp => {
+                // Nothing left on disk (all evicted): caught up.
+                st.behind = None;
+                return Ok(Step::Again);
+            }
+            ReadPlan::Skip { segment } => {
+                // The segment is gone (dropped by policy): go on with the next.
+                st.behind = Some(Cursor { segment, offset: 0 });
+                return Ok(Step::Again);
+            }
+            ReadPlan::Read { limit, next } => (limit, next),
         };
         (cursor, limit, next)
     };

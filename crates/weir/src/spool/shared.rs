@@ -32,11 +32,7 @@ pub(super) const HOUSEKEEPING: Duration = Duration::from_millis(100);
 pub(super) const CHECKPOINT_EVERY: Duration = Duration::from_millis(20);
 
 /// A position in a class's log: a segment and a byte offset in it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Cursor {
-    pub(super) segment: u64,
-    pub(super) offset: u64,
-}
+pub(super) use weir_core::spool::LogPosition as Cursor;
 
 /// One spooled class's state, shared by ingress, writer, reader and
 /// egress under its mutex.
