@@ -1,6 +1,7 @@
 //! The spool's limits against the real process: a disk that fills up
-//! (a 32 MiB tmpfs filled by another writer until weir's own writes fail
-//! with ENOSPC), per-class quotas with each `on_full` policy, and `ttl`.
+//! (a 32 MiB tmpfs filled by another writer; weir's next write fails with
+//! ENOSPC, or its free-space check sees it first), per-class quotas with
+//! each `on_full` policy, and `ttl`.
 //! Every record is either delivered or counted as dropped, by reason; an
 //! acknowledged record of a `block` class is never dropped.
 
@@ -200,9 +201,16 @@ async fn a_full_disk_holds_acknowledgements_back_and_resumes_without_loss() {
         last < 20_000,
         "every record was acknowledged although the disk was full"
     );
+    // Either a write failed with ENOSPC (retried, acknowledgements held)
+    // or the free-space check, refreshed every 100 ms, saw the disk full
+    // first and held the append like a full quota: which one depends on
+    // whether an append fell between the filler and the next check.
+    let enospc = metric(&full, "weir_spool_write_errors_total");
+    let held = metric(&full, "weir_records_backpressured_total");
+    eprintln!("full disk met as: {enospc} failed writes, {held} appends held at the quota check");
     assert!(
-        metric(&full, "weir_spool_write_errors_total") >= 1.0,
-        "no failed write counted: {full}"
+        enospc >= 1.0 || held >= 1.0,
+        "neither a failed write nor a held append counted: {full}"
     );
     assert_eq!(
         metric(&full, "weir_spool_dropped_records_total"),
