@@ -17,8 +17,8 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{BrokerArgs, Pacing};
-use crate::mqtt::{run_publishers, MqttLoad};
+use crate::cli::BrokerArgs;
+use crate::mqtt::{connections, run_publishers};
 use crate::report::{machine_info, MachineInfo};
 use crate::shared::{on_thread, unique, Counters};
 use crate::stamp::{payload_kind, STAMP};
@@ -59,18 +59,7 @@ pub async fn broker(a: &BrokerArgs, clk_tck: f64) -> anyhow::Result<BrokerReport
     });
     // The subscription is in place before the first publish.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let loads = (0..a.connections)
-        .map(|i| MqttLoad {
-            addr: a.addr,
-            client_id: format!("{name}-{i}"),
-            topic: format!("{name}/c{i}"),
-            size: a.size,
-            window: a.window,
-            rate: None,
-            pacing: Pacing::Tick,
-            limit: None,
-        })
-        .collect();
+    let loads = connections(a.addr, &name, &name, a.connections, a.size, a.window, None);
     let stop = CancellationToken::new();
     let publishers = tokio::spawn(run_publishers(loads, Arc::clone(&counters), stop.clone()));
     tokio::time::sleep(Duration::from_secs(a.warmup)).await;

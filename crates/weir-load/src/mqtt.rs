@@ -36,6 +36,34 @@ pub struct MqttLoad {
     pub limit: Option<u64>,
 }
 
+/// `n` connections to `addr` as `<name>-<i>`, each publishing `size`-byte
+/// records to `<topic_base>/c<i>` with `window` in flight, sharing
+/// `total_rate` (records/s) or as fast as acknowledged. They share the
+/// publisher thread, so paced ones send per timer tick instead of
+/// blocking it with sleeps.
+pub fn connections(
+    addr: SocketAddr,
+    name: &str,
+    topic_base: &str,
+    n: usize,
+    size: usize,
+    window: usize,
+    total_rate: Option<f64>,
+) -> Vec<MqttLoad> {
+    (0..n)
+        .map(|i| MqttLoad {
+            addr,
+            client_id: format!("{name}-{i}"),
+            topic: format!("{topic_base}/c{i}"),
+            size,
+            window,
+            rate: total_rate.map(|r| r / n as f64),
+            pacing: Pacing::Tick,
+            limit: None,
+        })
+        .collect()
+}
+
 /// Runs every connection on the `load-pub` thread until `stop` fires (or
 /// each has sent its `limit`), then waits for their in-flight PUBACKs.
 pub fn run_publishers(

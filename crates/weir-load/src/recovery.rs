@@ -16,8 +16,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::child::Weir;
-use crate::cli::{DurabilityArg, Pacing, RecoveryArgs};
-use crate::mqtt::{run_publishers, MqttLoad};
+use crate::cli::{DurabilityArg, RecoveryArgs};
+use crate::mqtt::{connections, run_publishers};
 use crate::report::{machine_info, MachineInfo};
 use crate::run::SAMPLE_EVERY;
 use crate::sample::{rss_kib, scrape};
@@ -100,18 +100,15 @@ pub async fn recovery(env: &Env, a: &RecoveryArgs) -> anyhow::Result<RecoveryRep
 
     let weir = Weir::start(env, &name, &cfg).await?;
     let counters = Arc::new(Counters::default());
-    let loads = (0..a.connections)
-        .map(|i| MqttLoad {
-            addr: weir.mqtt,
-            client_id: format!("{name}-{i}"),
-            topic: format!("{name}/lt/c{i}"),
-            size: a.size,
-            window: a.window,
-            rate: None,
-            pacing: Pacing::Tick,
-            limit: None,
-        })
-        .collect();
+    let loads = connections(
+        weir.mqtt,
+        &name,
+        &format!("{name}/lt"),
+        a.connections,
+        a.size,
+        a.window,
+        None,
+    );
     let stop = CancellationToken::new();
     let started = Instant::now();
     let publishers = tokio::spawn(run_publishers(loads, Arc::clone(&counters), stop.clone()));

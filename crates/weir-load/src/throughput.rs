@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::amqp::{Body, Consumer};
 use crate::child::Weir;
 use crate::cli::{Pacing, ThroughputArgs};
-use crate::mqtt::{run_publishers, MqttLoad};
+use crate::mqtt::{connections, run_publishers, MqttLoad};
 use crate::report::{machine_info, CpuReport, Percentiles, ThroughputReport, TimelinePoint};
 use crate::run::{egress_cycles, wait_consumed, LINGER, PRIMING_RECORDS, SAMPLE_EVERY};
 use crate::sample::{hwm_kib, rss_kib, Snapshot};
@@ -56,20 +56,15 @@ pub async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<Through
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss_idle = rss_kib(weir.pid).unwrap_or(0);
 
-    let loads = (0..a.connections)
-        .map(|i| MqttLoad {
-            addr: weir.mqtt,
-            client_id: format!("{name}-{i}"),
-            topic: format!("{topic_base}/c{i}"),
-            size: a.size,
-            window: a.window,
-            rate: a.rate.map(|r| r / a.connections as f64),
-            // Several connections share the publisher thread, so none may
-            // block it with thread sleeps.
-            pacing: Pacing::Tick,
-            limit: None,
-        })
-        .collect();
+    let loads = connections(
+        weir.mqtt,
+        &name,
+        &topic_base,
+        a.connections,
+        a.size,
+        a.window,
+        a.rate,
+    );
     let stop = CancellationToken::new();
     let started = Instant::now();
     let publishers = tokio::spawn(run_publishers(loads, Arc::clone(&counters), stop.clone()));

@@ -6,7 +6,6 @@
 mod common;
 
 use std::collections::HashSet;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,22 +16,6 @@ use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use weir::app::App;
 
 const RECORDS: usize = 3000;
-
-fn rabbitmqctl(args: &[&str]) {
-    let status = Command::new("rabbitmqctl")
-        .args(args)
-        .status()
-        .expect("rabbitmqctl (run scripts/services.sh)");
-    assert!(status.success(), "rabbitmqctl {args:?} failed");
-}
-
-/// Starts the broker's app again even if the test panics midway.
-struct RestartGuard;
-impl Drop for RestartGuard {
-    fn drop(&mut self) {
-        let _ = Command::new("rabbitmqctl").arg("start_app").status();
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_acknowledged_is_lost_when_rabbitmq_restarts() {

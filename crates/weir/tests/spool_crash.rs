@@ -7,29 +7,16 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::Path;
 use std::process::Child;
 use std::time::Duration;
 
 use common::amqp::{amqp_egress, consume_until, delete_queue};
 use common::mqtt::{publish_qos1, Pace};
 use common::process::{
-    file_batch_payloads, file_egress, free_port, metric, scrape, sigterm, spawn_weir, wait_port,
-    write_config,
+    file_batch_payloads, file_egress, free_port, metric, scrape, sigterm, spawn_weir, spool_config,
+    wait_port, write_config,
 };
 use common::{tmp, unique, PATIENCE};
-
-fn config(spool: &Path, mqtt: u16, admin: u16, egress: &str, extra: &str) -> String {
-    format!(
-        "[[class]]\nname = \"ls\"\nbound = \"100ms\"\ndurability = \"spool\"\n\
-         [[class]]\nname = \"lt\"\nbound = \"1s\"\ndurability = \"spool\"\n\
-         [classify]\ndefault_class = \"lt\"\n[[classify.route]]\nmqtt = \"ls/#\"\nclass = \"ls\"\n\
-         [spool]\ndir = \"{}\"\n{extra}\n\
-         [ingress.mqtt]\nlisten = \"127.0.0.1:{mqtt}\"\n[ingress.grpc]\nenabled = false\n\
-         [admin]\nlisten = \"127.0.0.1:{admin}\"\n{egress}\n",
-        spool.display()
-    )
-}
 
 /// Publishes QoS 1 as fast as weir acknowledges, `window` in flight,
 /// a third of them `ls`, until weir is killed or `stop`; the payloads
@@ -75,7 +62,7 @@ async fn nothing_acknowledged_is_lost_across_twenty_sigkills() {
     let cfg = write_config(
         &dir,
         "weir.toml",
-        &config(&dir.join("spool"), mqtt, admin, &amqp_egress(&name), ""),
+        &spool_config(&dir.join("spool"), mqtt, admin, &amqp_egress(&name), ""),
     );
     let mut acked = Vec::new();
     // A varied moment to kill at, without a random-number dependency.
@@ -166,7 +153,7 @@ async fn damaged_segments_lose_only_the_damaged_records() {
     let cfg = write_config(
         &dir,
         "down.toml",
-        &config(&spool, mqtt, admin, unreachable, small),
+        &spool_config(&spool, mqtt, admin, unreachable, small),
     );
     let log = std::fs::File::create(dir.join("weir-down.log")).unwrap();
     let mut child = spawn_weir(&cfg, log);
@@ -203,7 +190,7 @@ async fn damaged_segments_lose_only_the_damaged_records() {
     let cfg = write_config(
         &dir,
         "up.toml",
-        &config(&spool, mqtt, admin, &file_egress(&out), small),
+        &spool_config(&spool, mqtt, admin, &file_egress(&out), small),
     );
     let log = std::fs::File::create(dir.join("weir-up.log")).unwrap();
     let mut child = spawn_weir(&cfg, log);

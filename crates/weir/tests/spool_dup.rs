@@ -12,22 +12,20 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use common::mqtt::{connect_packet, connect_packet_session, mqtt_str, packet};
-use common::process::{free_port, metric, scrape, spawn_weir, wait_port, write_config};
+use common::process::{
+    file_egress, free_port, metric, scrape, spawn_weir, spool_config, wait_port, write_config,
+};
 use common::{tmp, PATIENCE};
 
 /// A spooled weir (`sync` as given) with its MQTT and admin addresses.
 fn start(dir: &std::path::Path, sync: &str) -> (std::process::Child, u16, std::net::SocketAddr) {
     let (mqtt, admin) = (free_port(), free_port());
-    let config = format!(
-        "[[class]]\nname = \"ls\"\nbound = \"100ms\"\ndurability = \"spool\"\n\
-         [[class]]\nname = \"lt\"\nbound = \"1s\"\ndurability = \"spool\"\n\
-         [classify]\ndefault_class = \"lt\"\n\
-         [spool]\ndir = \"{spool}\"\n{sync}\n\
-         [ingress.mqtt]\nlisten = \"127.0.0.1:{mqtt}\"\n[ingress.grpc]\nenabled = false\n\
-         [admin]\nlisten = \"127.0.0.1:{admin}\"\n\
-         [egress]\nkind = \"file\"\n[egress.file]\ndir = \"{out}\"\n",
-        spool = dir.join("spool").display(),
-        out = dir.join("out").display(),
+    let config = spool_config(
+        &dir.join("spool"),
+        mqtt,
+        admin,
+        &file_egress(&dir.join("out")),
+        sync,
     );
     let path = write_config(dir, "weir.toml", &config);
     let child = spawn_weir(&path, Stdio::null());

@@ -9,14 +9,15 @@ mod common;
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
-use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::amqp::{amqp_egress, consume_until, delete_queue};
+use common::amqp::{amqp_egress, consume_until, delete_queue, rabbitmqctl, RestartGuard};
 use common::mqtt::{publish_qos1, Pace};
-use common::process::{free_port, metric, scrape, sigterm, spawn_weir, wait_port, write_config};
+use common::process::{
+    free_port, metric, scrape, sigterm, spawn_weir, spool_config, wait_port, write_config,
+};
 use common::{tmp, unique};
 
 /// How long the broker is down, as the issue asks.
@@ -36,22 +37,6 @@ const SIZE: usize = 4096;
 /// 22 MiB resident (a release build's is under 10 MiB; docs/durability.md
 /// gives the release figures).
 const RSS_BOUND: u64 = 48 << 20;
-
-fn rabbitmqctl(args: &[&str]) {
-    let status = Command::new("rabbitmqctl")
-        .args(args)
-        .status()
-        .expect("rabbitmqctl (run scripts/services.sh)");
-    assert!(status.success(), "rabbitmqctl {args:?} failed");
-}
-
-/// Starts the broker's app again even if the test panics midway.
-struct RestartGuard;
-impl Drop for RestartGuard {
-    fn drop(&mut self) {
-        let _ = Command::new("rabbitmqctl").arg("start_app").status();
-    }
-}
 
 /// Anonymous resident memory (`RssAnon`: heap, stacks) and all of it
 /// (`VmRSS`), in bytes.
@@ -84,17 +69,12 @@ async fn a_sixty_second_broker_outage_is_spooled_with_bounded_memory_and_ls_drai
     let queue = format!("{name}.q");
     delete_queue(&queue).await;
     let (mqtt, admin) = (free_port(), free_port());
-    let config = format!(
-        "[[class]]\nname = \"ls\"\nbound = \"100ms\"\ndurability = \"spool\"\n\
-         [[class]]\nname = \"lt\"\nbound = \"1s\"\ndurability = \"spool\"\n\
-         [classify]\ndefault_class = \"lt\"\n[[classify.route]]\nmqtt = \"ls/#\"\nclass = \"ls\"\n\
-         [spool]\ndir = \"{}\"\nmax_bytes = \"2GiB\"\n\
-         [scheduler]\nuplink = \"10Gbit/s\"\n\
-         [compression]\nenabled = false\n\
-         [ingress.mqtt]\nlisten = \"127.0.0.1:{mqtt}\"\n[ingress.grpc]\nenabled = false\n\
-         [admin]\nlisten = \"127.0.0.1:{admin}\"\n{}\nreconnect_backoff_max = \"1s\"\n",
-        dir.join("spool").display(),
-        amqp_egress(&name),
+    let config = spool_config(
+        &dir.join("spool"),
+        mqtt,
+        admin,
+        &format!("{}\nreconnect_backoff_max = \"1s\"", amqp_egress(&name)),
+        "max_bytes = \"2GiB\"\n[scheduler]\nuplink = \"10Gbit/s\"\n[compression]\nenabled = false",
     );
     let cfg = write_config(&dir, "weir.toml", &config);
     let log = std::fs::File::create(dir.join("weir.log")).unwrap();

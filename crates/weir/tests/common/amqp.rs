@@ -143,3 +143,26 @@ pub async fn delete_queue(queue: &str) {
 pub fn counts(seen: &[Seen]) -> BTreeMap<(u64, u64), usize> {
     tally(seen.iter().map(|s| (s.record.origin, s.record.seq)))
 }
+
+/// Runs `rabbitmqctl` with `args` against the test broker; panics if it
+/// fails. Tests that stop the broker have a binary of their own, so no
+/// other test runs while it is down.
+pub fn rabbitmqctl(args: &[&str]) {
+    let status = std::process::Command::new("rabbitmqctl")
+        .args(args)
+        .status()
+        .expect("rabbitmqctl (run scripts/services.sh)");
+    assert!(status.success(), "rabbitmqctl {args:?} failed");
+}
+
+/// Starts the broker's app again when dropped, even if the test panics
+/// midway.
+pub struct RestartGuard;
+
+impl Drop for RestartGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("rabbitmqctl")
+            .arg("start_app")
+            .status();
+    }
+}

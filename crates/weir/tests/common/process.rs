@@ -21,6 +21,22 @@ pub fn file_egress(dir: &Path) -> String {
     format!("[egress.file]\ndir = \"{}\"", dir.display())
 }
 
+/// A weir config with two spooled classes, `ls` (topics `ls/#`) and `lt`
+/// (everything else), the spool in `spool`, MQTT and admin on loopback
+/// ports and no gRPC. `extra` goes in the `[spool]` section (and may open
+/// further sections); `egress` is the egress section(s).
+pub fn spool_config(spool: &Path, mqtt: u16, admin: u16, egress: &str, extra: &str) -> String {
+    format!(
+        "[[class]]\nname = \"ls\"\nbound = \"100ms\"\ndurability = \"spool\"\n\
+         [[class]]\nname = \"lt\"\nbound = \"1s\"\ndurability = \"spool\"\n\
+         [classify]\ndefault_class = \"lt\"\n[[classify.route]]\nmqtt = \"ls/#\"\nclass = \"ls\"\n\
+         [spool]\ndir = \"{}\"\n{extra}\n\
+         [ingress.mqtt]\nlisten = \"127.0.0.1:{mqtt}\"\n[ingress.grpc]\nenabled = false\n\
+         [admin]\nlisten = \"127.0.0.1:{admin}\"\n{egress}\n",
+        spool.display()
+    )
+}
+
 /// Parses a test config (`name` is what errors call it); panics listing
 /// every problem.
 pub fn parse_config(text: &str, name: &str) -> weir::config::Config {
