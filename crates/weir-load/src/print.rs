@@ -102,6 +102,12 @@ pub fn print_throughput(r: &ThroughputReport) {
         "  disk written per payload byte  {:>10.3}",
         r.disk_bytes_per_payload_byte
     );
+    if r.spool_syncs_per_sec > 0.0 {
+        println!(
+            "  spool segment bytes per payload byte {:>4.3}   {:.0} syncs/s",
+            r.segment_bytes_per_payload_byte, r.spool_syncs_per_sec
+        );
+    }
     println!(
         "  weir RSS start / idle          {} / {}",
         mib(r.weir_rss_start_kib),

@@ -135,6 +135,11 @@ pub struct ThroughputReport {
     /// acknowledged (the spool's write amplification; about 0 in memory
     /// mode).
     pub disk_bytes_per_payload_byte: f64,
+    /// Bytes written to spool segments per payload byte (the format's
+    /// cost, each byte counted once).
+    pub segment_bytes_per_payload_byte: f64,
+    /// fdatasync calls on segments per second.
+    pub spool_syncs_per_sec: f64,
     /// weir's resident memory right after start, nothing sent yet.
     pub weir_rss_start_kib: u64,
     /// weir's resident memory idle, connected to RabbitMQ, before the load.

@@ -140,15 +140,22 @@ pub async fn scrape(addr: SocketAddr) -> anyhow::Result<Scrape> {
     Ok(Scrape(m))
 }
 
-/// `write_bytes` of `/proc/<pid>/io`.
+/// Bytes a process has sent toward storage: `write_bytes` of
+/// `/proc/<pid>/io` (counted when a page is dirtied, so a page synced and
+/// dirtied again counts again) less `cancelled_write_bytes` (dirty pages
+/// dropped before writeback, such as a checkpoint file replaced before the
+/// kernel wrote it out).
 pub fn disk_written(pid: u32) -> Option<u64> {
-    std::fs::read_to_string(format!("/proc/{pid}/io"))
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("write_bytes:"))?
-        .trim()
-        .parse()
-        .ok()
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    let field = |name: &str| -> Option<u64> {
+        io.lines()
+            .find_map(|l| l.strip_prefix(name))?
+            .trim()
+            .parse()
+            .ok()
+    };
+    let written = field("write_bytes:")?;
+    Some(written.saturating_sub(field("cancelled_write_bytes:").unwrap_or(0)))
 }
 
 /// Everything sampled at one instant.

@@ -162,6 +162,19 @@ pub async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<Through
                 0.0
             }
         },
+        segment_bytes_per_payload_byte: {
+            let payload = d(|s| s.acked) * a.size as f64;
+            let written = last.metrics.sum("weir_spool_written_bytes_total")
+                - first.metrics.sum("weir_spool_written_bytes_total");
+            if payload > 0.0 {
+                written / payload
+            } else {
+                0.0
+            }
+        },
+        spool_syncs_per_sec: (last.metrics.sum("weir_spool_syncs_total")
+            - first.metrics.sum("weir_spool_syncs_total"))
+            / secs,
         backpressured: (last.metrics.sum("weir_records_backpressured_total")
             - first.metrics.sum("weir_records_backpressured_total")) as u64,
         weir_rss_start_kib: rss_start,

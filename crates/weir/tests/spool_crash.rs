@@ -118,6 +118,27 @@ async fn nothing_acknowledged_is_lost_across_twenty_sigkills() {
         .filter(|p| !got.contains_key(*p))
         .map(|p| String::from_utf8_lossy(p).into_owned())
         .collect();
+    // Each record comes back with its own topic: the spool's key table
+    // (a topic written once per segment, then an id) survives the crashes.
+    let wrong_topic: Vec<String> = seen
+        .iter()
+        .filter(|s| {
+            let payload = String::from_utf8_lossy(&s.record.payload).into_owned();
+            let i: u64 = payload.rsplit('-').next().unwrap().parse().unwrap();
+            let want = if i.is_multiple_of(3) {
+                "ls/crash"
+            } else {
+                "lt/crash"
+            };
+            s.record.key != want
+        })
+        .take(10)
+        .map(|s| String::from_utf8_lossy(&s.record.payload).into_owned())
+        .collect();
+    assert!(
+        wrong_topic.is_empty(),
+        "records delivered with another topic: {wrong_topic:?}"
+    );
     let by_id = common::amqp::counts(&seen);
     let duplicates: usize = by_id.values().map(|n| n - 1).sum();
     let resent: usize = got.values().map(|n| n - 1).sum();

@@ -8,24 +8,38 @@
 //! frame   = u32:body_len u32:crc32c(body) body
 //! body    = u8:flags varint:index-first_index zigzag:seq-base_seq
 //!           zigzag:ingress_us-base_us [varint:origin if flags&1]
-//!           varint:key_len key payload
+//!           keyfield payload
+//! keyfield = varint:id varint:key_len key   if flags&2 (defines id)
+//!          | varint:id                      if flags&4 (uses id)
+//!          | varint:key_len key             otherwise
 //! ```
 //!
 //! Integers are little-endian. Fields that repeat from record to record
 //! (class, origin, the high bits of sequence number and time) live once in
-//! the header and the frame carries deltas, so a 256-byte reading costs
-//! about 20 bytes of framing besides its key: the issue's budget is 1.2
-//! bytes on disk per payload byte. Every frame carries its own index, so a
-//! corrupt frame can be skipped without renumbering those after it.
+//! the header and the frame carries deltas, and a key the segment already
+//! holds is an id ([`super::keys`]), so a 256-byte reading costs about 20
+//! bytes besides its payload: the issue's budget is 1.2 bytes on disk per
+//! payload byte. Every frame carries its own index, so a corrupt frame can
+//! be skipped without renumbering those after it.
+//!
+//! Version 1 (weir before the key table) is the same without flags 2 and
+//! 4; it is still read, and a version 1 segment reopened after an upgrade
+//! is appended to with full keys.
 
 use bytes::{BufMut, Bytes};
 
 use crate::record::NodeId;
 
-/// First bytes of every segment file; the digit is the format version.
+/// First bytes of every segment file (the format version follows it).
 pub const MAGIC: &[u8; 8] = b"WEIRSPL1";
-/// The format version this code writes and reads.
-pub const VERSION: u16 = 1;
+/// The format version this code writes; it reads this and version 1.
+pub const VERSION: u16 = 2;
+/// Flag: the record's origin is not the header's.
+const FOREIGN: u8 = 1;
+/// Flag: the frame defines a key id.
+const DEFINES: u8 = 2;
+/// Flag: the frame uses a key id.
+const USES: u8 = 4;
 /// Longest class name a header holds (config names are short).
 pub const MAX_CLASS_NAME: usize = 255;
 /// Bytes of a frame's length and checksum.
@@ -36,9 +50,22 @@ pub const MAX_BODY: usize = 64 << 20;
 /// Shortest possible body: flags, three one-byte varints and a key length.
 const MIN_BODY: usize = 5;
 
+/// How a frame carries its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyField {
+    /// In full, without an id (format version 1, or the table is full).
+    Inline,
+    /// In full, and it defines (or defines again) this id.
+    Define(u32),
+    /// Only this id, defined by an earlier frame of the segment.
+    Use(u32),
+}
+
 /// What a segment's header says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SegmentHeader {
+    /// Format version the segment's frames are written in.
+    pub version: u16,
     /// Index of the first record appended to the segment.
     pub first_index: u64,
     /// The origin most records carry (this node).
@@ -62,7 +89,9 @@ pub enum HeaderError {
     #[error("not a weir spool segment (bad magic)")]
     Magic,
     /// Written by a newer weir.
-    #[error("segment format version {0} is not supported (this weir reads version {VERSION})")]
+    #[error(
+        "segment format version {0} is not supported (this weir reads versions 1 to {VERSION})"
+    )]
     Version(u16),
     /// The checksum does not match.
     #[error("segment header checksum mismatch")]
@@ -83,7 +112,7 @@ impl SegmentHeader {
         let start = out.len();
         let name = &self.class.as_bytes()[..self.class.len().min(MAX_CLASS_NAME)];
         out.extend_from_slice(MAGIC);
-        out.put_u16_le(VERSION);
+        out.put_u16_le(self.version);
         out.put_u16_le(self.encoded_len() as u16);
         out.put_u64_le(self.first_index);
         out.put_u64_le(self.origin);
@@ -104,7 +133,7 @@ impl SegmentHeader {
             return Err(HeaderError::Magic);
         }
         let version = u16::from_le_bytes([bytes[8], bytes[9]]);
-        if version != VERSION {
+        if !(1..=VERSION).contains(&version) {
             return Err(HeaderError::Version(version));
         }
         let len = u16::from_le_bytes([bytes[10], bytes[11]]) as usize;
@@ -128,6 +157,7 @@ impl SegmentHeader {
             .to_owned();
         Ok((
             SegmentHeader {
+                version,
                 first_index: u64_at(12),
                 origin: u64_at(20),
                 base_seq: u64_at(28),
@@ -172,20 +202,35 @@ pub enum FrameError {
     /// The checksum matches but the body does not parse.
     #[error("frame body is malformed")]
     Malformed,
+    /// The frame uses a key id whose defining frame was lost (corrupt).
+    #[error("frame uses key id {0}, whose definition is lost")]
+    UnknownKey(u32),
 }
 
 /// Bytes the frame of a record with this key and payload takes, at most
 /// (varints at their longest); used for quota checks before encoding.
 pub fn max_frame_len(key: usize, payload: usize) -> usize {
-    FRAME_PREFIX + 1 + 10 * 5 + key + payload
+    FRAME_PREFIX + 1 + 10 * 6 + key + payload
 }
 
-/// Appends the frame of `frame` to `out`, relative to `header`.
-pub fn encode(header: &SegmentHeader, frame: &Frame, out: &mut Vec<u8>) {
+/// Appends the frame of `frame` to `out`, relative to `header`, carrying
+/// its key as `key` says ([`super::keys::SegmentKeys::field`]; always
+/// [`KeyField::Inline`] in a version 1 segment).
+pub fn encode(header: &SegmentHeader, frame: &Frame, key: KeyField, out: &mut Vec<u8>) {
     let start = out.len();
     out.extend_from_slice(&[0u8; FRAME_PREFIX]);
     let foreign = frame.origin != header.origin;
-    out.put_u8(u8::from(foreign));
+    let key = if header.version < 2 {
+        KeyField::Inline
+    } else {
+        key
+    };
+    let flags = match key {
+        KeyField::Inline => 0,
+        KeyField::Define(_) => DEFINES,
+        KeyField::Use(_) => USES,
+    };
+    out.put_u8(flags | if foreign { FOREIGN } else { 0 });
     put_varint(out, frame.index.wrapping_sub(header.first_index));
     put_varint(out, zigzag(frame.seq.wrapping_sub(header.base_seq) as i64));
     put_varint(
@@ -195,8 +240,14 @@ pub fn encode(header: &SegmentHeader, frame: &Frame, out: &mut Vec<u8>) {
     if foreign {
         put_varint(out, frame.origin);
     }
-    put_varint(out, frame.key.len() as u64);
-    out.extend_from_slice(&frame.key);
+    match key {
+        KeyField::Inline => {}
+        KeyField::Define(id) | KeyField::Use(id) => put_varint(out, u64::from(id)),
+    }
+    if !matches!(key, KeyField::Use(_)) {
+        put_varint(out, frame.key.len() as u64);
+        out.extend_from_slice(&frame.key);
+    }
     out.extend_from_slice(&frame.payload);
     let body_len = (out.len() - start - FRAME_PREFIX) as u32;
     let crc = crc32c::crc32c(&out[start + FRAME_PREFIX..]);
@@ -204,9 +255,14 @@ pub fn encode(header: &SegmentHeader, frame: &Frame, out: &mut Vec<u8>) {
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
-/// Reads the frame at the start of `bytes`; returns it and its length.
-/// `key` and `payload` are slices of `bytes` (no copy).
-pub fn decode(header: &SegmentHeader, bytes: &Bytes) -> Result<(Frame, usize), FrameError> {
+/// Reads the frame at the start of `bytes`; returns it, its length and how
+/// it carries its key. `key` and `payload` are slices of `bytes` (no
+/// copy); with [`KeyField::Use`] the key is empty until resolved
+/// ([`super::keys::SegmentKeys::resolve`]).
+pub fn decode(
+    header: &SegmentHeader,
+    bytes: &Bytes,
+) -> Result<(Frame, usize, KeyField), FrameError> {
     if bytes.len() < FRAME_PREFIX {
         return Err(FrameError::Truncated);
     }
@@ -233,13 +289,34 @@ pub fn decode(header: &SegmentHeader, bytes: &Bytes) -> Result<(Frame, usize), F
     let index = header.first_index.wrapping_add(next()?);
     let seq = header.base_seq.wrapping_add(unzigzag(next()?) as u64);
     let ingress_us = header.base_us.wrapping_add(unzigzag(next()?) as u64);
-    let origin = if flags & 1 != 0 {
+    let origin = if flags & FOREIGN != 0 {
         next()?
     } else {
         header.origin
     };
-    let key_len = next()? as usize;
-    if flags & !1 != 0 || key_len > body.len() - at {
+    let known = if header.version < 2 {
+        FOREIGN
+    } else {
+        FOREIGN | DEFINES | USES
+    };
+    if flags & !known != 0 || flags & (DEFINES | USES) == DEFINES | USES {
+        return Err(FrameError::Malformed);
+    }
+    let field = if flags & (DEFINES | USES) == 0 {
+        KeyField::Inline
+    } else {
+        let id = u32::try_from(next()?).map_err(|_| FrameError::Malformed)?;
+        if flags & DEFINES != 0 {
+            KeyField::Define(id)
+        } else {
+            KeyField::Use(id)
+        }
+    };
+    let key_len = match field {
+        KeyField::Use(_) => 0,
+        _ => next()? as usize,
+    };
+    if key_len > body.len() - at {
         return Err(FrameError::Malformed);
     }
     let key = bytes.slice(FRAME_PREFIX + at..FRAME_PREFIX + at + key_len);
@@ -254,6 +331,7 @@ pub fn decode(header: &SegmentHeader, bytes: &Bytes) -> Result<(Frame, usize), F
             payload,
         },
         total,
+        field,
     ))
 }
 
@@ -265,7 +343,7 @@ fn unzigzag(v: u64) -> i64 {
     ((v >> 1) as i64) ^ -((v & 1) as i64)
 }
 
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;
@@ -273,7 +351,7 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-fn get_varint(bytes: &[u8]) -> Option<(u64, usize)> {
+pub(crate) fn get_varint(bytes: &[u8]) -> Option<(u64, usize)> {
     let mut v = 0u64;
     for (i, &b) in bytes.iter().enumerate().take(10) {
         v |= u64::from(b & 0x7f) << (7 * i);
@@ -290,6 +368,7 @@ mod tests {
 
     fn header() -> SegmentHeader {
         SegmentHeader {
+            version: VERSION,
             first_index: 1000,
             origin: 7,
             base_seq: 1_700_000_000_000_000,
@@ -336,28 +415,71 @@ mod tests {
             frame(1002, u64::MAX, 99),
             frame(u64::MAX, 0, 0),
         ] {
-            let mut buf = Vec::new();
-            encode(&h, &f, &mut buf);
-            let bytes = Bytes::from(buf);
-            assert_eq!(decode(&h, &bytes), Ok((f, bytes.len())));
+            for key in [KeyField::Inline, KeyField::Define(3), KeyField::Use(300)] {
+                let mut buf = Vec::new();
+                encode(&h, &f, key, &mut buf);
+                let bytes = Bytes::from(buf);
+                let mut want = f.clone();
+                if matches!(key, KeyField::Use(_)) {
+                    want.key = Bytes::new();
+                }
+                assert_eq!(decode(&h, &bytes), Ok((want, bytes.len(), key)));
+            }
         }
+    }
+
+    #[test]
+    fn a_version_1_segment_is_read_and_written_with_full_keys() {
+        let h = SegmentHeader {
+            version: 1,
+            ..header()
+        };
+        let mut buf = Vec::new();
+        h.encode(&mut buf);
+        assert_eq!(SegmentHeader::decode(&buf), Ok((h.clone(), buf.len())));
+        let f = frame(1000, h.base_seq, 7);
+        let mut buf = Vec::new();
+        encode(&h, &f, KeyField::Use(1), &mut buf);
+        let bytes = Bytes::from(buf);
+        assert_eq!(
+            decode(&h, &bytes),
+            Ok((f.clone(), bytes.len(), KeyField::Inline))
+        );
+        // Key flags in a version 1 segment are damage.
+        let mut buf = Vec::new();
+        encode(&header(), &f, KeyField::Define(0), &mut buf);
+        assert_eq!(decode(&h, &Bytes::from(buf)), Err(FrameError::Malformed));
     }
 
     #[test]
     fn framing_of_a_256_byte_reading_stays_within_the_write_budget() {
         let h = header();
-        let f = frame(1500, h.base_seq + 40_000_000, 7);
+        // A segment 100,000 frames and 40 s in.
+        let f = Frame {
+            ingress_us: h.base_us + 40_000_000,
+            ..frame(101_000, h.base_seq + 100_000, 7)
+        };
         let mut buf = Vec::new();
-        encode(&h, &f, &mut buf);
+        encode(&h, &f, KeyField::Inline, &mut buf);
         let overhead = buf.len() - f.payload.len() - f.key.len();
         assert!(overhead <= 24, "{overhead} bytes of framing");
+        // With the key an id, everything besides the payload.
+        let mut buf = Vec::new();
+        encode(&h, &f, KeyField::Use(40), &mut buf);
+        let overhead = buf.len() - f.payload.len();
+        assert!(overhead <= 22, "{overhead} bytes besides the payload");
     }
 
     #[test]
     fn every_damaged_byte_is_detected() {
         let h = header();
         let mut buf = Vec::new();
-        encode(&h, &frame(1000, h.base_seq, 7), &mut buf);
+        encode(
+            &h,
+            &frame(1000, h.base_seq, 7),
+            KeyField::Define(2),
+            &mut buf,
+        );
         for i in 0..buf.len() {
             let mut bad = buf.clone();
             bad[i] ^= 0x10;

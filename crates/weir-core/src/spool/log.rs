@@ -3,6 +3,8 @@
 
 use std::collections::VecDeque;
 
+use super::frame::{Frame, FrameError, VERSION};
+use super::keys::{KeyField, SegmentKeys};
 use super::released::Released;
 
 /// What a class does with a record that does not fit its quota (or the
@@ -108,6 +110,8 @@ pub struct Eviction {
 #[derive(Debug, Clone)]
 pub struct ClassLog {
     segments: VecDeque<SegmentMeta>,
+    /// Each segment's key table, beside `segments`.
+    keys: VecDeque<SegmentKeys>,
     next_index: u64,
     released: Released,
     segment_bytes: u64,
@@ -133,6 +137,10 @@ impl ClassLog {
         });
         let bytes = segments.iter().map(|s| s.bytes).sum();
         ClassLog {
+            keys: segments
+                .iter()
+                .map(|_| SegmentKeys::for_version(VERSION))
+                .collect(),
             segments: segments.into(),
             next_index,
             released,
@@ -200,6 +208,54 @@ impl ClassLog {
         }
     }
 
+    /// Sets the key table of a segment found on disk, as its scan learnt
+    /// it (and its format version allows).
+    pub fn restore_keys(&mut self, segment: u64, keys: SegmentKeys) {
+        if let Ok(k) = self.position(segment) {
+            self.keys[k] = keys;
+        }
+    }
+
+    /// How the next frame, at byte `offset` of the active segment, carries
+    /// `key` ([`SegmentKeys::field`]).
+    ///
+    /// # Panics
+    /// If there is no active segment.
+    pub fn key_field(&mut self, key: &[u8], offset: u64) -> KeyField {
+        self.keys
+            .back_mut()
+            .expect("a key needs an active segment")
+            .field(key, offset)
+    }
+
+    /// The key table of `segment`, if it is still in the log.
+    pub fn keys(&self, segment: u64) -> Option<&SegmentKeys> {
+        Some(&self.keys[self.position(segment).ok()?])
+    }
+
+    fn position(&self, segment: u64) -> Result<usize, usize> {
+        self.segments
+            .binary_search_by_key(&segment, |s| s.first_index)
+    }
+
+    /// Fills in the key of a frame of `segment` read back with `field`
+    /// (the writer defined every id before the frame became readable).
+    pub fn resolve_key(
+        &self,
+        segment: u64,
+        frame: &mut Frame,
+        field: KeyField,
+    ) -> Result<(), FrameError> {
+        match (field, self.keys(segment)) {
+            (KeyField::Use(id), Some(keys)) => {
+                frame.key = keys.get(id).ok_or(FrameError::UnknownKey(id))?.clone();
+                Ok(())
+            }
+            (KeyField::Use(id), None) => Err(FrameError::UnknownKey(id)),
+            _ => Ok(()),
+        }
+    }
+
     /// Whether `index` is released.
     pub fn is_released(&self, index: u64) -> bool {
         self.released.is_released(index)
@@ -240,6 +296,10 @@ impl ClassLog {
             bytes: header_len,
         };
         self.segments.push_back(s);
+        if let Some(k) = self.keys.back_mut() {
+            k.seal();
+        }
+        self.keys.push_back(SegmentKeys::for_version(VERSION));
         self.bytes += header_len;
         s
     }
@@ -277,6 +337,7 @@ impl ClassLog {
                 break;
             }
             self.segments.pop_front();
+            self.keys.pop_front();
             self.bytes -= front.bytes;
             out.push(front);
         }
@@ -287,6 +348,7 @@ impl ClassLog {
     /// its records count as released.
     pub fn evict_oldest(&mut self) -> Option<Eviction> {
         let segment = self.segments.pop_front()?;
+        self.keys.pop_front();
         self.bytes -= segment.bytes;
         let was_active = self.segments.is_empty();
         let dropped = self.released.release_below(segment.end_index);

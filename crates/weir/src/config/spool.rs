@@ -27,6 +27,8 @@ pub const SPOOL_SEGMENT_BYTES: u64 = 16 << 20;
 pub const SPOOL_SYNC: SyncMode = SyncMode::Group;
 /// With `sync = "interval"`: how much a power cut can lose.
 pub const SPOOL_SYNC_INTERVAL: Duration = Duration::from_secs(1);
+/// Default `[spool] commit_delay`.
+pub const SPOOL_COMMIT_DELAY: Duration = Duration::from_millis(1);
 /// Free space weir leaves on the spool's filesystem for the rest of the
 /// box (logs, package updates).
 pub const SPOOL_MIN_FREE_BYTES: u64 = 64 << 20;
@@ -99,6 +101,7 @@ pub(crate) struct RawSpool {
     pub segment_bytes: Option<Written<Size>>,
     pub sync: Option<String>,
     pub sync_interval: Option<Written<HumanDuration>>,
+    pub commit_delay: Option<Written<HumanDuration>>,
     pub min_free_bytes: Option<Written<Size>>,
     pub window_bytes: Option<Written<Size>>,
 }
@@ -117,6 +120,10 @@ pub struct SpoolConfig {
     pub sync: SyncMode,
     /// With [`SyncMode::Interval`], the longest time between syncs.
     pub sync_interval: Duration,
+    /// With [`SyncMode::Group`], how long the writer may wait for more
+    /// appends before a sync, when the arrival rate makes that worth it
+    /// (`weir_core::spool::commit`); zero: never.
+    pub commit_delay: Duration,
     /// Free space on the filesystem the spool never uses.
     pub min_free_bytes: u64,
     /// Bytes of each spooled class held in memory at once.
@@ -191,6 +198,16 @@ pub(crate) fn spool(p: &mut Problems, raw: RawSpool) -> Option<SpoolConfig> {
         raw.sync_interval,
         SPOOL_SYNC_INTERVAL,
     );
+    let commit_delay = p.duration("spool.commit_delay", raw.commit_delay, SPOOL_COMMIT_DELAY);
+    if let Some(d) = commit_delay.filter(|d| *d > Duration::from_secs(1)) {
+        p.push(
+            "spool.commit_delay",
+            format!(
+                "{} is too long: every acknowledgement may wait that long; use at most 1s",
+                HumanDuration(d)
+            ),
+        );
+    }
     let min_free_bytes = p
         .unit(
             "spool.min_free_bytes",
@@ -213,6 +230,7 @@ pub(crate) fn spool(p: &mut Problems, raw: RawSpool) -> Option<SpoolConfig> {
         segment_bytes: segment_bytes? as u64,
         sync: sync?,
         sync_interval: sync_interval?,
+        commit_delay: commit_delay?,
         min_free_bytes: min_free_bytes?,
         window_bytes: window_bytes? as u64,
     })

@@ -793,10 +793,11 @@ fn spool_keys_parse_and_every_bad_one_is_named() {
     let cfg = parse(
         "[[class]]\nname = \"ls\"\nbound = \"100ms\"\ndurability = \"spool\"\non_full = \"drop-oldest\"\nttl = \"1h\"\nspool_max_bytes = \"32MiB\"\n\
          [[class]]\nname = \"lt\"\nbound = \"1s\"\n\
-         [spool]\ndir = \"/tmp/x\"\nsync = \"interval\"\nwindow_bytes = \"8MiB\"",
+         [spool]\ndir = \"/tmp/x\"\nsync = \"interval\"\nwindow_bytes = \"8MiB\"\ncommit_delay = \"5ms\"",
         "spool",
     )
     .unwrap();
+    assert_eq!(cfg.spool.commit_delay, std::time::Duration::from_millis(5));
     assert!(cfg.spooled());
     assert_eq!(cfg.durability[0].durability, Durability::Spool);
     assert_eq!(cfg.durability[0].on_full, OnFull::DropOldest);
@@ -813,8 +814,9 @@ fn spool_keys_parse_and_every_bad_one_is_named() {
 
     let p = problems(
         "[[class]]\nname = \"ls\"\nbound = \"100ms\"\ndurability = \"disk\"\non_full = \"wait\"\nttl = \"0s\"\n\
-         [spool]\nsync = \"sometimes\"\nsegment_bytes = \"100\"",
+         [spool]\nsync = \"sometimes\"\nsegment_bytes = \"100\"\ncommit_delay = \"2s\"",
     );
+    assert_problem(&p, "spool.commit_delay", "too long");
     assert_problem(&p, "class[0].durability", "unknown durability \"disk\"");
     assert_problem(&p, "class[0].on_full", "unknown policy \"wait\"");
     assert_problem(&p, "class[0].ttl", "greater than zero");

@@ -46,6 +46,8 @@ pub struct SpoolMetrics {
     pub quarantined_segments: Counter,
     /// fdatasync calls on segment files.
     pub syncs: Counter,
+    /// Bytes written to segment files (headers and frames), each once.
+    pub written_bytes: Counter,
     /// Failed writes or syncs (full disk, I/O errors), each retried.
     pub write_errors: Counter,
 }
@@ -108,6 +110,11 @@ impl SpoolMetrics {
             self.quarantined_segments.clone(),
         );
         r.register("syncs", "fdatasync calls on segments", self.syncs.clone());
+        r.register(
+            "written_bytes",
+            "Bytes written to segment files (headers and frames; what the device sees is more, by the pages a sync writes again)",
+            self.written_bytes.clone(),
+        );
         r.register(
             "write_errors",
             "Failed segment writes or syncs (retried)",

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use weir_core::queue::PushError;
-use weir_core::spool::{frame, ReadPlan, Scan, Scanned, SegmentHeader};
+use weir_core::spool::{frame, KeyField, ReadPlan, Scan, Scanned, SegmentHeader};
 use weir_core::Record;
 
 use super::files;
@@ -160,7 +160,12 @@ fn step(shared: &Shared, slot: &ClassSlot, open: &mut Option<Open>) -> std::io::
             // Damage written after start-up's scan: find the next intact
             // frame in the rest of the segment.
             let rest = Bytes::from(files::read_at(&o.file, offset, (limit - offset) as usize)?);
-            let skip_to = match Scan::new(&o.header, rest, 0).next() {
+            let keys = lock(&slot.state)
+                .log
+                .keys(cursor.segment)
+                .cloned()
+                .unwrap_or_default();
+            let skip_to = match Scan::with_keys(&o.header, rest, 0, keys).next() {
                 Some(Scanned::Corrupt { end, .. }) => offset + end as u64,
                 _ => limit,
             };
@@ -179,15 +184,16 @@ fn step(shared: &Shared, slot: &ClassSlot, open: &mut Option<Open>) -> std::io::
     }
 }
 
-/// Every whole frame at the start of `chunk`, with its end offset in it.
-fn decode_all(header: &SegmentHeader, chunk: &Bytes) -> Vec<(frame::Frame, usize)> {
+/// Every whole frame at the start of `chunk`, with how it carries its key
+/// and its end offset in the chunk.
+fn decode_all(header: &SegmentHeader, chunk: &Bytes) -> Vec<(frame::Frame, KeyField, usize)> {
     let mut out = Vec::new();
     let mut pos = 0;
     while pos < chunk.len() {
         match frame::decode(header, &chunk.slice(pos..)) {
-            Ok((f, len)) => {
+            Ok((f, len, key)) => {
                 pos += len;
-                out.push((f, pos));
+                out.push((f, key, pos));
             }
             Err(_) => break,
         }
@@ -208,7 +214,7 @@ fn push(
     slot: &ClassSlot,
     cursor: Cursor,
     offset: u64,
-    frames: Vec<(frame::Frame, usize)>,
+    frames: Vec<(frame::Frame, KeyField, usize)>,
 ) -> Step {
     let ttl = slot.settings.ttl.map(|t| t.as_micros() as u64);
     let now = unix_micros();
@@ -220,9 +226,20 @@ fn push(
     let mut pushed = 0u64;
     let mut expired = 0u64;
     let mut full = false;
-    for (f, end) in frames {
+    let mut lost = 0u64;
+    for (mut f, key, end) in frames {
         let next = offset + end as u64;
         if st.log.is_released(f.index) {
+            at = next;
+            continue;
+        }
+        if let Err(e) = st.log.resolve_key(cursor.segment, &mut f, key) {
+            // Cannot happen while the writer defines every id before its
+            // frame is readable; never replay a record without its key.
+            tracing::error!(class = %slot.name, index = f.index, error = %e, "spooled record without its key skipped");
+            st.log.release(f.index);
+            st.checkpoint_dirty = true;
+            lost += 1;
             at = next;
             continue;
         }
@@ -260,6 +277,9 @@ fn push(
         offset: at,
     });
     drop(st);
+    for _ in 0..lost {
+        shared.metrics.spool.corrupt(slot.id);
+    }
     if expired > 0 {
         shared
             .metrics

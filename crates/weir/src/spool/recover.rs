@@ -54,6 +54,7 @@ pub(super) fn class(
         released.release_below(*first);
     }
     let mut metas = Vec::new();
+    let mut tables = Vec::new();
     let mut cursor: Option<Cursor> = None;
     let mut unreleased = 0u64;
     let last = names.len().saturating_sub(1);
@@ -90,7 +91,8 @@ pub(super) fn class(
         let mut end_index = header.first_index;
         let mut valid = bytes.len() as u64;
         let mut reported = false;
-        for step in Scan::new(&header, bytes.clone(), hlen) {
+        let mut scan = Scan::new(&header, bytes.clone(), hlen);
+        for step in &mut scan {
             match step {
                 Scanned::Frame { frame, offset, .. } => {
                     release_range(&mut released, end_index, frame.index);
@@ -133,18 +135,22 @@ pub(super) fn class(
             end_index,
             bytes: valid,
         });
+        tables.push((header.first_index, scan.into_keys()));
     }
     let durable_end = metas.last().map(|s| Cursor {
         segment: s.first_index,
         offset: s.bytes,
     });
-    let log = ClassLog::new(
+    let mut log = ClassLog::new(
         metas,
         released,
         config.segment_bytes,
         settings.max_bytes,
         settings.on_full.policy(),
     );
+    for (segment, keys) in tables {
+        log.restore_keys(segment, keys);
+    }
     found.records[id.index()] = unreleased;
     metrics.spool.recovered(id, unreleased);
     if unreleased > 0 {

@@ -26,6 +26,7 @@ fn config(dir: &std::path::Path) -> SpoolConfig {
         // segment that the group's completion has not yet made durable.
         sync: SyncMode::Group,
         sync_interval: Duration::from_secs(1),
+        commit_delay: Duration::from_millis(1),
         min_free_bytes: 0,
         window_bytes: 16 << 10,
     }
@@ -46,9 +47,15 @@ fn durability(classes: &ClassSet) -> Vec<ClassDurability> {
         .collect()
 }
 
+/// Five topics in turn: frames define key ids and use them, and the
+/// records read back from disk must get theirs back.
+fn key_of(seq: u64) -> Bytes {
+    Bytes::from(format!("plant/line/{}/temperature", seq % 5))
+}
+
 fn record(seq: u64) -> Record {
     Record {
-        key: Bytes::from_static(b"line/1"),
+        key: key_of(seq),
         class: ClassId(0),
         origin: 7,
         seq,
@@ -89,6 +96,7 @@ fn a_backlog_read_back_across_segment_switches_loses_nothing() {
         let (spool, queues) = (Arc::clone(&spool), Arc::clone(&queues));
         std::thread::spawn(move || {
             let mut seen = BTreeSet::new();
+            let mut wrong_keys = 0u64;
             let deadline = Instant::now() + Duration::from_secs(20);
             while (seen.len() as u64) < N && Instant::now() < deadline {
                 let mut batch = Vec::new();
@@ -104,10 +112,11 @@ fn a_backlog_read_back_across_segment_switches_loses_nothing() {
                     continue;
                 }
                 seen.extend(batch.iter().map(|r| r.seq));
+                wrong_keys += batch.iter().filter(|r| r.key != key_of(r.seq)).count() as u64;
                 spool.release(&batch);
                 spool.notify_space();
             }
-            seen
+            (seen, wrong_keys)
         })
     };
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -129,7 +138,8 @@ fn a_backlog_read_back_across_segment_switches_loses_nothing() {
             }
         }
     });
-    let seen = consumer.join().unwrap();
+    let (seen, wrong_keys) = consumer.join().unwrap();
+    assert_eq!(wrong_keys, 0, "records came back with another key");
     let missing: Vec<u64> = (0..N).filter(|s| !seen.contains(s)).take(10).collect();
     assert!(
         missing.is_empty(),

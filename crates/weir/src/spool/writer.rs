@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use weir_core::queue::PushError;
-use weir_core::spool::{frame, Admit, Checkpoint, Eviction, Frame, SegmentHeader};
+use weir_core::spool::{frame, Admit, Checkpoint, Eviction, Frame, GroupCommit, SegmentHeader};
 use weir_core::Record;
 
 use super::files;
@@ -63,31 +63,60 @@ pub(super) fn run(shared: Arc<Shared>, rx: Receiver<Msg>) {
         last_error_log: None,
     };
     let mut stop = false;
+    // The group-commit wait applies where each group is synced.
+    let delay = match w.shared.config.sync {
+        SyncMode::Group => w.shared.config.commit_delay,
+        SyncMode::Interval | SyncMode::None => Duration::ZERO,
+    };
+    let mut timing = GroupCommit::new(delay);
+    let epoch = Instant::now();
     while !stop {
         let mut group = Vec::new();
+        let mut bytes = 0u64;
         let first = match rx.recv_timeout(HOUSEKEEPING) {
             Ok(m) => Some(m),
             Err(RecvTimeoutError::Timeout) => None,
             Err(RecvTimeoutError::Disconnected) => break,
         };
+        let first_at = epoch.elapsed();
         let take = |m: Msg, group: &mut Vec<(u64, Record, u64)>, stop: &mut bool| match m {
-            Msg::Append { n, record, len } => group.push((n, record, len)),
-            Msg::Wake => {}
-            Msg::Stop => *stop = true,
+            Msg::Append { n, record, len } => {
+                group.push((n, record, len));
+                len
+            }
+            Msg::Wake => 0,
+            Msg::Stop => {
+                *stop = true;
+                0
+            }
         };
         if let Some(m) = first {
-            take(m, &mut group, &mut stop);
+            bytes += take(m, &mut group, &mut stop);
         }
-        // After Stop, everything already sent is still written: those
-        // appends were admitted and their senders wait on them.
-        while stop || group.len() < MAX_GROUP_RECORDS {
-            match rx.try_recv() {
-                Ok(m) => take(m, &mut group, &mut stop),
+        loop {
+            // After Stop, everything already sent is still written: those
+            // appends were admitted and their senders wait on them.
+            while stop || group.len() < MAX_GROUP_RECORDS {
+                match rx.try_recv() {
+                    Ok(m) => bytes += take(m, &mut group, &mut stop),
+                    Err(_) => break,
+                }
+            }
+            if stop || group.is_empty() || group.len() >= MAX_GROUP_RECORDS {
+                break;
+            }
+            // Wait a little for more, when that saves page rewrites.
+            let Some(wait) = timing.wait(bytes, first_at, epoch.elapsed()) else {
+                break;
+            };
+            match rx.recv_timeout(wait) {
+                Ok(m) => bytes += take(m, &mut group, &mut stop),
                 Err(_) => break,
             }
         }
         if !group.is_empty() {
             w.commit(group);
+            timing.committed(bytes, epoch.elapsed());
         }
         w.housekeep(stop);
     }
@@ -149,6 +178,7 @@ impl Writer {
             let offset = active.len + active.buf.len() as u64;
             let before = active.buf.len();
             let index = st.log.next_index();
+            let key = st.log.key_field(&record.key, offset);
             frame::encode(
                 &active.header,
                 &Frame {
@@ -159,6 +189,7 @@ impl Writer {
                     key: record.key.clone(),
                     payload: record.payload.clone(),
                 },
+                key,
                 &mut active.buf,
             );
             let flen = (active.buf.len() - before) as u64;
@@ -286,6 +317,7 @@ impl Writer {
             self.active[c] = None;
         }
         let header = SegmentHeader {
+            version: frame::VERSION,
             first_index: st.log.next_index(),
             origin: record.origin,
             base_seq: record.seq,
@@ -295,6 +327,7 @@ impl Writer {
         let (file, hlen) = files::create_segment(&slot.dir, &header)?;
         st.log.start_segment(hlen);
         self.shared.total_bytes.fetch_add(hlen, Ordering::Relaxed);
+        self.shared.metrics.spool.written_bytes.inc_by(hlen);
         self.active[c] = Some(Active {
             first_index: header.first_index,
             file,
@@ -330,6 +363,11 @@ impl Writer {
             match result {
                 Ok(()) => {
                     a.len += a.buf.len() as u64;
+                    self.shared
+                        .metrics
+                        .spool
+                        .written_bytes
+                        .inc_by(a.buf.len() as u64);
                     a.unsynced = !sync && (a.unsynced || !a.buf.is_empty());
                     a.buf.clear();
                     if sync {
