@@ -24,6 +24,7 @@
 //!   Eq. 1-5) beside the Appenzeller and rule-of-thumb sizes.
 //! - [`link_estimate`]: uplink bandwidth `Th_up` and per-transaction time
 //!   `T_sc` fitted online (piping paper Eq. 1, 3, 5-6).
+//! - [`passwd`]: password files in `mosquitto_passwd` format (`$6$`, `$7$`).
 //! - [`batching`]: batch size and closing rule from the buffer-aided
 //!   relaying inequalities (Li et al., Eq. 5-6, Lemma 1, Theorems 1-2).
 //! - [`compression`]: the per-batch codec choice by the piping model
@@ -41,6 +42,7 @@ pub mod compression;
 pub mod drain;
 pub mod janus;
 pub mod link_estimate;
+pub mod passwd;
 pub mod peer;
 pub mod queue;
 pub mod record;
