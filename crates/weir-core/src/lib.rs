@@ -25,6 +25,8 @@
 //! - [`link_estimate`]: uplink bandwidth `Th_up` and per-transaction time
 //!   `T_sc` fitted online (piping paper Eq. 1, 3, 5-6).
 //! - [`passwd`]: password files in `mosquitto_passwd` format (`$6$`, `$7$`).
+//! - [`acl`]: topic ACLs in the format of Mosquitto's `acl_file`.
+//! - [`gate`]: who may connect to the MQTT listener, and as whom.
 //! - [`batching`]: batch size and closing rule from the buffer-aided
 //!   relaying inequalities (Li et al., Eq. 5-6, Lemma 1, Theorems 1-2).
 //! - [`compression`]: the per-batch codec choice by the piping model
@@ -34,12 +36,14 @@
 //!   their token buckets, receiver leases, records in flight and the
 //!   provider's custody of forwarded records until they are delivered.
 
+pub mod acl;
 pub mod batching;
 pub mod buffer_sizing;
 pub mod class;
 pub mod classify;
 pub mod compression;
 pub mod drain;
+pub mod gate;
 pub mod janus;
 pub mod link_estimate;
 pub mod passwd;
