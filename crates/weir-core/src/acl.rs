@@ -291,7 +291,10 @@ pattern deny devices/+/locked
         assert!(!alice.may_publish("plant/line1/secret"), "deny wins");
         assert!(alice.may_publish("alice/x"), "no access word: readwrite");
         assert!(!alice.may_publish("plant/line2/temp"));
-        assert!(!alice.may_publish("public/x"), "anonymous rules are not hers");
+        assert!(
+            !alice.may_publish("public/x"),
+            "anonymous rules are not hers"
+        );
         assert!(alice.may_publish("devices/alice/t"), "%u pattern");
         assert!(!alice.may_publish("devices/bob/t"));
         assert!(alice.may_publish("clients/a1/up"), "%c pattern");
@@ -311,7 +314,10 @@ pattern deny devices/+/locked
         assert!(anon.may_publish("clients/x/up"));
 
         let carol = acl.for_client(Some("carol"), "c");
-        assert!(!carol.may_publish("public/a"), "a named user is not anonymous");
+        assert!(
+            !carol.may_publish("public/a"),
+            "a named user is not anonymous"
+        );
         assert!(carol.may_publish("devices/carol/t"));
     }
 

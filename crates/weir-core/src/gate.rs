@@ -135,9 +135,7 @@ impl Gate {
                 match passwords.check(user, c.password.unwrap_or_default()) {
                     Verdict::Allowed => Some(user),
                     Verdict::UnknownUser => return Err(Refused::UnknownUser(user.to_owned())),
-                    Verdict::WrongPassword => {
-                        return Err(Refused::WrongPassword(user.to_owned()))
-                    }
+                    Verdict::WrongPassword => return Err(Refused::WrongPassword(user.to_owned())),
                 }
             }
             // No username, or one nothing can verify: anonymous.
@@ -239,7 +237,10 @@ mod tests {
         };
         let claimed = g.admit(&creds(Some("bob"), None)).unwrap();
         assert_eq!(claimed.username, None);
-        assert!(!claimed.may_publish("bob/x"), "bob's rules need bob's password");
+        assert!(
+            !claimed.may_publish("bob/x"),
+            "bob's rules need bob's password"
+        );
         assert!(claimed.may_publish("anon/x"));
         let hostile = Credentials {
             client_id: "#",

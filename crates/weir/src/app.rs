@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 use weir_core::batching::BatchLimits;
 use weir_core::scheduler::{self, OutBatch, SchedulerParams};
 
-use crate::config::{Config, EgressSink, MqttMode};
+use crate::config::{Config, EgressSink, MqttListen, MqttMode};
 use crate::egress::file::FileSink;
 use crate::egress::link::{EmulatedLink, LinkProfile};
 use crate::egress::{self, Sink};
@@ -26,6 +26,7 @@ use crate::handoff::LinkReady;
 use crate::ingress;
 use crate::intake::Intake;
 use crate::metrics::Metrics;
+use crate::security::MqttSecurity;
 use crate::spool::{SequenceLease, Spool};
 
 /// Batches between the scheduler and the egress: at most one per free slot
@@ -50,8 +51,10 @@ const EGRESS_RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// A running weir.
 pub struct App {
-    /// Where the MQTT listener is bound (listen mode).
+    /// Where the plain MQTT listener is bound (listen mode).
     pub mqtt_addr: Option<SocketAddr>,
+    /// Where the MQTT-over-TLS listener is bound (`[ingress.mqtt.tls]`).
+    pub mqtt_tls_addr: Option<SocketAddr>,
     /// Where the gRPC listener is bound.
     pub grpc_addr: Option<SocketAddr>,
     /// Where the admin listener is bound.
@@ -110,6 +113,12 @@ pub enum AppError {
         #[from]
         source: crate::spool::SpoolError,
     },
+    /// A certificate, key, password or ACL file cannot be used.
+    #[error("{}", problems.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("; "))]
+    Security {
+        /// Every problem, under the key naming the file.
+        problems: Vec<crate::config::Problem>,
+    },
     /// The async runtime or a signal handler could not be set up.
     #[error("cannot {what}: {source}")]
     Runtime {
@@ -119,6 +128,34 @@ pub enum AppError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Says at start-up who may connect over MQTT, as Mosquitto 2.0 does.
+fn announce_mqtt_auth(l: &MqttListen) {
+    let addrs: Vec<SocketAddr> = l
+        .addr
+        .into_iter()
+        .chain(l.tls.as_ref().map(|t| t.listen))
+        .collect();
+    let certificates = l.tls.as_ref().is_some_and(|t| t.files.require_certificate);
+    if l.auth.password_file.is_none() && !certificates {
+        if addrs.iter().all(|a| a.ip().is_loopback()) {
+            tracing::info!(
+                "MQTT: no authentication configured, so listening on loopback only; set ingress.mqtt.password_file (and acl_file) to accept devices from the network"
+            );
+        } else {
+            tracing::warn!(
+                "MQTT: allow_anonymous = true on a listener other hosts can reach: anyone on the network may publish"
+            );
+        }
+    } else if l.auth.allow_anonymous {
+        tracing::info!(
+            "MQTT: anonymous clients allowed beside authenticated ones (allow_anonymous = true)"
+        );
+    }
+    if l.auth.acl_file.is_none() && (l.auth.password_file.is_some() || certificates) {
+        tracing::info!("MQTT: no acl_file: every authenticated client may publish to any topic");
+    }
 }
 
 /// Binds `addr` for `what`, read back as bound (port 0 picks one).
@@ -153,6 +190,14 @@ fn spawn_egress<S: Sink>(
 impl App {
     /// Binds every listener and starts every task.
     pub async fn start(cfg: Config) -> Result<App, AppError> {
+        // The files behind the security settings first: a bad one stops
+        // weir before anything else starts.
+        let mqtt_security = match cfg.ingress.mqtt.as_ref().map(|m| &m.mode) {
+            Some(MqttMode::Listen(l)) => {
+                Some(MqttSecurity::load(l).map_err(|problems| AppError::Security { problems })?)
+            }
+            _ => None,
+        };
         let scheme = cfg.scheduler.scheme;
         let queues = Arc::new(scheduler::queues_for(scheme, &cfg.memory_capacities()));
         let metrics = Arc::new(Metrics::new(&cfg.classes));
@@ -313,15 +358,33 @@ impl App {
         ));
 
         let listeners = TaskTracker::new();
-        let mut mqtt_addr = None;
+        let (mut mqtt_addr, mut mqtt_tls_addr) = (None, None);
         if let Some(m) = &cfg.ingress.mqtt {
             match &m.mode {
-                MqttMode::Listen { addr } => {
-                    let (l, local) = bind(*addr, "MQTT", "ingress.mqtt.listen").await?;
-                    mqtt_addr = Some(local);
-                    listeners.spawn(ingress::mqtt::listen::serve(
-                        l,
+                MqttMode::Listen(l) => {
+                    let mut bound = ingress::mqtt::listen::Listeners::default();
+                    if let Some(addr) = l.addr {
+                        let (listener, local) = bind(addr, "MQTT", "ingress.mqtt.listen").await?;
+                        mqtt_addr = Some(local);
+                        bound.plain = Some(listener);
+                    }
+                    if let Some(t) = &l.tls {
+                        let (listener, local) =
+                            bind(t.listen, "MQTT over TLS", "ingress.mqtt.tls.listen").await?;
+                        mqtt_tls_addr = Some(local);
+                        bound.tls = Some(listener);
+                        bound.use_identity_as_username = t.use_identity_as_username;
+                    }
+                    announce_mqtt_auth(l);
+                    let security = mqtt_security.clone().expect("loaded for listen mode");
+                    listeners.spawn(crate::security::watch::watch(
+                        security.watched(),
+                        stop.clone(),
+                    ));
+                    listeners.spawn(ingress::mqtt::listen::serve_secured(
+                        bound,
                         m.clone(),
+                        security,
                         Arc::clone(&ingress),
                         stop.clone(),
                     ));
@@ -373,6 +436,7 @@ impl App {
             node = cfg.node.id,
             scheme = %scheme,
             mqtt = ?mqtt_addr,
+            mqtt_tls = ?mqtt_tls_addr,
             grpc = ?grpc_addr,
             admin = ?admin_addr,
             peering = ?peering.as_ref().map(|p| p.local_addr()),
@@ -380,6 +444,7 @@ impl App {
         );
         Ok(App {
             mqtt_addr,
+            mqtt_tls_addr,
             grpc_addr,
             admin_addr,
             peering,

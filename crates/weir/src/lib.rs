@@ -19,6 +19,8 @@
 //!   file sinks and the emulated uplink.
 //! - [`peer`]: peering with other weir nodes: heartbeats, decentralised
 //!   JANUS redirection, and forwarding of overflow (docs/peering.md).
+//! - [`security`]: TLS certificates, password and ACL files, read at start
+//!   and again when they change.
 //! - [`metrics`]: Prometheus metrics; [`admin`] serves them over HTTP.
 //! - [`telemetry`] sets up logging.
 
@@ -37,5 +39,6 @@ pub mod intake;
 pub mod metrics;
 pub mod peer;
 pub mod scheduler;
+pub mod security;
 pub mod spool;
 pub mod telemetry;

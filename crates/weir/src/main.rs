@@ -120,10 +120,18 @@ fn decode(file: &std::path::Path, encoding: Option<String>, max_size: usize) -> 
     Ok(())
 }
 
+/// The config, validated, with the files it names (certificates, keys,
+/// password and ACL files) read and checked too.
 fn load(path: Option<&PathBuf>) -> Result<Config, ConfigError> {
-    match path {
+    let cfg = match path {
         Some(p) => config::load(p),
         None => config::parse(config::DEFAULT_CONFIG, "<embedded defaults>"),
+    }?;
+    let problems = weir::security::check(&cfg);
+    if problems.is_empty() {
+        Ok(cfg)
+    } else {
+        Err(ConfigError::Invalid(problems))
     }
 }
 
@@ -196,7 +204,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::CheckConfig { file } => match config::load(&file) {
+        Command::CheckConfig { file } => match load(Some(&file)) {
             Ok(_) => {
                 println!("{}: ok", file.display());
                 ExitCode::SUCCESS

@@ -19,7 +19,7 @@ use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use weir::config::{MqttIngress, MqttMode, Qos0WhenFull};
+use weir::config::{MqttIngress, MqttListen, MqttMode, Qos0WhenFull};
 use weir::ingress::mqtt::listen;
 use weir::intake::Intake;
 use weir_core::queue::QueueCapacity;
@@ -57,7 +57,7 @@ impl Weir {
             .expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().unwrap();
         let cfg = MqttIngress {
-            mode: MqttMode::Listen { addr },
+            mode: MqttMode::Listen(MqttListen::plain(addr)),
             max_packet_size,
             qos0_when_full: qos0,
         };

@@ -6,12 +6,14 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use serde::Deserialize;
 use weir_core::classify::TopicFilter;
 
 use super::named::named_enum;
 use super::problems::Problems;
+use super::tls::{check_exposed, tls, Extra, RawTls, TlsFiles};
 use super::units::{Size, Written};
 
 /// Every ingress is on unless switched off: a new box accepts data at once.
@@ -55,8 +57,18 @@ pub(crate) fn ingress(p: &mut Problems, raw: RawIngress, node_id: u64) -> Option
 /// Listen mode: weir is the devices' broker, no extra hop.
 pub const MQTT_MODE: &str = "listen";
 
-/// The IANA MQTT port on every interface, as a broker would.
-pub const MQTT_LISTEN: &str = "0.0.0.0:1883";
+/// The IANA MQTT port, on loopback only: with no authentication
+/// configured nothing else may reach it (as Mosquitto 2.0 decided). Listen
+/// on another interface once `password_file` (or client certificates) or
+/// an explicit `allow_anonymous = true` says who may connect.
+pub const MQTT_LISTEN: &str = "127.0.0.1:1883";
+
+/// `listen` (and `tls.listen`) value that turns that listener off.
+pub const LISTEN_OFF: &str = "off";
+
+/// The conventional MQTT-over-TLS port, on loopback unless configured
+/// otherwise, like the plain listener.
+pub const MQTT_TLS_LISTEN: &str = "127.0.0.1:8883";
 
 /// A Mosquitto on the same box, the usual subscribe-mode setup.
 pub const MQTT_BROKER: &str = "127.0.0.1:1883";
@@ -95,6 +107,10 @@ pub(crate) struct RawMqtt {
     pub qos: Option<i64>,
     pub max_packet_size: Option<Written<Size>>,
     pub qos0_when_full: Option<String>,
+    pub allow_anonymous: Option<bool>,
+    pub password_file: Option<PathBuf>,
+    pub acl_file: Option<PathBuf>,
+    pub tls: Option<RawTls>,
 }
 
 /// `[ingress.mqtt]`
@@ -111,13 +127,61 @@ pub struct MqttIngress {
 /// How weir gets MQTT traffic.
 #[derive(Debug, Clone, PartialEq)]
 pub enum MqttMode {
-    /// Devices connect to weir, which speaks the broker side of MQTT 3.1.1.
-    Listen {
-        /// Address to accept MQTT connections on.
-        addr: SocketAddr,
-    },
+    /// Devices connect to weir, which speaks the broker side of MQTT 3.1.1
+    /// and 5.
+    Listen(MqttListen),
     /// weir connects to an existing broker and subscribes.
     Subscribe(MqttSubscribe),
+}
+
+/// Listen-mode settings: where, over what, and who may publish what.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MqttListen {
+    /// Plain TCP address; `None` when `listen = "off"` (TLS only).
+    pub addr: Option<SocketAddr>,
+    /// MQTT over TLS, beside or instead of plain TCP.
+    pub tls: Option<MqttTls>,
+    /// Who may connect and publish.
+    pub auth: MqttAuth,
+}
+
+impl MqttListen {
+    /// Plain TCP on `addr`, anyone may connect (tests, loopback).
+    pub fn plain(addr: SocketAddr) -> Self {
+        MqttListen {
+            addr: Some(addr),
+            tls: None,
+            auth: MqttAuth {
+                allow_anonymous: true,
+                password_file: None,
+                acl_file: None,
+            },
+        }
+    }
+}
+
+/// `[ingress.mqtt.tls]`
+#[derive(Debug, Clone, PartialEq)]
+pub struct MqttTls {
+    /// Address to accept MQTT-over-TLS connections on.
+    pub listen: SocketAddr,
+    /// Certificate, key, and the CA that client certificates chain to.
+    pub files: TlsFiles,
+    /// The client certificate's subject CN is the username (the password
+    /// file is then not consulted on this listener).
+    pub use_identity_as_username: bool,
+}
+
+/// Authentication and authorisation of MQTT clients.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MqttAuth {
+    /// Clients without a username (or certificate identity) may connect.
+    pub allow_anonymous: bool,
+    /// Users and password hashes, as `mosquitto_passwd` writes them.
+    pub password_file: Option<PathBuf>,
+    /// Topic ACLs in Mosquitto's `acl_file` format; without one every
+    /// connected client may publish to any topic.
+    pub acl_file: Option<PathBuf>,
 }
 
 /// Subscribe-mode settings.
@@ -186,14 +250,27 @@ fn mqtt(p: &mut Problems, raw: RawMqtt, node_id: u64) -> Option<Option<MqttIngre
                     "only used when mode = \"subscribe\"; remove it or set ingress.mqtt.mode = \"subscribe\"",
                 );
             }
-            let listen = raw.listen.as_deref().unwrap_or(MQTT_LISTEN);
-            p.socket_addr(&format!("{PATH}.listen"), listen)
-                .map(|addr| MqttMode::Listen { addr })
+            listen(
+                p,
+                raw.listen,
+                raw.tls,
+                raw.allow_anonymous,
+                raw.password_file,
+                raw.acl_file,
+            )
+            .map(MqttMode::Listen)
         }
         "subscribe" => {
-            if raw.listen.is_some() {
+            let listen_only = [
+                ("listen", raw.listen.is_some()),
+                ("tls", raw.tls.is_some()),
+                ("allow_anonymous", raw.allow_anonymous.is_some()),
+                ("password_file", raw.password_file.is_some()),
+                ("acl_file", raw.acl_file.is_some()),
+            ];
+            for (key, _) in listen_only.iter().filter(|(_, given)| *given) {
                 p.push(
-                    format!("{PATH}.listen"),
+                    format!("{PATH}.{key}"),
                     "only used when mode = \"listen\"; remove it or set ingress.mqtt.mode = \"listen\"",
                 );
             }
@@ -229,6 +306,101 @@ fn mqtt(p: &mut Problems, raw: RawMqtt, node_id: u64) -> Option<Option<MqttIngre
         qos0_when_full: qos0_when_full?,
     };
     Some(enabled.then_some(ingress))
+}
+
+/// The listen-mode keys of `[ingress.mqtt]` checked, or `None` after
+/// recording why.
+fn listen(
+    p: &mut Problems,
+    listen: Option<String>,
+    raw_tls: Option<RawTls>,
+    allow_anonymous: Option<bool>,
+    password_file: Option<PathBuf>,
+    acl_file: Option<PathBuf>,
+) -> Option<MqttListen> {
+    const PATH: &str = "ingress.mqtt";
+    let before = p.len();
+    let listen = listen.unwrap_or_else(|| MQTT_LISTEN.to_owned());
+    let addr = if listen == LISTEN_OFF {
+        None
+    } else {
+        p.socket_addr(&format!("{PATH}.listen"), &listen)
+    };
+    let tls = raw_tls.and_then(|raw| {
+        let t = tls(
+            p,
+            &format!("{PATH}.tls"),
+            raw,
+            &[Extra::Listen, Extra::Identity],
+        )?;
+        let listen = t.listen.unwrap_or_else(|| MQTT_TLS_LISTEN.to_owned());
+        let listen = p.socket_addr(&format!("{PATH}.tls.listen"), &listen)?;
+        Some(MqttTls {
+            listen,
+            files: t.files,
+            use_identity_as_username: t.use_identity_as_username,
+        })
+    });
+    for (key, file) in [("password_file", &password_file), ("acl_file", &acl_file)] {
+        if file.as_ref().is_some_and(|f| f.as_os_str().is_empty()) {
+            p.push(format!("{PATH}.{key}"), "must not be empty");
+        }
+    }
+    if p.len() != before {
+        return None;
+    }
+    if listen == LISTEN_OFF && tls.is_none() {
+        p.push(
+            format!("{PATH}.listen"),
+            "\"off\" leaves no MQTT listener; configure [ingress.mqtt.tls], or disable MQTT with ingress.mqtt.enabled = false",
+        );
+        return None;
+    }
+    let passwords = password_file.is_some();
+    let certificates = tls.as_ref().is_some_and(|t| t.files.require_certificate);
+    const HOW: &str = "set ingress.mqtt.password_file (a file mosquitto_passwd writes)";
+    if let Some(addr) = addr {
+        check_exposed(
+            p,
+            &format!("{PATH}.listen"),
+            addr,
+            passwords,
+            allow_anonymous,
+            &format!("{PATH}.allow_anonymous"),
+            HOW,
+        );
+    }
+    if let Some(t) = &tls {
+        check_exposed(
+            p,
+            &format!("{PATH}.tls.listen"),
+            t.listen,
+            passwords || certificates,
+            allow_anonymous,
+            &format!("{PATH}.allow_anonymous"),
+            &format!("{HOW}, or ingress.mqtt.tls.require_certificate = true with a cafile"),
+        );
+    }
+    if allow_anonymous == Some(false) && !passwords && !certificates {
+        p.push(
+            format!("{PATH}.allow_anonymous"),
+            "false, but no ingress.mqtt.password_file or ingress.mqtt.tls.require_certificate says who may connect: nobody could",
+        );
+    }
+    if p.len() != before {
+        return None;
+    }
+    Some(MqttListen {
+        addr,
+        tls,
+        auth: MqttAuth {
+            // Anyone may connect until a password file says who may; the
+            // checks above keep such a listener on loopback.
+            allow_anonymous: allow_anonymous.unwrap_or(!passwords),
+            password_file,
+            acl_file,
+        },
+    })
 }
 
 /// The subscribe-mode keys of `[ingress.mqtt]` checked, or `None` after
@@ -351,8 +523,9 @@ pub(crate) fn parse_broker(text: &str) -> Result<BrokerAddr, &'static str> {
     }
 }
 
-/// The conventional gRPC port on every interface.
-pub const GRPC_LISTEN: &str = "0.0.0.0:50051";
+/// The conventional gRPC port, on loopback only unless authentication or
+/// `allow_anonymous = true` is configured (as for MQTT).
+pub const GRPC_LISTEN: &str = "127.0.0.1:50051";
 
 /// tonic's own default decode limit, so clients see no surprise.
 pub const GRPC_MAX_MESSAGE_SIZE: u64 = 4 * 1024 * 1024;
@@ -367,6 +540,7 @@ pub(crate) struct RawGrpc {
     pub enabled: Option<bool>,
     pub listen: Option<String>,
     pub max_message_size: Option<Written<Size>>,
+    pub allow_anonymous: Option<bool>,
 }
 
 /// `[ingress.grpc]`
@@ -392,6 +566,17 @@ fn grpc(p: &mut Problems, raw: RawGrpc) -> Option<Option<GrpcIngress>> {
         GRPC_MAX_MESSAGE_SIZE,
         GRPC_MAX_MESSAGE_LIMIT,
     );
+    if let Some(addr) = listen {
+        check_exposed(
+            p,
+            "ingress.grpc.listen",
+            addr,
+            false,
+            raw.allow_anonymous,
+            "ingress.grpc.allow_anonymous",
+            "gRPC ingress has no authentication yet",
+        );
+    }
     if p.len() != before {
         return None;
     }

@@ -17,6 +17,8 @@
 //! - `classes.rs`: `[[class]]` and `[classify]`.
 //! - `scheduler.rs`: `[scheduler]`, `[batching]` and `[compression]`.
 //! - `ingress.rs`: `[ingress.mqtt]` and `[ingress.grpc]`.
+//! - `tls.rs`: the TLS tables, and the rule that a listener other hosts
+//!   can reach authenticates its clients.
 //! - `egress.rs`: `[egress]` with its file, amqp and link tables.
 //! - `peering.rs`: `[peering]`.
 //! - `spool.rs`: `[spool]` and the per-class durability keys.
@@ -49,6 +51,7 @@ mod peering;
 mod problems;
 mod scheduler;
 mod spool;
+mod tls;
 pub mod units;
 
 #[cfg(test)]
@@ -68,8 +71,8 @@ pub use egress::{
 };
 pub use error::{ConfigError, Location};
 pub use ingress::{
-    BrokerAddr, GrpcIngress, IngressConfig, MqttIngress, MqttMode, MqttSubscribe, Qos0WhenFull,
-    SubscribeQos,
+    BrokerAddr, GrpcIngress, IngressConfig, MqttAuth, MqttIngress, MqttListen, MqttMode,
+    MqttSubscribe, MqttTls, Qos0WhenFull, SubscribeQos,
 };
 pub use log::LogConfig;
 pub use node::NodeConfig;
@@ -79,6 +82,7 @@ pub use scheduler::{
     BatchingSection, CompressionSection, PayloadKind, SchedulerConfig, SchemeName,
 };
 pub use spool::{ClassDurability, Durability, OnFull, SpoolConfig, SyncMode};
+pub use tls::TlsFiles;
 pub use units::{HumanDuration, Rate, Size, UnitError};
 
 use admin::RawAdmin;
@@ -345,12 +349,16 @@ fn check_listeners(
     admin: &AdminConfig,
     peering: Option<&PeeringConfig>,
 ) {
-    let mqtt = ingress.mqtt.as_ref().and_then(|m| match m.mode {
-        MqttMode::Listen { addr } => Some(addr),
+    let mqtt = ingress.mqtt.as_ref().and_then(|m| match &m.mode {
+        MqttMode::Listen(l) => Some(l),
         MqttMode::Subscribe(_) => None,
     });
     let listeners = [
-        ("ingress.mqtt.listen", mqtt),
+        ("ingress.mqtt.listen", mqtt.and_then(|l| l.addr)),
+        (
+            "ingress.mqtt.tls.listen",
+            mqtt.and_then(|l| l.tls.as_ref().map(|t| t.listen)),
+        ),
         (
             "ingress.grpc.listen",
             ingress.grpc.as_ref().map(|g| g.listen),

@@ -8,6 +8,7 @@
 
 pub mod labels;
 pub mod peer;
+pub mod security;
 pub mod spool;
 
 use std::sync::atomic::{AtomicI64, AtomicU64};
@@ -23,6 +24,7 @@ use weir_core::{ClassId, ClassSet};
 
 pub use labels::{ClassLabel, CodecLabel};
 pub use peer::{PeerMetrics, RefusalLabel};
+pub use security::SecurityMetrics;
 pub use spool::{DropReason, SpoolMetrics};
 
 /// Every metric weir exports.
@@ -54,6 +56,8 @@ pub struct Metrics {
     pub peer: PeerMetrics,
     /// The spool (`weir_spool_*`).
     pub spool: SpoolMetrics,
+    /// Authentication, ACLs and TLS.
+    pub security: SecurityMetrics,
     /// Run before each rendering, to bring gauges up to date.
     refresh: std::sync::Mutex<Vec<Refresh>>,
 }
@@ -96,6 +100,7 @@ impl Metrics {
             link_transaction: Gauge::default(),
             peer: PeerMetrics::new(classes),
             spool: SpoolMetrics::new(classes),
+            security: SecurityMetrics::default(),
             refresh: std::sync::Mutex::new(Vec::new()),
             registry: Registry::with_prefix("weir"),
         };
@@ -186,6 +191,7 @@ impl Metrics {
         );
         m.peer.register(&mut m.registry);
         m.spool.register(&mut m.registry);
+        m.security.register(&mut m.registry);
         m
     }
 

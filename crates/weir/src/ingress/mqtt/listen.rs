@@ -67,15 +67,17 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn, Instrument};
 
 use crate::config::MqttIngress;
 use crate::intake::Intake;
+use crate::security::{tls, MqttSecurity};
 
-use connection::{Connection, Settings};
+use connection::{Connection, Settings, CONNECT_TIMEOUT};
 
 mod codec;
 mod connection;
@@ -110,30 +112,105 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ListenError> {
         .map_err(|source| ListenError::Bind { addr, source })
 }
 
-/// Serves device connections on `listener` until `shutdown` is cancelled,
-/// then stops accepting and returns once every connection has finished the
-/// packet in hand and closed.
+/// The bound MQTT listeners: plain TCP, TLS, or both.
+#[derive(Debug, Default)]
+pub struct Listeners {
+    /// Plain TCP.
+    pub plain: Option<TcpListener>,
+    /// TLS (`[ingress.mqtt.tls]`).
+    pub tls: Option<TcpListener>,
+    /// Whether the TLS listener takes the username from the client
+    /// certificate's CN.
+    pub use_identity_as_username: bool,
+}
+
+/// Serves device connections on a plain `listener`, anyone allowed, until
+/// `shutdown` is cancelled (see [`serve_secured`]).
 pub async fn serve(
     listener: TcpListener,
     cfg: MqttIngress,
     ingress: Arc<Intake>,
     shutdown: CancellationToken,
 ) {
-    let settings = Settings {
-        max_packet_size: cfg.max_packet_size,
-        qos0_when_full: cfg.qos0_when_full,
+    let listeners = Listeners {
+        plain: Some(listener),
+        ..Listeners::default()
+    };
+    serve_secured(listeners, cfg, MqttSecurity::open(), ingress, shutdown).await
+}
+
+/// What every connection of the MQTT ingress shares.
+#[derive(Clone)]
+struct Shared {
+    settings: Settings,
+    ingress: Arc<Intake>,
+    security: MqttSecurity,
+    sessions: Arc<session::Sessions>,
+    connections: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+/// Serves device connections on `listeners` until `shutdown` is cancelled,
+/// then stops accepting and returns once every connection has finished the
+/// packet in hand and closed. Clients are admitted by `security`'s gate;
+/// the TLS listener uses its TLS configuration as it is when each
+/// connection arrives, so a rotated certificate serves new connections
+/// while old ones go on.
+pub async fn serve_secured(
+    listeners: Listeners,
+    cfg: MqttIngress,
+    security: MqttSecurity,
+    ingress: Arc<Intake>,
+    shutdown: CancellationToken,
+) {
+    let shared = Shared {
+        settings: Settings {
+            max_packet_size: cfg.max_packet_size,
+            qos0_when_full: cfg.qos0_when_full,
+        },
+        ingress,
+        security,
+        sessions: Arc::new(session::Sessions::default()),
+        connections: TaskTracker::new(),
+        shutdown,
+    };
+    let identity = listeners.use_identity_as_username;
+    let plain = async {
+        if let Some(l) = listeners.plain {
+            accept_loop(l, None, &shared).await;
+        }
+    };
+    let tls = async {
+        if let Some(l) = listeners.tls {
+            accept_loop(l, Some(identity), &shared).await;
+        }
+    };
+    tokio::join!(plain, tls);
+    shared.connections.close();
+    debug!(
+        open = shared.connections.len(),
+        "MQTT ingress stopped accepting; waiting for connections to close"
+    );
+    shared.connections.wait().await;
+}
+
+/// Accepts connections on `listener` until shutdown; `tls`: `None` for
+/// plain TCP, else whether the certificate's CN is the username.
+async fn accept_loop(listener: TcpListener, tls: Option<bool>, shared: &Shared) {
+    let what = if tls.is_some() {
+        "MQTT over TLS"
+    } else {
+        "MQTT"
     };
     match listener.local_addr() {
-        Ok(addr) => info!(%addr, "MQTT ingress accepting device connections"),
-        Err(error) => info!(%error, "MQTT ingress accepting device connections"),
+        Ok(addr) => info!(%addr, "{what} ingress accepting device connections"),
+        Err(error) => info!(%error, "{what} ingress accepting device connections"),
     }
-    let connections = TaskTracker::new();
-    let sessions = Arc::new(session::Sessions::default());
     loop {
         // Cancel safety: `accept` is cancel safe (a connection it has not
         // returned stays in the backlog); `cancelled` only waits.
         let accepted = tokio::select! {
-            _ = shutdown.cancelled() => break,
+            _ = shared.shutdown.cancelled() => break,
             accepted = listener.accept() => accepted,
         };
         match accepted {
@@ -141,33 +218,90 @@ pub async fn serve(
                 let span = tracing::info_span!(
                     "mqtt",
                     peer = %peer,
-                    client_id = tracing::field::Empty
+                    tls = tls.is_some(),
+                    client_id = tracing::field::Empty,
+                    user = tracing::field::Empty
                 );
-                let connection = Connection::new(
-                    stream,
-                    peer,
-                    settings,
-                    ingress.clone(),
-                    sessions.clone(),
-                    shutdown.clone(),
-                );
-                connections.spawn(connection.run().instrument(span));
+                let shared2 = shared.clone();
+                shared
+                    .connections
+                    .spawn(connection(stream, peer, tls, shared2).instrument(span));
             }
             Err(error) => {
                 warn!(%error, "accepting an MQTT connection failed; retrying");
                 // Cancel safety: both branches only wait.
                 tokio::select! {
-                    _ = shutdown.cancelled() => break,
+                    _ = shared.shutdown.cancelled() => break,
                     _ = tokio::time::sleep(ACCEPT_BACKOFF) => {}
                 }
             }
         }
     }
-    drop(listener);
-    connections.close();
-    debug!(
-        open = connections.len(),
-        "MQTT ingress stopped accepting; waiting for connections to close"
+}
+
+/// One connection: the TLS handshake if any (within the CONNECT
+/// deadline), then the MQTT session.
+async fn connection(stream: TcpStream, peer: SocketAddr, tls: Option<bool>, shared: Shared) {
+    // Acknowledgements are latency: do not let Nagle hold them back.
+    if let Err(error) = stream.set_nodelay(true) {
+        debug!(%error, "cannot disable Nagle's algorithm");
+    }
+    let Some(identity) = tls else {
+        return session(stream, peer, None, &shared).run().await;
+    };
+    let Some(config) = shared.security.tls.as_ref().map(|t| t.get()) else {
+        warn!("MQTT TLS listener without a TLS configuration; closing");
+        return;
+    };
+    let metrics = shared.ingress.metrics();
+    // Cancel safety: a handshake cut off by the deadline or shutdown only
+    // drops a connection that has sent nothing yet.
+    let handshake = tokio::select! {
+        _ = shared.shutdown.cancelled() => return,
+        h = tokio::time::timeout(CONNECT_TIMEOUT, TlsAcceptor::from(config).accept(stream)) => h,
+    };
+    let stream = match handshake {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(error)) => {
+            metrics.security.handshake("mqtt-tls", false);
+            info!(%error, "TLS handshake failed; connection closed");
+            return;
+        }
+        Err(_) => {
+            metrics.security.handshake("mqtt-tls", false);
+            info!(timeout = ?CONNECT_TIMEOUT, "no TLS handshake in time; connection closed");
+            return;
+        }
+    };
+    metrics.security.handshake("mqtt-tls", true);
+    let certificate_name = identity
+        .then(|| {
+            let certs = stream.get_ref().1.peer_certificates()?;
+            Some(certs.first().and_then(tls::common_name).unwrap_or_default())
+        })
+        .flatten()
+        // Required by the configuration, so rustls refused a client
+        // without one; should it not have, the empty name is refused.
+        .or_else(|| identity.then(String::new));
+    session(stream, peer, certificate_name, &shared).run().await
+}
+
+/// The MQTT side of a connection over `stream`.
+fn session<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    stream: S,
+    peer: SocketAddr,
+    certificate_name: Option<String>,
+    shared: &Shared,
+) -> Connection<S> {
+    let mut c = Connection::new(
+        stream,
+        peer,
+        shared.settings,
+        shared.ingress.clone(),
+        shared.sessions.clone(),
+        shared.shutdown.clone(),
     );
-    connections.wait().await;
+    c.gate = shared.security.gate.get();
+    c.certificate_name = certificate_name;
+    c
 }

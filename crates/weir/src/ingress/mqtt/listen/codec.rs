@@ -78,7 +78,7 @@ pub(super) enum Version {
 #[derive(Debug)]
 pub(super) enum Hello {
     V311(v4::Connect),
-    V5(v5::Connect),
+    V5(v5::Connect, Option<v5::Login>),
 }
 
 /// A PUBLISH, whichever the version.
@@ -112,6 +112,8 @@ pub(super) enum Refusal {
     ProtocolVersion,
     ClientId,
     AuthMethod,
+    /// Authentication refused the client.
+    NotAuthorized,
 }
 
 /// A packet weir sends.
@@ -126,6 +128,9 @@ pub(super) enum Reply {
     ConnRefused(Refusal),
     PubAck(u16),
     PubRec(u16),
+    /// A publish the ACL refused: its packet id, and whether it was QoS 2
+    /// (PUBREC) rather than QoS 1 (PUBACK).
+    Denied(u16, bool),
     PubComp(u16),
     SubAck {
         pkid: u16,
@@ -195,7 +200,7 @@ pub(super) fn decode_connect(
     // parsing by hand.
     let header5 = v5::check(packet.iter(), None).map_err(ProtocolError::Malformed5)?;
     match v5::Connect::read(header5, packet.clone()) {
-        Ok((connect, _will, _login)) => Ok(Some(Hello::V5(connect))),
+        Ok((connect, _will, login)) => Ok(Some(Hello::V5(connect, login))),
         Err(Error5::InvalidProtocolLevel(4)) => v4::Connect::read(header, packet)
             .map(|connect| Some(Hello::V311(connect)))
             .map_err(ProtocolError::Malformed),
@@ -351,12 +356,18 @@ pub(super) fn encode(out: &mut BytesMut, version: Version, reply: Reply) {
                     let code = match refusal {
                         Refusal::ProtocolVersion => v4::ConnectReturnCode::RefusedProtocolVersion,
                         Refusal::ClientId => v4::ConnectReturnCode::BadClientId,
-                        Refusal::AuthMethod => v4::ConnectReturnCode::NotAuthorized,
+                        Refusal::AuthMethod | Refusal::NotAuthorized => {
+                            v4::ConnectReturnCode::NotAuthorized
+                        }
                     };
                     v4::Packet::ConnAck(v4::ConnAck::new(code, false))
                 }
-                Reply::PubAck(pkid) => v4::Packet::PubAck(v4::PubAck::new(pkid)),
-                Reply::PubRec(pkid) => v4::Packet::PubRec(v4::PubRec::new(pkid)),
+                Reply::PubAck(pkid) | Reply::Denied(pkid, false) => {
+                    v4::Packet::PubAck(v4::PubAck::new(pkid))
+                }
+                Reply::PubRec(pkid) | Reply::Denied(pkid, true) => {
+                    v4::Packet::PubRec(v4::PubRec::new(pkid))
+                }
                 Reply::PubComp(pkid) => v4::Packet::PubComp(v4::PubComp::new(pkid)),
                 Reply::SubAck { pkid, filters } => v4::Packet::SubAck(v4::SubAck::new(
                     pkid,
@@ -388,6 +399,7 @@ pub(super) fn encode(out: &mut BytesMut, version: Version, reply: Reply) {
                         }
                         Refusal::ClientId => v5::ConnectReturnCode::ClientIdentifierNotValid,
                         Refusal::AuthMethod => v5::ConnectReturnCode::BadAuthenticationMethod,
+                        Refusal::NotAuthorized => v5::ConnectReturnCode::NotAuthorized,
                     };
                     v5::Packet::ConnAck(v5::ConnAck {
                         session_present: false,
@@ -397,6 +409,16 @@ pub(super) fn encode(out: &mut BytesMut, version: Version, reply: Reply) {
                 }
                 Reply::PubAck(pkid) => v5::Packet::PubAck(v5::PubAck::new(pkid, None)),
                 Reply::PubRec(pkid) => v5::Packet::PubRec(v5::PubRec::new(pkid, None)),
+                Reply::Denied(pkid, false) => v5::Packet::PubAck(v5::PubAck {
+                    pkid,
+                    reason: v5::PubAckReason::NotAuthorized,
+                    properties: None,
+                }),
+                Reply::Denied(pkid, true) => v5::Packet::PubRec(v5::PubRec {
+                    pkid,
+                    reason: v5::PubRecReason::NotAuthorized,
+                    properties: None,
+                }),
                 Reply::PubComp(pkid) => v5::Packet::PubComp(v5::PubComp::new(pkid, None)),
                 Reply::SubAck { pkid, filters } => v5::Packet::SubAck(v5::SubAck {
                     pkid,
@@ -496,7 +518,7 @@ mod tests {
         let mut buf = v5_bytes(v5::Packet::Connect(v5_connect(), None, None));
         assert!(matches!(
             decode_connect(&mut buf, MAX),
-            Ok(Some(Hello::V5(c))) if c.client_id == "dev"
+            Ok(Some(Hello::V5(c, _))) if c.client_id == "dev"
         ));
         assert!(buf.is_empty());
     }

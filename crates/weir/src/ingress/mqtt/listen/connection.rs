@@ -13,11 +13,11 @@ use std::time::Duration;
 use bytes::BytesMut;
 use rumqttc::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
+use weir_core::gate::{Admitted, Credentials, Gate, Refused};
 use weir_core::Record;
 
 use crate::config::Qos0WhenFull;
@@ -61,6 +61,8 @@ pub(super) enum Ending {
     TakenOver,
     /// No CONNECT within [`CONNECT_TIMEOUT`].
     ConnectTimeout,
+    /// Authentication refused the client (CONNACK "not authorized").
+    NotAuthorized(Refused),
     /// Nothing received for 1.5 times the keep alive the client chose.
     KeepAliveExpired(Duration),
     /// Bad input.
@@ -106,6 +108,10 @@ impl Ending {
                 ?keep_alive,
                 "closing MQTT connection: nothing received for 1.5 times its keep alive"
             ),
+            Ending::NotAuthorized(reason) => {
+                ingress.metrics().security.connect_refused(reason.reason());
+                warn!(%reason, "MQTT CONNECT refused: not authorized");
+            }
             Ending::Protocol(reason) => {
                 ingress.metrics().protocol_errors.inc();
                 warn!(%reason, "closing MQTT connection: bad input");
@@ -147,9 +153,9 @@ impl Ending {
     }
 }
 
-/// One device connection.
-pub(super) struct Connection {
-    pub(super) stream: TcpStream,
+/// One device connection, over plain TCP or TLS.
+pub(super) struct Connection<S> {
+    pub(super) stream: S,
     pub(super) peer: SocketAddr,
     pub(super) settings: Settings,
     pub(super) ingress: Arc<Intake>,
@@ -184,6 +190,13 @@ pub(super) struct Connection {
     /// reply with no ticket waits only for those before it (MQTT wants
     /// acknowledgements in the order of the publishes).
     pub(super) held: VecDeque<(Option<Ticket>, Reply)>,
+    /// Who may connect: the gate in force when the connection arrived.
+    pub(super) gate: Arc<Gate>,
+    /// The client certificate's CN when the TLS listener takes the
+    /// username from it.
+    pub(super) certificate_name: Option<String>,
+    /// Who the client is and what it may publish, once connected.
+    pub(super) admitted: Admitted,
 }
 
 /// What a wait on the socket ended with.
@@ -195,9 +208,9 @@ pub(super) enum Wake {
     Read(io::Result<usize>),
 }
 
-impl Connection {
+impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     pub(super) fn new(
-        stream: TcpStream,
+        stream: S,
         peer: SocketAddr,
         settings: Settings,
         ingress: Arc<Intake>,
@@ -222,14 +235,16 @@ impl Connection {
             keep_alive: None,
             deadline: Some(Instant::now() + CONNECT_TIMEOUT),
             held: VecDeque::new(),
+            gate: Arc::new(Gate::open()),
+            certificate_name: None,
+            admitted: Admitted {
+                username: None,
+                acl: None,
+            },
         }
     }
 
     pub(super) async fn run(mut self) {
-        // Acknowledgements are latency: do not let Nagle hold them back.
-        if let Err(error) = self.stream.set_nodelay(true) {
-            debug!(%error, "cannot disable Nagle's algorithm");
-        }
         let ending = match self.session().await {
             Ok(never) => match never {},
             Err(ending) => ending,
@@ -325,6 +340,11 @@ impl Connection {
                     );
                     return Err(ProtocolError::EmptyClientId.into());
                 }
+                let login = connect
+                    .login
+                    .as_ref()
+                    .map(|l| (l.username.clone(), l.password.clone()));
+                self.admit(Version::V311, &connect.client_id, login).await?;
                 let session_present = self
                     .resume(
                         &connect.client_id,
@@ -348,7 +368,7 @@ impl Connection {
                     connect.clean_session,
                 )
             }
-            Hello::V5(connect) => {
+            Hello::V5(connect, login) => {
                 let method = connect
                     .properties
                     .as_ref()
@@ -376,6 +396,8 @@ impl Connection {
                     .as_ref()
                     .and_then(|p| p.session_expiry_interval)
                     .unwrap_or(0);
+                let login = login.map(|l| (l.username, l.password));
+                self.admit(Version::V5, &client_id, login).await?;
                 let session_present = self
                     .resume(&client_id, connect.clean_start, expiry > 0)
                     .await;
@@ -407,6 +429,68 @@ impl Connection {
             "MQTT client connected"
         );
         Ok(version)
+    }
+
+    /// Lets the client in or refuses it (CONNACK "not authorized"), before
+    /// anything of a session is touched: an unauthenticated client cannot
+    /// take a session over. A password hash is checked off the runtime.
+    async fn admit(
+        &mut self,
+        version: Version,
+        client_id: &str,
+        login: Option<(String, String)>,
+    ) -> Result<(), Ending> {
+        let gate = self.gate.clone();
+        let certificate_name = self.certificate_name.clone();
+        let client_id = client_id.to_owned();
+        let decide = move || {
+            let (username, password) = match &login {
+                Some((u, p)) => (
+                    Some(u.as_str()).filter(|u| !u.is_empty()),
+                    Some(p.as_bytes()),
+                ),
+                None => (None, None),
+            };
+            let credentials = Credentials {
+                username,
+                password,
+                client_id: &client_id,
+                certificate_name: certificate_name.as_deref(),
+            };
+            gate.admit(&credentials)
+        };
+        let costly = {
+            let probe = Credentials {
+                username: Some(""),
+                certificate_name: self.certificate_name.as_deref(),
+                ..Credentials::default()
+            };
+            self.gate.costly(&probe)
+        };
+        let outcome = if costly {
+            tokio::task::spawn_blocking(decide)
+                .await
+                .map_err(|e| Ending::Io(io::Error::other(e)))?
+        } else {
+            decide()
+        };
+        match outcome {
+            Ok(admitted) => {
+                if let Some(user) = &admitted.username {
+                    tracing::Span::current().record("user", user.as_str());
+                }
+                self.admitted = admitted;
+                Ok(())
+            }
+            Err(refused) => {
+                encode(
+                    &mut self.out,
+                    version,
+                    Reply::ConnRefused(Refusal::NotAuthorized),
+                );
+                Err(Ending::NotAuthorized(refused))
+            }
+        }
     }
 
     /// Takes the client id over from a connection still holding it, then
@@ -463,6 +547,23 @@ impl Connection {
 
     async fn publish(&mut self, publish: InPublish) -> Result<(), Ending> {
         check_topic(&publish)?;
+        // Checked UTF-8 above.
+        let topic = std::str::from_utf8(&publish.topic).unwrap_or_default();
+        if !self.admitted.may_publish(topic) {
+            self.ingress
+                .metrics()
+                .security
+                .publish_denied(self.admitted.username.as_deref());
+            debug!(topic, "PUBLISH refused by the ACL: not queued");
+            // MQTT 5 says so in the acknowledgement; MQTT 3.1.1 cannot, so
+            // the publish is acknowledged and dropped, as Mosquitto does.
+            match publish.qos {
+                QoS::AtMostOnce => {}
+                QoS::AtLeastOnce => self.reply(Reply::Denied(publish.pkid, false)),
+                QoS::ExactlyOnce => self.reply(Reply::Denied(publish.pkid, true)),
+            }
+            return Ok(());
+        }
         let InPublish {
             qos,
             dup,

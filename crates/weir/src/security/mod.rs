@@ -1,0 +1,163 @@
+//! The files behind weir's security settings: TLS certificates and keys,
+//! the MQTT password and ACL files. They are read at start-up, where
+//! anything wrong stops weir like a bad config (`weir check-config` and
+//! `weir run` list every problem and exit 2), and again whenever they
+//! change (`watch.rs`), so a certificate is rotated or a user added
+//! without a restart. The decisions themselves (who is let in, what they
+//! may publish) are `weir_core::gate` and `weir_core::acl`.
+//!
+//! - `tls.rs`: rustls server configurations from PEM files.
+//! - `watch.rs`: values rebuilt when their files change.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::ServerConfig;
+use weir_core::acl::AclFile;
+use weir_core::gate::Gate;
+use weir_core::passwd::{LineProblem, PasswordFile};
+
+use crate::config::{Config, MqttAuth, MqttListen, MqttMode, Problem};
+
+pub mod tls;
+pub mod watch;
+
+pub use watch::{Refresh, Watched};
+
+/// What the MQTT listeners need: who may connect, and the TLS
+/// configuration of the TLS listener.
+#[derive(Clone)]
+pub struct MqttSecurity {
+    /// The CONNECT decision, from the password and ACL files.
+    pub gate: Arc<Watched<Gate>>,
+    /// `[ingress.mqtt.tls]`'s server configuration.
+    pub tls: Option<Arc<Watched<ServerConfig>>>,
+}
+
+impl MqttSecurity {
+    /// Reads the files `listen` names.
+    pub fn load(listen: &MqttListen) -> Result<Self, Vec<Problem>> {
+        let mut problems = Vec::new();
+        let auth = listen.auth.clone();
+        let mut paths: Vec<PathBuf> = Vec::new();
+        paths.extend(auth.password_file.clone());
+        paths.extend(auth.acl_file.clone());
+        let gate = Watched::new("MQTT password and ACL files", paths, move || gate(&auth))
+            .map_err(|p| problems.extend(p))
+            .ok();
+        let tls = match &listen.tls {
+            None => None,
+            Some(t) => {
+                let files = t.files.clone();
+                let mut paths = vec![files.certfile.clone(), files.keyfile.clone()];
+                paths.extend(files.cafile.clone());
+                Watched::new("MQTT TLS certificate", paths, move || {
+                    tls::server_config("ingress.mqtt.tls", &files, &[])
+                })
+                .map_err(|p| problems.extend(p))
+                .ok()
+                .map(Arc::new)
+            }
+        };
+        match gate {
+            Some(gate) if problems.is_empty() => Ok(MqttSecurity {
+                gate: Arc::new(gate),
+                tls,
+            }),
+            _ => Err(problems),
+        }
+    }
+
+    /// No TLS; anyone may connect and publish anywhere.
+    pub fn open() -> Self {
+        MqttSecurity {
+            gate: Arc::new(
+                Watched::new("open", Vec::new(), || Ok(Gate::open())).expect("cannot fail"),
+            ),
+            tls: None,
+        }
+    }
+
+    /// The files to keep watching.
+    pub fn watched(&self) -> Vec<Arc<dyn Refresh>> {
+        let mut items: Vec<Arc<dyn Refresh>> = vec![self.gate.clone()];
+        if let Some(tls) = &self.tls {
+            items.push(tls.clone());
+        }
+        items
+    }
+}
+
+/// Reads every file `cfg` names, as start-up would; the problems found.
+pub fn check(cfg: &Config) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    if let Some(m) = &cfg.ingress.mqtt {
+        if let MqttMode::Listen(listen) = &m.mode {
+            if let Err(p) = MqttSecurity::load(listen) {
+                problems.extend(p);
+            }
+        }
+    }
+    problems
+}
+
+/// Reads a file of lines that `parse` checks, each bad line a problem
+/// under `key`.
+fn lines<T>(
+    key: &str,
+    file: &Path,
+    parse: impl Fn(&str) -> (T, Vec<LineProblem>),
+) -> Result<T, Vec<Problem>> {
+    let text = std::fs::read_to_string(file).map_err(|e| {
+        vec![Problem {
+            path: key.to_owned(),
+            message: format!("{}: {e}", file.display()),
+        }]
+    })?;
+    let (value, bad) = parse(&text);
+    if bad.is_empty() {
+        return Ok(value);
+    }
+    Err(bad
+        .into_iter()
+        .map(|b| Problem {
+            path: key.to_owned(),
+            message: format!("{}:{}: {}", file.display(), b.line, b.message),
+        })
+        .collect())
+}
+
+/// The gate `auth` describes, its files read.
+fn gate(auth: &MqttAuth) -> Result<Gate, Vec<Problem>> {
+    let mut problems = Vec::new();
+    let passwords = auth.password_file.as_ref().and_then(|f| {
+        lines("ingress.mqtt.password_file", f, PasswordFile::parse)
+            .map_err(|p| problems.extend(p))
+            .ok()
+    });
+    if let (Some(p), Some(f)) = (&passwords, &auth.password_file) {
+        if p.is_empty() {
+            problems.push(Problem {
+                path: "ingress.mqtt.password_file".into(),
+                message: format!(
+                    "{}: no users in it (add one with `mosquitto_passwd {} <user>`)",
+                    f.display(),
+                    f.display()
+                ),
+            });
+        }
+    }
+    let acl = auth.acl_file.as_ref().and_then(|f| {
+        lines("ingress.mqtt.acl_file", f, AclFile::parse)
+            .map_err(|p| problems.extend(p))
+            .ok()
+    });
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    Ok(Gate {
+        passwords,
+        acl,
+        allow_anonymous: auth.allow_anonymous,
+    })
+}
