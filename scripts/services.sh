@@ -10,7 +10,10 @@ port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 need=()
 command -v mosquitto >/dev/null || need+=(mosquitto mosquitto-clients)
+command -v mosquitto_pub >/dev/null || need+=(mosquitto-clients)
 command -v rabbitmq-server >/dev/null || need+=(rabbitmq-server)
+# The TLS tests make their certificates with openssl, as an operator would.
+command -v openssl >/dev/null || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   echo "services: installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -129,7 +129,7 @@ impl Gate {
     /// Lets `c` in, or says why not.
     pub fn admit(&self, c: &Credentials<'_>) -> Result<Admitted, Refused> {
         let username = match (c.certificate_name, &self.passwords, c.username) {
-            (Some(name), _, _) if name.is_empty() => return Err(Refused::NoCertificateName),
+            (Some(""), _, _) => return Err(Refused::NoCertificateName),
             (Some(name), _, _) => Some(name),
             (None, Some(passwords), Some(user)) => {
                 match passwords.check(user, c.password.unwrap_or_default()) {

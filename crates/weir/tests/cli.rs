@@ -57,6 +57,67 @@ fn unknown_keys_and_missing_files_exit_2() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/weir.toml"));
 }
 
+/// `weir check-config` and `weir run` on `text`: each exits 2, and its
+/// stderr contains every one of `needles`.
+fn refused_with(name: &str, text: &str, needles: &[&str]) {
+    let dir = tmp(&format!("{name}-config"));
+    let file = write_config(&dir, "weir.toml", text);
+    for args in [
+        vec!["check-config", file.to_str().unwrap()],
+        vec!["run", "--config", file.to_str().unwrap()],
+    ] {
+        let out = Command::new(WEIR).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        for needle in needles {
+            assert!(err.contains(needle), "{args:?} names {needle:?}: {err}");
+        }
+    }
+}
+
+#[test]
+fn a_listener_other_hosts_reach_without_authentication_exits_2() {
+    refused_with(
+        "cli-exposed",
+        "[ingress.mqtt]\nlisten = \"0.0.0.0:1883\"\n[ingress.grpc]\nlisten = \"0.0.0.0:50051\"\n",
+        &[
+            "ingress.mqtt.listen",
+            "ingress.mqtt.allow_anonymous = true",
+            "ingress.grpc.allow_anonymous = true",
+        ],
+    );
+}
+
+#[test]
+fn unusable_password_acl_and_certificate_files_exit_2_naming_each() {
+    let dir = tmp("cli-security-files");
+    let passwd = dir.join("passwd");
+    std::fs::write(&passwd, "alice:plaintext\nbob:$6$bad\n").unwrap();
+    let acl = dir.join("acl");
+    std::fs::write(&acl, "user alice\ntopic write a/#/b\n").unwrap();
+    let text = format!(
+        "[ingress.mqtt]\nlisten = \"127.0.0.1:0\"\npassword_file = \"{}\"\nacl_file = \"{}\"\n\
+         [ingress.mqtt.tls]\nlisten = \"127.0.0.1:0\"\ncertfile = \"{}\"\nkeyfile = \"/nonexistent/key.pem\"\n\
+         [ingress.grpc]\nenabled = false\n",
+        passwd.display(),
+        acl.display(),
+        passwd.display(),
+    );
+    let passwd_line = |n: usize| format!("{}:{n}:", passwd.display());
+    refused_with(
+        "cli-security-files",
+        &text,
+        &[
+            &passwd_line(1),
+            &passwd_line(2),
+            &format!("{}:2:", acl.display()),
+            "ingress.mqtt.tls.certfile",
+            "ingress.mqtt.tls.keyfile",
+            "/nonexistent/key.pem",
+        ],
+    );
+}
+
 #[test]
 fn the_printed_default_config_is_valid() {
     let out = Command::new(WEIR)

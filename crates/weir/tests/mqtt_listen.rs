@@ -585,3 +585,35 @@ async fn a_silent_client_is_closed_after_its_keep_alive() {
     assert_eq!(weir.ingress.metrics().protocol_errors.get(), 0);
     weir.stop().await;
 }
+
+#[tokio::test]
+async fn clients_without_a_client_id_do_not_take_each_other_over() {
+    let weir = Weir::start(roomy(), 1 << 20, Qos0WhenFull::Block).await;
+    // MQTT 3.1.1 CONNECT, clean session, empty client id (what
+    // mosquitto_pub sends): the server assigns each its own id.
+    let mut body = BytesMut::new();
+    mqtt_str(&mut body, b"MQTT");
+    body.put_u8(4);
+    body.put_u8(0x02);
+    body.put_u16(30);
+    mqtt_str(&mut body, b"");
+    let hello = packet(0x10, &body);
+    let mut first = TcpStream::connect(weir.addr).await.unwrap();
+    first.write_all(&hello).await.unwrap();
+    let mut connack = [0u8; 4];
+    first.read_exact(&mut connack).await.unwrap();
+    assert_eq!(connack, [0x20, 0x02, 0x00, 0x00]);
+    let mut second = TcpStream::connect(weir.addr).await.unwrap();
+    second.write_all(&hello).await.unwrap();
+    second.read_exact(&mut connack).await.unwrap();
+    assert_eq!(connack, [0x20, 0x02, 0x00, 0x00]);
+    // The first is still connected: PINGREQ is answered.
+    first.write_all(&packet(0xC0, &[])).await.unwrap();
+    let mut pong = [0u8; 2];
+    tokio::time::timeout(PATIENCE, first.read_exact(&mut pong))
+        .await
+        .expect("answered")
+        .expect("the first connection was not closed");
+    assert_eq!(pong, [0xD0, 0x00]);
+    weir.stop().await;
+}

@@ -13,7 +13,8 @@
 //!   drive one ingress without an `App`;
 //! - `process`: the `weir` binary, config snippets, starting weir and
 //!   signalling it, the admin endpoint's metrics;
-//! - `peering`: the three-node peering scenario.
+//! - `peering`: the three-node peering scenario;
+//! - `pki`: CAs and certificates made with `openssl`.
 //!
 //! Timing: nothing here judges how fast the machine is. Waits are for
 //! observable events, bounded by [`PATIENCE`] only so that a broken build
@@ -24,6 +25,7 @@ pub mod amqp;
 pub mod ingress;
 pub mod mqtt;
 pub mod peering;
+pub mod pki;
 pub mod process;
 
 use std::collections::BTreeMap;

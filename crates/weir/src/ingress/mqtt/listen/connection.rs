@@ -340,17 +340,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                     );
                     return Err(ProtocolError::EmptyClientId.into());
                 }
+                // MQTT 3.1.1 section 3.1.3.1: the server gives a client
+                // without an id (clean session only) a unique one; without
+                // it, two such clients would take each other's session over.
+                let client_id = if connect.client_id.is_empty() {
+                    format!("weir-{}", self.peer)
+                } else {
+                    connect.client_id
+                };
                 let login = connect
                     .login
                     .as_ref()
                     .map(|l| (l.username.clone(), l.password.clone()));
-                self.admit(Version::V311, &connect.client_id, login).await?;
+                self.admit(Version::V311, &client_id, login).await?;
                 let session_present = self
-                    .resume(
-                        &connect.client_id,
-                        connect.clean_session,
-                        !connect.clean_session,
-                    )
+                    .resume(&client_id, connect.clean_session, !connect.clean_session)
                     .await;
                 encode(
                     &mut self.out,
@@ -363,7 +367,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                 );
                 (
                     Version::V311,
-                    connect.client_id,
+                    client_id,
                     connect.keep_alive,
                     connect.clean_session,
                 )
