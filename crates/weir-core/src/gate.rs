@@ -17,9 +17,22 @@
 //! - An anonymous client connects only if `allow_anonymous`.
 //! - An identifier that an ACL pattern would substitute must not contain
 //!   `+`, `#` or `/` ([`AclFile::identity_problem`]).
+//!
+//! # gRPC ingress ([`StreamGate`])
+//! A gRPC client is named by a bearer token (`authorization: Bearer <token>`,
+//! looked up in a [`TokenFile`] of SHA-256 digests) or else by its verified
+//! client certificate's CN. A token that is not in the file is refused even
+//! if a certificate would do: a client that sends one means it. Without
+//! either the client is anonymous. An allow list, when configured, names
+//! the streams each identity may publish to (anonymous clients under the
+//! name `""`); a stream pattern is a name, or a prefix ending in `*`.
+
+use std::collections::HashMap;
+
+use sha2::{Digest, Sha256};
 
 use crate::acl::{AclFile, ClientAcl};
-use crate::passwd::{PasswordFile, Verdict};
+use crate::passwd::{LineProblem, PasswordFile, Verdict};
 
 /// What a connecting client presents.
 #[derive(Debug, Clone, Copy, Default)]
@@ -50,6 +63,8 @@ pub enum Refused {
     NoCertificateName,
     /// An identifier would widen an ACL pattern.
     Identifier(String),
+    /// A bearer token that is not in the token file.
+    UnknownToken,
 }
 
 impl Refused {
@@ -61,6 +76,7 @@ impl Refused {
             Refused::WrongPassword(_) => "bad_password",
             Refused::NoCertificateName => "no_certificate_name",
             Refused::Identifier(_) => "bad_identifier",
+            Refused::UnknownToken => "unknown_token",
         }
     }
 }
@@ -79,6 +95,7 @@ impl std::fmt::Display for Refused {
                 "the client certificate has no subject CN to use as the username"
             ),
             Refused::Identifier(why) => f.write_str(why),
+            Refused::UnknownToken => write!(f, "the bearer token is not in the token file"),
         }
     }
 }
@@ -157,6 +174,153 @@ impl Gate {
             username: username.map(str::to_owned),
             acl,
         })
+    }
+}
+
+/// Bearer tokens for the gRPC ingress: lines `<name> <SHA-256 of the
+/// token, 64 hex digits>` (`printf %s "$token" | sha256sum`). Only digests
+/// are stored: a leaked file grants nothing, and tokens are long random
+/// strings, so no slow hash is needed.
+#[derive(Debug, Clone, Default)]
+pub struct TokenFile {
+    by_digest: HashMap<[u8; 32], String>,
+}
+
+impl TokenFile {
+    /// Reads a token file's text: the tokens, and every line that could
+    /// not be read.
+    pub fn parse(text: &str) -> (TokenFile, Vec<LineProblem>) {
+        let mut file = TokenFile::default();
+        let mut problems = Vec::new();
+        for (i, raw) in text.lines().enumerate() {
+            let line = raw.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let mut problem = |message: String| {
+                problems.push(LineProblem {
+                    line: i + 1,
+                    message,
+                })
+            };
+            let mut words = line.split_whitespace();
+            let (Some(name), Some(digest), None) = (words.next(), words.next(), words.next())
+            else {
+                problem("expected `<name> <sha256 hex of the token>`".into());
+                continue;
+            };
+            let Some(digest) = hex32(digest) else {
+                problem(format!(
+                    "{name}: the digest must be 64 hex digits (printf %s \"$token\" | sha256sum)"
+                ));
+                continue;
+            };
+            if file.by_digest.values().any(|n| n == name) {
+                problem(format!("{name} appears twice"));
+                continue;
+            }
+            if file.by_digest.insert(digest, name.to_owned()).is_some() {
+                problem(format!("{name}: the same token as an earlier line"));
+            }
+        }
+        (file, problems)
+    }
+
+    /// The name of `token`, if the file has it.
+    pub fn name(&self, token: &str) -> Option<&str> {
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        self.by_digest.get(&digest).map(String::as_str)
+    }
+
+    /// Tokens in the file.
+    pub fn len(&self) -> usize {
+        self.by_digest.len()
+    }
+
+    /// Whether the file has no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.by_digest.is_empty()
+    }
+}
+
+fn hex32(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// A stream pattern of an allow list: a name, or a prefix ending in `*`.
+pub fn stream_matches(pattern: &str, stream: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => stream.starts_with(prefix),
+        None => pattern == stream,
+    }
+}
+
+/// Why a stream pattern is not one: a `*` anywhere but at the end.
+pub fn stream_pattern_problem(pattern: &str) -> Option<String> {
+    let body = pattern.strip_suffix('*').unwrap_or(pattern);
+    body.contains('*')
+        .then(|| format!("{pattern:?}: `*` may only end a pattern (a prefix), e.g. \"line1/*\""))
+}
+
+/// Who may call the gRPC ingress, and which streams each may publish to.
+#[derive(Debug, Clone, Default)]
+pub struct StreamGate {
+    /// Bearer tokens, if configured.
+    pub tokens: Option<TokenFile>,
+    /// Identity to stream patterns; `None`: any admitted client, any
+    /// stream.
+    pub allow: Option<HashMap<String, Vec<String>>>,
+    /// Whether clients with neither token nor certificate may call.
+    pub allow_anonymous: bool,
+}
+
+impl StreamGate {
+    /// Anyone may publish to any stream.
+    pub fn open() -> StreamGate {
+        StreamGate {
+            tokens: None,
+            allow: None,
+            allow_anonymous: true,
+        }
+    }
+
+    /// The caller's identity (`None`: anonymous), or why it is refused.
+    /// `bearer`: the token of an `authorization: Bearer` header;
+    /// `certificate_name`: the verified client certificate's CN.
+    pub fn admit(
+        &self,
+        certificate_name: Option<&str>,
+        bearer: Option<&str>,
+    ) -> Result<Option<String>, Refused> {
+        if let Some(token) = bearer {
+            return match self.tokens.as_ref().and_then(|t| t.name(token)) {
+                Some(name) => Ok(Some(name.to_owned())),
+                None => Err(Refused::UnknownToken),
+            };
+        }
+        match certificate_name {
+            Some("") => Err(Refused::NoCertificateName),
+            Some(name) => Ok(Some(name.to_owned())),
+            None if self.allow_anonymous => Ok(None),
+            None => Err(Refused::Anonymous),
+        }
+    }
+
+    /// Whether `identity` may publish to `stream`.
+    pub fn may_publish(&self, identity: Option<&str>, stream: &str) -> bool {
+        let Some(allow) = &self.allow else {
+            return true;
+        };
+        allow
+            .get(identity.unwrap_or_default())
+            .is_some_and(|patterns| patterns.iter().any(|p| stream_matches(p, stream)))
     }
 }
 
@@ -249,5 +413,73 @@ mod tests {
         assert_eq!(g.admit(&hostile).unwrap_err().reason(), "bad_identifier");
         let open = Gate::open().admit(&hostile).unwrap();
         assert!(open.may_publish("anything/at/all"));
+    }
+
+    #[test]
+    fn grpc_tokens_and_certificates_name_the_caller_and_the_allow_list_binds_them() {
+        // sha256("tok-gw1") and sha256("tok-gw2").
+        let d1 = "1e5f3ed05b52f02d4b0c8bb7b24e5f37d2f9aeb5b7cc5e1e1f1b9b01f4a0a4c1";
+        let text = format!(
+            "# gateways\ngw1 {}\ngw2 {}\nbad zz\n",
+            hex(&Sha256::digest(b"tok-gw1")),
+            hex(&Sha256::digest(b"tok-gw2"))
+        );
+        let (tokens, problems) = TokenFile::parse(&format!("{text}gw1 {d1}\n"));
+        assert_eq!(
+            problems.iter().map(|p| p.line).collect::<Vec<_>>(),
+            vec![4, 5]
+        );
+        assert_eq!(tokens.len(), 2);
+        let gate = StreamGate {
+            tokens: Some(tokens),
+            allow: Some(HashMap::from([
+                (
+                    "gw1".to_owned(),
+                    vec!["line1/*".to_owned(), "alarms".to_owned()],
+                ),
+                ("dev-9".to_owned(), vec!["*".to_owned()]),
+                ("".to_owned(), vec!["public".to_owned()]),
+            ])),
+            allow_anonymous: false,
+        };
+        let gw1 = gate.admit(None, Some("tok-gw1")).unwrap();
+        assert_eq!(gw1.as_deref(), Some("gw1"));
+        assert!(gate.may_publish(gw1.as_deref(), "line1/temp"));
+        assert!(gate.may_publish(gw1.as_deref(), "alarms"));
+        assert!(!gate.may_publish(gw1.as_deref(), "alarms2"));
+        assert!(!gate.may_publish(gw1.as_deref(), "line2/temp"));
+        let gw2 = gate.admit(Some("dev-9"), Some("tok-gw2")).unwrap();
+        assert_eq!(
+            gw2.as_deref(),
+            Some("gw2"),
+            "a token wins over the certificate"
+        );
+        assert!(
+            !gate.may_publish(gw2.as_deref(), "line1/x"),
+            "gw2 is not listed"
+        );
+        assert_eq!(
+            gate.admit(Some("dev-9"), Some("nope")),
+            Err(Refused::UnknownToken)
+        );
+        let dev = gate.admit(Some("dev-9"), None).unwrap();
+        assert!(gate.may_publish(dev.as_deref(), "anything"));
+        assert_eq!(gate.admit(None, None), Err(Refused::Anonymous));
+        let open = StreamGate {
+            allow_anonymous: true,
+            ..gate.clone()
+        };
+        assert_eq!(open.admit(None, None), Ok(None));
+        assert!(open.may_publish(None, "public") && !open.may_publish(None, "alarms"));
+        assert!(StreamGate::open().may_publish(None, "x"));
+        assert_eq!(
+            stream_pattern_problem("a*b"),
+            Some("\"a*b\": `*` may only end a pattern (a prefix), e.g. \"line1/*\"".into())
+        );
+        assert_eq!(stream_pattern_problem("a/*"), None);
+    }
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
     }
 }

@@ -26,7 +26,7 @@ use crate::handoff::LinkReady;
 use crate::ingress;
 use crate::intake::Intake;
 use crate::metrics::Metrics;
-use crate::security::MqttSecurity;
+use crate::security::{GrpcSecurity, MqttSecurity};
 use crate::spool::{SequenceLease, Spool};
 
 /// Batches between the scheduler and the egress: at most one per free slot
@@ -197,6 +197,12 @@ impl App {
                 Some(MqttSecurity::load(l).map_err(|problems| AppError::Security { problems })?)
             }
             _ => None,
+        };
+        let grpc_security = match &cfg.ingress.grpc {
+            Some(g) => {
+                Some(GrpcSecurity::load(g).map_err(|problems| AppError::Security { problems })?)
+            }
+            None => None,
         };
         let scheme = cfg.scheduler.scheme;
         let queues = Arc::new(scheduler::queues_for(scheme, &cfg.memory_capacities()));
@@ -403,9 +409,14 @@ impl App {
         if let Some(g) = &cfg.ingress.grpc {
             let (l, local) = bind(g.listen, "gRPC", "ingress.grpc.listen").await?;
             grpc_addr = Some(local);
+            let security = grpc_security.clone().expect("loaded when gRPC is on");
+            listeners.spawn(crate::security::watch::watch(
+                security.watched(),
+                stop.clone(),
+            ));
             let (g, ing, stop) = (g.clone(), Arc::clone(&ingress), stop.clone());
             listeners.spawn(async move {
-                if let Err(e) = ingress::grpc::serve(l, g, ing, stop).await {
+                if let Err(e) = ingress::grpc::serve_secured(l, g, security, ing, stop).await {
                     tracing::error!(error = %e, "gRPC ingress stopped");
                 }
             });

@@ -30,7 +30,7 @@ use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
 use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 use tonic_reflection::pb::v1::ServerReflectionRequest;
 use tonic_reflection::pb::v1alpha;
-use weir::config::GrpcIngress;
+use weir::config::{GrpcAuth, GrpcIngress};
 use weir::ingress::grpc::{self, GrpcError, STREAM_FULL_WAIT};
 use weir::intake::Intake;
 use weir_core::queue::QueueCapacity;
@@ -67,6 +67,8 @@ impl Weir {
         let cfg = GrpcIngress {
             listen: "127.0.0.1:0".parse().unwrap(),
             max_message_size,
+            tls: None,
+            auth: GrpcAuth::open(),
         };
         let listener = tokio::net::TcpListener::bind(cfg.listen).await.unwrap();
         let addr = listener.local_addr().unwrap();

@@ -4,6 +4,7 @@
 //! their validation. Also the `host:port` of a broker ([`BrokerAddr`]),
 //! which peering uses for its peers too.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -541,6 +542,9 @@ pub(crate) struct RawGrpc {
     pub listen: Option<String>,
     pub max_message_size: Option<Written<Size>>,
     pub allow_anonymous: Option<bool>,
+    pub tokens_file: Option<PathBuf>,
+    pub allow: Option<BTreeMap<String, Vec<String>>>,
+    pub tls: Option<RawTls>,
 }
 
 /// `[ingress.grpc]`
@@ -550,6 +554,33 @@ pub struct GrpcIngress {
     pub listen: SocketAddr,
     /// Largest gRPC message accepted, in bytes.
     pub max_message_size: usize,
+    /// TLS on `listen` (instead of plain HTTP/2).
+    pub tls: Option<TlsFiles>,
+    /// Who may call, and which streams each may publish to.
+    pub auth: GrpcAuth,
+}
+
+/// Authentication and authorisation of gRPC callers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrpcAuth {
+    /// Callers with neither a token nor a client certificate may call.
+    pub allow_anonymous: bool,
+    /// Bearer tokens: `<name> <sha256 hex>` lines.
+    pub tokens_file: Option<PathBuf>,
+    /// Identity (token name or certificate CN; `""` anonymous) to the
+    /// stream patterns it may publish to; `None`: any stream.
+    pub allow: Option<BTreeMap<String, Vec<String>>>,
+}
+
+impl GrpcAuth {
+    /// Anyone, any stream.
+    pub fn open() -> Self {
+        GrpcAuth {
+            allow_anonymous: true,
+            tokens_file: None,
+            allow: None,
+        }
+    }
 }
 
 /// `[ingress.grpc]` checked, or `None` after recording why.
@@ -566,15 +597,43 @@ fn grpc(p: &mut Problems, raw: RawGrpc) -> Option<Option<GrpcIngress>> {
         GRPC_MAX_MESSAGE_SIZE,
         GRPC_MAX_MESSAGE_LIMIT,
     );
+    let tls = raw
+        .tls
+        .and_then(|t| tls(p, "ingress.grpc.tls", t, &[]).map(|t| t.files));
+    if raw
+        .tokens_file
+        .as_ref()
+        .is_some_and(|f| f.as_os_str().is_empty())
+    {
+        p.push("ingress.grpc.tokens_file", "must not be empty");
+    }
+    for (identity, patterns) in raw.allow.iter().flatten() {
+        for pattern in patterns {
+            if let Some(why) = weir_core::gate::stream_pattern_problem(pattern) {
+                p.push(format!("ingress.grpc.allow.{identity:?}"), why);
+            }
+        }
+    }
+    let certificates = tls.as_ref().is_some_and(|t| t.require_certificate);
+    let authenticates = raw.tokens_file.is_some() || certificates;
     if let Some(addr) = listen {
         check_exposed(
             p,
             "ingress.grpc.listen",
             addr,
-            false,
+            authenticates,
             raw.allow_anonymous,
             "ingress.grpc.allow_anonymous",
-            "gRPC ingress has no authentication yet",
+            "set ingress.grpc.tokens_file (bearer tokens), or [ingress.grpc.tls] with require_certificate = true",
+        );
+    }
+    if raw.allow_anonymous == Some(false)
+        && !authenticates
+        && tls.as_ref().is_none_or(|t| t.cafile.is_none())
+    {
+        p.push(
+            "ingress.grpc.allow_anonymous",
+            "false, but no tokens_file or client certificates say who may call: nobody could",
         );
     }
     if p.len() != before {
@@ -583,6 +642,12 @@ fn grpc(p: &mut Problems, raw: RawGrpc) -> Option<Option<GrpcIngress>> {
     let ingress = GrpcIngress {
         listen: listen?,
         max_message_size: max_message_size?,
+        tls,
+        auth: GrpcAuth {
+            allow_anonymous: raw.allow_anonymous.unwrap_or(!authenticates),
+            tokens_file: raw.tokens_file,
+            allow: raw.allow,
+        },
     };
     Some(enabled.then_some(ingress))
 }

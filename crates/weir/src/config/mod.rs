@@ -71,7 +71,7 @@ pub use egress::{
 };
 pub use error::{ConfigError, Location};
 pub use ingress::{
-    BrokerAddr, GrpcIngress, IngressConfig, MqttAuth, MqttIngress, MqttListen, MqttMode,
+    BrokerAddr, GrpcAuth, GrpcIngress, IngressConfig, MqttAuth, MqttIngress, MqttListen, MqttMode,
     MqttSubscribe, MqttTls, Qos0WhenFull, SubscribeQos,
 };
 pub use log::LogConfig;

@@ -33,6 +33,8 @@ pub struct ListenerLabel {
 pub struct SecurityMetrics {
     refused: Family<ReasonLabel, Counter>,
     denied: Family<UserLabel, Counter>,
+    grpc_refused: Family<ReasonLabel, Counter>,
+    grpc_denied: Family<UserLabel, Counter>,
     handshakes: Family<ListenerLabel, Counter>,
     failed_handshakes: Family<ListenerLabel, Counter>,
 }
@@ -59,6 +61,24 @@ impl SecurityMetrics {
         self.denied
             .get_or_create(&UserLabel {
                 user: user.unwrap_or_default().to_owned(),
+            })
+            .inc();
+    }
+
+    /// A gRPC call refused by authentication, for `reason`.
+    pub fn grpc_refused(&self, reason: &str) {
+        self.grpc_refused
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// A gRPC publish the allow list refused, by the caller's identity.
+    pub fn grpc_denied(&self, identity: Option<&str>) {
+        self.grpc_denied
+            .get_or_create(&UserLabel {
+                user: identity.unwrap_or_default().to_owned(),
             })
             .inc();
     }
@@ -97,6 +117,16 @@ impl SecurityMetrics {
             "mqtt_publishes_denied",
             "MQTT PUBLISHes the ACL refused (never queued), by username (\"\" anonymous)",
             self.denied.clone(),
+        );
+        registry.register(
+            "grpc_calls_refused",
+            "gRPC calls refused by authentication (UNAUTHENTICATED), by reason",
+            self.grpc_refused.clone(),
+        );
+        registry.register(
+            "grpc_publishes_denied",
+            "gRPC publishes the allow list refused (PERMISSION_DENIED, never queued), by caller (\"\" anonymous)",
+            self.grpc_denied.clone(),
         );
         registry.register(
             "tls_handshakes",

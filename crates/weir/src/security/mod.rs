@@ -14,10 +14,10 @@ use std::sync::Arc;
 
 use rustls::ServerConfig;
 use weir_core::acl::AclFile;
-use weir_core::gate::Gate;
+use weir_core::gate::{Gate, StreamGate, TokenFile};
 use weir_core::passwd::{LineProblem, PasswordFile};
 
-use crate::config::{Config, MqttAuth, MqttListen, MqttMode, Problem};
+use crate::config::{Config, GrpcAuth, GrpcIngress, MqttAuth, MqttListen, MqttMode, Problem};
 
 pub mod tls;
 pub mod watch;
@@ -45,20 +45,11 @@ impl MqttSecurity {
         let gate = Watched::new("MQTT password and ACL files", paths, move || gate(&auth))
             .map_err(|p| problems.extend(p))
             .ok();
-        let tls = match &listen.tls {
-            None => None,
-            Some(t) => {
-                let files = t.files.clone();
-                let mut paths = vec![files.certfile.clone(), files.keyfile.clone()];
-                paths.extend(files.cafile.clone());
-                Watched::new("MQTT TLS certificate", paths, move || {
-                    tls::server_config("ingress.mqtt.tls", &files, &[])
-                })
+        let tls = listen.tls.as_ref().and_then(|t| {
+            server_tls("MQTT TLS certificate", "ingress.mqtt.tls", &t.files, &[])
                 .map_err(|p| problems.extend(p))
                 .ok()
-                .map(Arc::new)
-            }
-        };
+        });
         match gate {
             Some(gate) if problems.is_empty() => Ok(MqttSecurity {
                 gate: Arc::new(gate),
@@ -88,6 +79,76 @@ impl MqttSecurity {
     }
 }
 
+/// What the gRPC ingress needs: who may call and publish to which
+/// streams, and its TLS configuration.
+#[derive(Clone)]
+pub struct GrpcSecurity {
+    /// The call decision, from the token file and the allow list.
+    pub gate: Arc<Watched<StreamGate>>,
+    /// `[ingress.grpc.tls]`'s server configuration (ALPN `h2`).
+    pub tls: Option<Arc<Watched<ServerConfig>>>,
+}
+
+impl GrpcSecurity {
+    /// Reads the files `cfg` names.
+    pub fn load(cfg: &GrpcIngress) -> Result<Self, Vec<Problem>> {
+        let mut problems = Vec::new();
+        let auth = cfg.auth.clone();
+        let paths: Vec<PathBuf> = auth.tokens_file.iter().cloned().collect();
+        let gate = Watched::new("gRPC token file", paths, move || stream_gate(&auth))
+            .map_err(|p| problems.extend(p))
+            .ok();
+        let tls = cfg.tls.as_ref().and_then(|files| {
+            server_tls("gRPC TLS certificate", "ingress.grpc.tls", files, &[b"h2"])
+                .map_err(|p| problems.extend(p))
+                .ok()
+        });
+        match gate {
+            Some(gate) if problems.is_empty() => Ok(GrpcSecurity {
+                gate: Arc::new(gate),
+                tls,
+            }),
+            _ => Err(problems),
+        }
+    }
+
+    /// No TLS; anyone may publish to any stream.
+    pub fn open() -> Self {
+        Self::load(&GrpcIngress {
+            listen: ([127, 0, 0, 1], 0).into(),
+            max_message_size: 0,
+            tls: None,
+            auth: GrpcAuth::open(),
+        })
+        .unwrap_or_else(|_| unreachable!("no files to read"))
+    }
+
+    /// The files to keep watching.
+    pub fn watched(&self) -> Vec<Arc<dyn Refresh>> {
+        let mut items: Vec<Arc<dyn Refresh>> = vec![self.gate.clone()];
+        if let Some(tls) = &self.tls {
+            items.push(tls.clone());
+        }
+        items
+    }
+}
+
+/// A TLS server configuration from `files`, rebuilt when they change.
+pub fn server_tls(
+    what: &str,
+    section: &'static str,
+    files: &crate::config::TlsFiles,
+    alpn: &'static [&'static [u8]],
+) -> Result<Arc<Watched<ServerConfig>>, Vec<Problem>> {
+    let files = files.clone();
+    let mut paths = vec![files.certfile.clone(), files.keyfile.clone()];
+    paths.extend(files.cafile.clone());
+    Watched::new(what, paths, move || {
+        tls::server_config(section, &files, alpn)
+    })
+    .map(Arc::new)
+}
+
 /// Reads every file `cfg` names, as start-up would; the problems found.
 pub fn check(cfg: &Config) -> Vec<Problem> {
     let mut problems = Vec::new();
@@ -98,7 +159,28 @@ pub fn check(cfg: &Config) -> Vec<Problem> {
             }
         }
     }
+    if let Some(g) = &cfg.ingress.grpc {
+        if let Err(p) = GrpcSecurity::load(g) {
+            problems.extend(p);
+        }
+    }
     problems
+}
+
+/// The gRPC gate `auth` describes, its token file read.
+fn stream_gate(auth: &GrpcAuth) -> Result<StreamGate, Vec<Problem>> {
+    let tokens = match &auth.tokens_file {
+        None => None,
+        Some(f) => Some(lines("ingress.grpc.tokens_file", f, TokenFile::parse)?),
+    };
+    Ok(StreamGate {
+        tokens,
+        allow: auth
+            .allow
+            .as_ref()
+            .map(|a| a.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+        allow_anonymous: auth.allow_anonymous,
+    })
 }
 
 /// Reads a file of lines that `parse` checks, each bad line a problem

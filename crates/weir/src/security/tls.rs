@@ -140,3 +140,70 @@ pub fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
         .unwrap_or_default();
     Some(cn.to_owned())
 }
+
+/// How long a TLS client may take to finish its handshake (the MQTT
+/// listener's CONNECT deadline, for the same reasons: slow links, and no
+/// idle sockets piling up).
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Connections waiting for the server (tonic) to take them.
+const ACCEPTED_QUEUE: usize = 64;
+
+/// Accepts TCP connections on `listener` and completes their TLS
+/// handshakes, each in its own task (a slow client delays nobody), with
+/// the configuration in force when it arrived; yields the established
+/// streams (for tonic's `serve_with_incoming`) until `shutdown`. Failed
+/// handshakes are logged and counted under `label`.
+pub fn incoming(
+    listener: tokio::net::TcpListener,
+    config: Arc<super::Watched<ServerConfig>>,
+    label: &'static str,
+    metrics: Arc<crate::metrics::Metrics>,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> tokio_stream::wrappers::ReceiverStream<
+    std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>,
+> {
+    let (tx, rx) = tokio::sync::mpsc::channel(ACCEPTED_QUEUE);
+    tokio::spawn(async move {
+        loop {
+            // Cancel safety: `accept` is cancel safe; `cancelled` only waits.
+            let (tcp, peer) = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok(a) => a,
+                    Err(error) => {
+                        tracing::warn!(%error, listener = label, "accepting a connection failed; retrying");
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+            };
+            let _ = tcp.set_nodelay(true);
+            let acceptor = tokio_rustls::TlsAcceptor::from(config.get());
+            let (tx, metrics, shutdown) = (tx.clone(), metrics.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                // Cancel safety: a handshake cut off drops a connection
+                // that has carried nothing yet.
+                let outcome = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    h = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)) => h,
+                };
+                match outcome {
+                    Ok(Ok(stream)) => {
+                        metrics.security.handshake(label, true);
+                        let _ = tx.send(Ok(stream)).await;
+                    }
+                    Ok(Err(error)) => {
+                        metrics.security.handshake(label, false);
+                        tracing::info!(%peer, %error, listener = label, "TLS handshake failed; connection closed");
+                    }
+                    Err(_) => {
+                        metrics.security.handshake(label, false);
+                        tracing::info!(%peer, listener = label, "no TLS handshake in time; connection closed");
+                    }
+                }
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}

@@ -37,6 +37,15 @@ pub struct Watched<T> {
     stamps: Mutex<Vec<Stamp>>,
 }
 
+impl<T> std::fmt::Debug for Watched<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watched")
+            .field("what", &self.what)
+            .field("paths", &self.paths)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<T> Watched<T> {
     /// Builds the value once; `what` names it in log lines.
     pub fn new(

@@ -36,6 +36,7 @@ use weir_proto::pb::ingress_server::IngressServer;
 
 use crate::config::GrpcIngress;
 use crate::intake::Intake;
+use crate::security::{tls, GrpcSecurity};
 
 use refusals::CountRefusals;
 use service::IngressService;
@@ -88,6 +89,19 @@ pub async fn serve(
     ingress: Arc<Intake>,
     shutdown: CancellationToken,
 ) -> Result<(), GrpcError> {
+    serve_secured(listener, cfg, GrpcSecurity::open(), ingress, shutdown).await
+}
+
+/// [`serve`] with `security`: over TLS when it has a TLS configuration
+/// (each connection gets the one in force when it arrives), and callers
+/// admitted by its gate.
+pub async fn serve_secured(
+    listener: TcpListener,
+    cfg: GrpcIngress,
+    security: GrpcSecurity,
+    ingress: Arc<Intake>,
+    shutdown: CancellationToken,
+) -> Result<(), GrpcError> {
     let local = listener.local_addr().ok();
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(weir_proto::FILE_DESCRIPTOR_SET)
@@ -109,6 +123,7 @@ pub async fn serve(
         ingress.clone(),
         shutdown.clone(),
         streams.clone(),
+        security.gate.clone(),
     ))
     .max_decoding_message_size(cfg.max_message_size);
     let ingress_server = CountRefusals::new(ingress_server, ingress.metrics().clone());
@@ -132,16 +147,31 @@ pub async fn serve(
         }
     };
 
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    let server = Server::builder()
+    let router = Server::builder()
         .http2_keepalive_interval(Some(HTTP2_KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(HTTP2_KEEPALIVE_TIMEOUT))
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(ingress_server)
-        .serve_with_incoming_shutdown(incoming, signal);
+        .add_service(ingress_server);
+    let server: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> = match &security.tls
+    {
+        None => {
+            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+            Box::pin(router.serve_with_incoming_shutdown(incoming, signal))
+        }
+        Some(config) => {
+            let incoming = tls::incoming(
+                listener,
+                config.clone(),
+                "grpc",
+                ingress.metrics().clone(),
+                shutdown.clone(),
+            );
+            Box::pin(router.serve_with_incoming_shutdown(incoming, signal))
+        }
+    };
     info!(addr = ?local, max_message_size = cfg.max_message_size, "gRPC ingress listening");
 
     tokio::pin!(server);

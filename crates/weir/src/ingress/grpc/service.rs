@@ -16,7 +16,10 @@ use tracing::{debug, debug_span, field, info_span, warn, Instrument, Span};
 use weir_proto::pb::ingress_server::Ingress;
 use weir_proto::pb::{PublishAck, PublishRequest};
 
+use weir_core::gate::StreamGate;
+
 use crate::intake::{EnqueueError, Intake};
+use crate::security::{tls, Watched};
 use crate::spool::Ticket;
 
 /// Acks a stream holds while their records are made durable: the client's
@@ -42,6 +45,7 @@ pub(crate) struct IngressService {
     ingress: Arc<Intake>,
     shutdown: CancellationToken,
     streams: TaskTracker,
+    gate: Arc<Watched<StreamGate>>,
 }
 
 impl IngressService {
@@ -51,12 +55,53 @@ impl IngressService {
         ingress: Arc<Intake>,
         shutdown: CancellationToken,
         streams: TaskTracker,
+        gate: Arc<Watched<StreamGate>>,
     ) -> Self {
         IngressService {
             ingress,
             shutdown,
             streams,
+            gate,
         }
+    }
+
+    /// Who is calling (`None`: anonymous), or UNAUTHENTICATED: a bearer
+    /// token, else the verified client certificate's CN.
+    fn admit<T>(&self, gate: &StreamGate, request: &Request<T>) -> Result<Option<String>, Status> {
+        let bearer = match request.metadata().get("authorization") {
+            None => None,
+            Some(value) => {
+                let token = value
+                    .to_str()
+                    .ok()
+                    .and_then(|v| v.strip_prefix("Bearer "))
+                    .map(str::trim);
+                match token {
+                    Some(t) => Some(t),
+                    None => {
+                        self.ingress
+                            .metrics()
+                            .security
+                            .grpc_refused("bad_authorization");
+                        return Err(Status::unauthenticated(
+                            "the authorization header must be `Bearer <token>`",
+                        ));
+                    }
+                }
+            }
+        };
+        let certificate_name = request
+            .peer_certs()
+            .and_then(|certs| certs.first().and_then(tls::common_name));
+        gate.admit(certificate_name.as_deref(), bearer)
+            .map_err(|refused| {
+                self.ingress
+                    .metrics()
+                    .security
+                    .grpc_refused(refused.reason());
+                debug!(reason = %refused, "gRPC call refused");
+                Status::unauthenticated(refused.to_string())
+            })
     }
 
     /// The unary call's work, without waiting: a unary client retries on
@@ -114,6 +159,18 @@ fn oversized_status(err: &EnqueueError) -> Status {
     ))
 }
 
+/// PERMISSION_DENIED for a stream the caller may not publish to, counted.
+fn denied(ingress: &Intake, identity: Option<&str>, req: &PublishRequest) -> Status {
+    ingress.metrics().security.grpc_denied(identity);
+    debug!(id = req.id, stream = %req.stream, ?identity, "publish refused by the allow list");
+    Status::permission_denied(format!(
+        "{} may not publish to stream {:?} (ingress.grpc.allow); request id {} and later were not queued",
+        identity.map_or("an anonymous caller".to_owned(), |i| format!("{i:?}")),
+        req.stream,
+        req.id
+    ))
+}
+
 fn shutting_down() -> Status {
     Status::unavailable("weir is shutting down; retry later or on another node")
 }
@@ -126,7 +183,13 @@ impl Ingress for IngressService {
     ) -> Result<Response<PublishAck>, Status> {
         // Debug level: one span per unary call is on the hot path.
         let span = with_peer(debug_span!("grpc_publish", peer = field::Empty), &request);
-        let (ticket, response) = span.in_scope(|| self.publish_now(request.into_inner()))?;
+        let gate = self.gate.get();
+        let identity = self.admit(&gate, &request)?;
+        let req = request.into_inner();
+        if !gate.may_publish(identity.as_deref(), &req.stream) {
+            return Err(denied(&self.ingress, identity.as_deref(), &req));
+        }
+        let (ticket, response) = span.in_scope(|| self.publish_now(req))?;
         if let Some(ticket) = ticket {
             // OK means on disk: wait for the group commit.
             if !ticket.durable().await {
@@ -143,6 +206,8 @@ impl Ingress for IngressService {
         request: Request<Streaming<PublishRequest>>,
     ) -> Result<Response<Self::PublishStreamStream>, Status> {
         let span = with_peer(info_span!("grpc_stream", peer = field::Empty), &request);
+        let gate = self.gate.get();
+        let identity = self.admit(&gate, &request)?;
         let inbound = request.into_inner();
         let (ack_tx, ack_rx) = mpsc::channel(ACK_CHANNEL_CAPACITY);
         let (end_tx, end_rx) = oneshot::channel();
@@ -150,6 +215,8 @@ impl Ingress for IngressService {
             ingress: self.ingress.clone(),
             shutdown: self.shutdown.clone(),
             acks: ack_tx,
+            gate,
+            identity,
         };
         self.streams.spawn(
             async move {
@@ -182,6 +249,9 @@ struct StreamTask {
     ingress: Arc<Intake>,
     shutdown: CancellationToken,
     acks: mpsc::Sender<PublishAck>,
+    /// The gate in force when the stream opened, and who opened it.
+    gate: Arc<StreamGate>,
+    identity: Option<String>,
 }
 
 impl StreamTask {
@@ -245,6 +315,11 @@ impl StreamTask {
                     return Err(status);
                 }
             };
+            if !self.gate.may_publish(self.identity.as_deref(), &req.stream) {
+                let status = denied(&self.ingress, self.identity.as_deref(), &req);
+                self.settle(&mut held, &mut acked).await;
+                return Err(status);
+            }
             let record = self.ingress.grpc_record(&req.stream, req.payload);
             let (class, seq) = (record.class, record.seq);
             // Cancel safety: `accept` either has taken the record and
