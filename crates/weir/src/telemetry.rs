@@ -21,3 +21,37 @@ pub fn init(level: &str) {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }
+
+/// How often the same refusal (a failed handshake from one address, a peer
+/// speaking as another node) is logged: a client retrying every 100 ms
+/// must not flood the log; the metrics count every one.
+pub const REPEAT_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Most distinct keys remembered by [`first_in_a_while`]; beyond it the
+/// memory starts over (a scan from many addresses logs a little more, and
+/// weir's memory stays bounded).
+const REPEAT_KEYS: usize = 1024;
+
+/// Whether an event under `key` should be logged now: the first time, and
+/// then at most once per [`REPEAT_LOG_EVERY`].
+pub fn first_in_a_while(key: &str) -> bool {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    use std::time::Instant;
+    static SEEN: OnceLock<Mutex<HashMap<String, Instant>>> = OnceLock::new();
+    let mut seen = SEEN
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let now = Instant::now();
+    match seen.get(key) {
+        Some(at) if now.duration_since(*at) < REPEAT_LOG_EVERY => false,
+        _ => {
+            if seen.len() >= REPEAT_KEYS {
+                seen.clear();
+            }
+            seen.insert(key.to_owned(), now);
+            true
+        }
+    }
+}

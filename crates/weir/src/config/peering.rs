@@ -10,6 +10,7 @@ use weir_core::record::NodeId;
 
 use super::ingress::{parse_broker, BrokerAddr};
 use super::problems::Problems;
+use super::tls::{check_exposed, tls, RawTls, TlsFiles};
 use super::units::{HumanDuration, Written};
 
 /// Peers exchange tuples once per PBTT window (the default `scheduler.window`),
@@ -34,6 +35,8 @@ pub(crate) struct RawPeering {
     pub heartbeat: Option<Written<HumanDuration>>,
     pub dead_after: Option<Written<HumanDuration>>,
     pub lease: Option<Written<HumanDuration>>,
+    pub allow_anonymous: Option<bool>,
+    pub tls: Option<RawTls>,
 }
 
 /// One `[[peering.peers]]` (or inline `{ id = 2, addr = "..." }`).
@@ -60,6 +63,9 @@ pub struct PeeringConfig {
     /// How long a reservation lasts unless renewed; longer than
     /// `heartbeat`.
     pub lease: Duration,
+    /// Mutual TLS between nodes: each proves its node id with a
+    /// certificate from `cafile` naming `<id>.node.weir`.
+    pub tls: Option<TlsFiles>,
 }
 
 /// One `peering.peers` entry.
@@ -183,6 +189,38 @@ pub(crate) fn peering(
             peers.push(PeerConfig { id, addr });
         }
     }
+    let refuses_plain = raw.tls.as_ref().and_then(|t| t.require_certificate) == Some(false);
+    let tls = raw.tls.and_then(|t| tls(p, &format!("{PATH}.tls"), t, &[]));
+    if refuses_plain {
+        p.push(
+            format!("{PATH}.tls.require_certificate"),
+            "peering TLS is always mutual: every node proves its node id with its certificate; remove this key",
+        );
+    }
+    let tls = tls.and_then(|t| {
+        if t.files.cafile.is_none() {
+            p.push(
+                format!("{PATH}.tls.cafile"),
+                "missing: peers prove their node id with a certificate from this CA",
+            );
+            return None;
+        }
+        Some(TlsFiles {
+            require_certificate: true,
+            ..t.files
+        })
+    });
+    if let Some(Some(addr)) = listen {
+        check_exposed(
+            p,
+            &format!("{PATH}.listen"),
+            addr,
+            tls.is_some(),
+            raw.allow_anonymous,
+            &format!("{PATH}.allow_anonymous"),
+            "configure [peering.tls] (mutual TLS: certfile, keyfile, cafile; docs/security.md)",
+        );
+    }
     if p.len() != before {
         return None;
     }
@@ -195,5 +233,6 @@ pub(crate) fn peering(
         heartbeat: heartbeat?,
         dead_after: dead_after?,
         lease: lease?,
+        tls,
     }))
 }

@@ -778,7 +778,7 @@ fn peering_mistakes_are_reported_with_their_key_paths() {
         "greater than zero",
     );
     assert_problem(
-        &problems("[peering]\nlisten = \"0.0.0.0:50051\""),
+        &problems("[peering]\nlisten = \"127.0.0.1:50051\""),
         "peering.listen",
         "clashes with ingress.grpc.listen",
     );
@@ -952,4 +952,53 @@ fn tls_and_auth_keys_are_checked() {
         "ingress.mqtt.tls.listen",
         "clashes with ingress.mqtt.listen",
     );
+}
+
+#[test]
+fn peering_over_the_network_needs_mutual_tls() {
+    let ps = problems("[peering]\nlisten = \"0.0.0.0:7070\"");
+    assert_problem(&ps, "peering.listen", "[peering.tls]");
+    assert_problem(&ps, "peering.listen", "peering.allow_anonymous = true");
+    parse(
+        "[peering]\nlisten = \"0.0.0.0:7070\"\nallow_anonymous = true",
+        "t",
+    )
+    .unwrap();
+    let c = parse(
+        "[peering]\nlisten = \"0.0.0.0:7070\"\n[peering.tls]\ncertfile = \"n.pem\"\nkeyfile = \"n.key\"\ncafile = \"ca.pem\"",
+        "t",
+    )
+    .unwrap();
+    let tls = c.peering.unwrap().tls.unwrap();
+    assert!(tls.require_certificate, "peering TLS is always mutual");
+    let ps = problems(
+        "[peering]\nlisten = \"127.0.0.1:7070\"\n[peering.tls]\ncertfile = \"n.pem\"\nkeyfile = \"n.key\"\nrequire_certificate = false",
+    );
+    assert_problem(&ps, "peering.tls.cafile", "missing");
+    assert_problem(&ps, "peering.tls.require_certificate", "always mutual");
+}
+
+#[test]
+fn grpc_tokens_allow_lists_and_tls_are_checked() {
+    let c = parse(
+        "[ingress.grpc]\nlisten = \"0.0.0.0:50051\"\ntokens_file = \"/etc/weir/tokens\"\n[ingress.grpc.allow]\ngw1 = [\"line1/*\", \"alarms\"]",
+        "t",
+    )
+    .unwrap();
+    let g = c.ingress.grpc.unwrap();
+    assert!(
+        !g.auth.allow_anonymous,
+        "a token file turns anonymous callers away"
+    );
+    assert_eq!(g.auth.allow.unwrap()["gw1"], vec!["line1/*", "alarms"]);
+    let ps = problems("[ingress.grpc.allow]\ngw1 = [\"a*b\"]");
+    assert_problem(&ps, "ingress.grpc.allow.\"gw1\"", "may only end a pattern");
+    let ps =
+        problems("[ingress.grpc.tls]\ncertfile = \"a\"\nkeyfile = \"b\"\nlisten = \"127.0.0.1:1\"");
+    assert_problem(&ps, "ingress.grpc.tls.listen", "not used in this section");
+    parse(
+        "[ingress.grpc]\nlisten = \"0.0.0.0:50051\"\n[ingress.grpc.tls]\ncertfile = \"a\"\nkeyfile = \"b\"\ncafile = \"c\"\nrequire_certificate = true",
+        "t",
+    )
+    .unwrap();
 }

@@ -45,6 +45,9 @@ pub struct PeerMetrics {
     /// Records lost because weir aborted while they were with a peer
     /// unacknowledged (only past the shutdown deadline).
     pub abandoned: Counter,
+    /// Peer calls refused because the caller's certificate did not prove
+    /// the node id it spoke as.
+    pub impostors: Counter,
 }
 
 impl std::fmt::Debug for PeerMetrics {
@@ -74,6 +77,7 @@ impl PeerMetrics {
             peers_alive: Gauge::default(),
             held: Gauge::default(),
             abandoned: Counter::default(),
+            impostors: Counter::default(),
         }
     }
 
@@ -98,6 +102,11 @@ impl PeerMetrics {
             "peer_records_requeued",
             "Records a peer refused or never acknowledged, queued here again",
             self.requeued.clone(),
+        );
+        registry.register(
+            "peer_identity_refused",
+            "Peer calls refused before anything moved: the certificate did not prove the node id claimed (mutual TLS)",
+            self.impostors.clone(),
         );
         registry.register(
             "peer_reservations_active",

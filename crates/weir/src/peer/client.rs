@@ -42,6 +42,7 @@ impl Link {
         peer: &PeerConfig,
         cfg: &PeeringConfig,
         max_message: usize,
+        security: Option<&crate::security::PeerSecurity>,
     ) -> Result<Link, PeerError> {
         let addr = peer.addr.to_string();
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
@@ -52,7 +53,15 @@ impl Link {
             })?
             .connect_timeout(cfg.dead_after)
             .tcp_nodelay(true);
-        let client = PeerClient::new(endpoint.connect_lazy())
+        let channel = match security {
+            None => endpoint.connect_lazy(),
+            Some(security) => endpoint.connect_with_connector_lazy(tls_connector(
+                addr.clone(),
+                peer.id,
+                security.client.clone(),
+            )),
+        };
+        let client = PeerClient::new(channel)
             .max_decoding_message_size(max_message)
             .max_encoding_message_size(max_message);
         Ok(Link {
@@ -61,6 +70,38 @@ impl Link {
             client,
         })
     }
+}
+
+/// Connects to a peer over mutual TLS: this node's certificate presented,
+/// the peer's verified against the CA and required to name
+/// `<id>.node.weir` (so a node with a valid certificate for another id
+/// cannot stand in for it). The client configuration in force at each
+/// connection is used, so rotated files apply to the next connection.
+fn tls_connector(
+    addr: String,
+    id: NodeId,
+    config: Arc<crate::security::Watched<rustls::ClientConfig>>,
+) -> impl tower::Service<
+    tonic::codegen::http::Uri,
+    Response = hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>,
+    Error = std::io::Error,
+    Future = impl Send,
+> + Clone
+       + Send
+       + 'static {
+    tower::service_fn(move |_: tonic::codegen::http::Uri| {
+        let (addr, config) = (addr.clone(), config.clone());
+        async move {
+            let name = rustls_pki_types::ServerName::try_from(crate::security::tls::node_name(id))
+                .map_err(std::io::Error::other)?;
+            let tcp = tokio::net::TcpStream::connect(&addr).await?;
+            tcp.set_nodelay(true)?;
+            let tls = tokio_rustls::TlsConnector::from(config.get())
+                .connect(name, tcp)
+                .await?;
+            Ok(hyper_util::rt::TokioIo::new(tls))
+        }
+    })
 }
 
 /// Sleeps until `offset` into the next heartbeat period of the Unix clock

@@ -68,6 +68,7 @@ const MESSAGE_SLACK: usize = 2 * FORWARD_BATCH_BYTES;
 #[derive(Debug)]
 pub struct Peering {
     cfg: PeeringConfig,
+    security: Option<crate::security::PeerSecurity>,
     listener: TcpListener,
     addr: SocketAddr,
     state: watch::Receiver<BandwidthState>,
@@ -86,6 +87,13 @@ impl Peering {
     /// Binds `cfg.listen`, so that a busy port is reported at startup and
     /// port 0 can be read back with [`Self::local_addr`].
     pub async fn bind(cfg: PeeringConfig) -> Result<Peering, PeerError> {
+        let security = match &cfg.tls {
+            Some(files) => Some(
+                crate::security::PeerSecurity::load(files)
+                    .map_err(|problems| PeerError::Tls { problems })?,
+            ),
+            None => None,
+        };
         let listener = TcpListener::bind(cfg.listen)
             .await
             .map_err(|source| PeerError::Bind {
@@ -100,6 +108,7 @@ impl Peering {
         let (shifts, shifts_rx) = mpsc::channel(SHIFT_CHANNEL);
         Ok(Peering {
             cfg,
+            security,
             listener,
             addr,
             state,
@@ -188,6 +197,7 @@ impl Peering {
             deliveries: self.deliveries,
             next_stream: AtomicU64::new(1),
             cfg: self.cfg,
+            security: self.security,
             ingress,
             stop,
             kill: CancellationToken::new(),
@@ -197,10 +207,16 @@ impl Peering {
             .cfg
             .peers
             .iter()
-            .map(|p| client::Link::new(p, &node.cfg, max_message))
+            .map(|p| client::Link::new(p, &node.cfg, max_message, node.security.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
 
         let tasks = TaskTracker::new();
+        if let Some(security) = &node.security {
+            tasks.spawn(crate::security::watch::watch(
+                security.watched(),
+                node.stop.clone(),
+            ));
+        }
         tasks.spawn(service::serve(
             self.listener,
             Arc::clone(&node),

@@ -128,6 +128,12 @@ pub enum PeerError {
         #[source]
         source: tonic::transport::Error,
     },
+    /// `[peering.tls]`'s files cannot be used.
+    #[error("{}", problems.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("; "))]
+    Tls {
+        /// Every problem, under the key naming the file.
+        problems: Vec<crate::config::Problem>,
+    },
 }
 
 /// Everything the peer tasks share.
@@ -135,6 +141,8 @@ pub enum PeerError {
 pub(crate) struct Node {
     pub(super) me: NodeId,
     pub(super) cfg: PeeringConfig,
+    /// Mutual TLS, when `[peering.tls]` is configured.
+    pub(super) security: Option<crate::security::PeerSecurity>,
     pub(super) class_names: Vec<String>,
     pub(super) scheme: Scheme,
     pub(super) ingress: Arc<Intake>,

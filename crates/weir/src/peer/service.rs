@@ -30,6 +30,7 @@ use weir_proto::pb::{
 
 use super::node::{from_pb, Node, CUSTODY_GRACE, SHUTDOWN_GRACE};
 use crate::intake::EnqueueError;
+use crate::security::tls;
 
 /// Acks buffered per Forward stream (answers to requests and delivery
 /// acknowledgements): a receiver that stops reading acks stalls its own
@@ -65,14 +66,28 @@ pub(super) async fn serve(listener: TcpListener, node: Arc<Node>, max_message: u
     })
     .max_decoding_message_size(max_message)
     .max_encoding_message_size(max_message);
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let signal = node.stop.clone().cancelled_owned();
-    let server = Server::builder()
+    let router = Server::builder()
         .http2_keepalive_interval(Some(HTTP2_KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(HTTP2_KEEPALIVE_TIMEOUT))
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
-        .add_service(service)
-        .serve_with_incoming_shutdown(incoming, signal);
+        .add_service(service);
+    let server: Pin<Box<dyn std::future::Future<Output = _> + Send>> = match &node.security {
+        None => {
+            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+            Box::pin(router.serve_with_incoming_shutdown(incoming, signal))
+        }
+        Some(security) => {
+            let incoming = tls::incoming(
+                listener,
+                security.server.clone(),
+                "peering",
+                node.ingress.metrics().clone(),
+                node.stop.clone(),
+            );
+            Box::pin(router.serve_with_incoming_shutdown(incoming, signal))
+        }
+    };
     info!(addr = ?local, "peer service listening");
     tokio::pin!(server);
     let grace = async {
@@ -133,6 +148,44 @@ impl PeerService {
         Ok(())
     }
 
+    /// The node id the caller's certificate proves (`<id>.node.weir`) when
+    /// peering uses mutual TLS; `None` without TLS.
+    fn caller<T>(&self, request: &Request<T>) -> Result<Option<NodeId>, Status> {
+        if self.node.security.is_none() {
+            return Ok(None);
+        }
+        let id = request
+            .peer_certs()
+            .and_then(|certs| certs.first().and_then(tls::node_id));
+        match id {
+            Some(id) => Ok(Some(id)),
+            None => Err(self.impostor(
+                "the peer's certificate names no node: it needs exactly one subjectAltName DNS:<id>.node.weir".into(),
+            )),
+        }
+    }
+
+    /// Refuses a call whose `claimed` node id is not the one its
+    /// certificate proves.
+    fn check_claim(&self, caller: Option<NodeId>, claimed: NodeId) -> Result<(), Status> {
+        match caller {
+            Some(proven) if proven != claimed => Err(self.impostor(format!(
+                "the certificate of node {proven} was used to speak as node {claimed}"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// PERMISSION_DENIED for a peer that is not who it says, logged and
+    /// counted before anything moves.
+    fn impostor(&self, why: String) -> Status {
+        self.node.metrics().impostors.inc();
+        if crate::telemetry::first_in_a_while(&why) {
+            warn!(reason = %why, "peer call refused: identity not proven (repeats counted in weir_peer_identity_refused_total, logged once a minute)");
+        }
+        Status::permission_denied(why)
+    }
+
     fn check_peer(&self, id: NodeId) -> Result<(), Status> {
         if self.node.is_peer(id) {
             Ok(())
@@ -152,10 +205,12 @@ impl Peer for PeerService {
         request: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatReply>, Status> {
         self.check_alive().await?;
+        let caller = self.caller(&request)?;
         let state = request
             .into_inner()
             .state
             .ok_or_else(|| Status::invalid_argument("HeartbeatRequest carries no state"))?;
+        self.check_claim(caller, state.node)?;
         self.node.hear(state, None)?;
         Ok(Response::new(HeartbeatReply {
             state: Some(self.node.state()),
@@ -167,7 +222,9 @@ impl Peer for PeerService {
         request: Request<ReserveRequest>,
     ) -> Result<Response<ReserveReply>, Status> {
         self.check_alive().await?;
+        let caller = self.caller(&request)?;
         let req = request.into_inner();
+        self.check_claim(caller, req.receiver)?;
         self.check_peer(req.receiver)?;
         let class = self.node.class_of(&req.class).ok_or_else(|| {
             Status::invalid_argument(format!(
@@ -219,6 +276,7 @@ impl Peer for PeerService {
         request: Request<Streaming<ForwardRequest>>,
     ) -> Result<Response<Self::ForwardStream>, Status> {
         self.check_alive().await?;
+        let caller = self.caller(&request)?;
         let peer = request.remote_addr();
         let inbound = request.into_inner();
         let (ack_tx, ack_rx) = mpsc::channel(ACK_CHANNEL);
@@ -228,6 +286,7 @@ impl Peer for PeerService {
             node: Arc::clone(&self.node),
             acks: ack_tx,
             stream,
+            caller,
         };
         self.streams.spawn(
             async move {
@@ -263,6 +322,8 @@ struct ForwardTask {
     node: Arc<Node>,
     acks: mpsc::Sender<ForwardAck>,
     stream: StreamId,
+    /// The node id the caller's certificate proves, with mutual TLS.
+    caller: Option<NodeId>,
 }
 
 /// Releases a stream's custody when its task ends, however it ends: the
@@ -333,6 +394,16 @@ impl ForwardTask {
                         }
                         next = inbound.message(), if reading => match next {
                             Ok(Some(req)) => {
+                                if let Some(proven) = self.caller.filter(|&c| c != req.receiver) {
+                                    node.metrics().impostors.inc();
+                                    if crate::telemetry::first_in_a_while(&format!("forward {proven} as {}", req.receiver)) {
+                                        warn!(proven, claimed = req.receiver, "forward refused: identity not proven");
+                                    }
+                                    return Err(Status::permission_denied(format!(
+                                        "the certificate of node {proven} was used to forward as node {}",
+                                        req.receiver
+                                    )));
+                                }
                                 if !node.is_peer(req.receiver) {
                                     return Err(Status::failed_precondition(format!(
                                         "node {} is not in peering.peers of node {}",

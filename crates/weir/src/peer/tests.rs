@@ -97,6 +97,7 @@ fn cfg(peers: &[(NodeId, SocketAddr)], heartbeat: Duration) -> PeeringConfig {
         heartbeat,
         dead_after: heartbeat * 5,
         lease: heartbeat * 10,
+        tls: None,
     }
 }
 

@@ -26,7 +26,7 @@ pub use watch::{Refresh, Watched};
 
 /// What the MQTT listeners need: who may connect, and the TLS
 /// configuration of the TLS listener.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct MqttSecurity {
     /// The CONNECT decision, from the password and ACL files.
     pub gate: Arc<Watched<Gate>>,
@@ -81,7 +81,7 @@ impl MqttSecurity {
 
 /// What the gRPC ingress needs: who may call and publish to which
 /// streams, and its TLS configuration.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct GrpcSecurity {
     /// The call decision, from the token file and the allow list.
     pub gate: Arc<Watched<StreamGate>>,
@@ -149,6 +149,50 @@ pub fn server_tls(
     .map(Arc::new)
 }
 
+/// What peering needs for mutual TLS: the server side (peers' client
+/// certificates verified against the CA) and the client side (this node's
+/// certificate presented, peers' verified), both rebuilt when the files
+/// change.
+#[derive(Debug, Clone)]
+pub struct PeerSecurity {
+    /// For the peer service.
+    pub server: Arc<Watched<ServerConfig>>,
+    /// For connections to peers.
+    pub client: Arc<Watched<rustls::ClientConfig>>,
+}
+
+impl PeerSecurity {
+    /// Reads `[peering.tls]`'s files.
+    pub fn load(files: &crate::config::TlsFiles) -> Result<Self, Vec<Problem>> {
+        let mut problems = Vec::new();
+        let server = server_tls("peering TLS (server)", "peering.tls", files, &[b"h2"])
+            .map_err(|p| problems.extend(p))
+            .ok();
+        let client = {
+            let files = files.clone();
+            let mut paths = vec![files.certfile.clone(), files.keyfile.clone()];
+            paths.extend(files.cafile.clone());
+            Watched::new("peering TLS (client)", paths, move || {
+                tls::client_config("peering.tls", &files)
+            })
+            .map(Arc::new)
+        };
+        match (server, client) {
+            (Some(server), Ok(client)) if problems.is_empty() => {
+                Ok(PeerSecurity { server, client })
+            }
+            // Both read the same files: report them once.
+            (_, Err(p)) if problems.is_empty() => Err(p),
+            _ => Err(problems),
+        }
+    }
+
+    /// The files to keep watching.
+    pub fn watched(&self) -> Vec<Arc<dyn Refresh>> {
+        vec![self.server.clone(), self.client.clone()]
+    }
+}
+
 /// Reads every file `cfg` names, as start-up would; the problems found.
 pub fn check(cfg: &Config) -> Vec<Problem> {
     let mut problems = Vec::new();
@@ -161,6 +205,11 @@ pub fn check(cfg: &Config) -> Vec<Problem> {
     }
     if let Some(g) = &cfg.ingress.grpc {
         if let Err(p) = GrpcSecurity::load(g) {
+            problems.extend(p);
+        }
+    }
+    if let Some(files) = cfg.peering.as_ref().and_then(|p| p.tls.as_ref()) {
+        if let Err(p) = PeerSecurity::load(files) {
             problems.extend(p);
         }
     }

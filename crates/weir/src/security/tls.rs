@@ -195,15 +195,107 @@ pub fn incoming(
                     }
                     Ok(Err(error)) => {
                         metrics.security.handshake(label, false);
-                        tracing::info!(%peer, %error, listener = label, "TLS handshake failed; connection closed");
+                        if crate::telemetry::first_in_a_while(&format!("tls {label} {}", peer.ip()))
+                        {
+                            tracing::info!(%peer, %error, listener = label, "TLS handshake failed; connection closed (repeats from this address are counted, logged once a minute)");
+                        }
                     }
                     Err(_) => {
                         metrics.security.handshake(label, false);
-                        tracing::info!(%peer, listener = label, "no TLS handshake in time; connection closed");
+                        if crate::telemetry::first_in_a_while(&format!("tls {label} {}", peer.ip()))
+                        {
+                            tracing::info!(%peer, listener = label, "no TLS handshake in time; connection closed");
+                        }
                     }
                 }
             });
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// The DNS name a node's certificate carries (as a subjectAltName) to
+/// prove its node id: `<id>.node.weir`.
+pub fn node_name(id: u64) -> String {
+    format!("{id}.node.weir")
+}
+
+/// The node id a certificate proves: its one DNS subjectAltName of the
+/// form `<id>.node.weir`. `None` when it has none, or several.
+pub fn node_id(cert: &CertificateDer<'_>) -> Option<u64> {
+    use x509_parser::extensions::GeneralName;
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let san = parsed.subject_alternative_name().ok()??;
+    let mut ids = san
+        .value
+        .general_names
+        .iter()
+        .filter_map(|name| match name {
+            GeneralName::DNSName(dns) => dns.strip_suffix(".node.weir")?.parse::<u64>().ok(),
+            _ => None,
+        });
+    let id = ids.next()?;
+    ids.next().is_none().then_some(id)
+}
+
+/// A client configuration that trusts only `files.cafile` and presents
+/// `files.certfile` (mutual TLS between nodes), offering HTTP/2.
+pub fn client_config(
+    section: &str,
+    files: &TlsFiles,
+) -> Result<rustls::ClientConfig, Vec<Problem>> {
+    let mut problems = Vec::new();
+    let chain = certificates(&format!("{section}.certfile"), &files.certfile)
+        .map_err(|p| problems.extend(p))
+        .ok();
+    let key = PrivateKeyDer::from_pem_file(&files.keyfile)
+        .map_err(|e| {
+            problems.push(Problem {
+                path: format!("{section}.keyfile"),
+                message: format!(
+                    "{}: cannot read a PEM private key: {e}",
+                    files.keyfile.display()
+                ),
+            })
+        })
+        .ok();
+    let mut roots = RootCertStore::empty();
+    if let Some(ca) = &files.cafile {
+        match certificates(&format!("{section}.cafile"), ca) {
+            Ok(certs) => {
+                for cert in certs {
+                    if let Err(e) = roots.add(cert) {
+                        problems.push(Problem {
+                            path: format!("{section}.cafile"),
+                            message: format!("{}: not a usable CA certificate: {e}", ca.display()),
+                        });
+                    }
+                }
+            }
+            Err(p) => problems.extend(p),
+        }
+    }
+    let (Some(chain), Some(key)) = (chain, key) else {
+        return Err(problems);
+    };
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| problem(section.to_owned(), e.to_string()))?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| {
+            problem(
+                format!("{section}.keyfile"),
+                format!(
+                    "{} does not go with {}: {e}",
+                    files.keyfile.display(),
+                    files.certfile.display()
+                ),
+            )
+        })?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
 }
