@@ -14,6 +14,7 @@ command -v mosquitto_pub >/dev/null || need+=(mosquitto-clients)
 command -v rabbitmq-server >/dev/null || need+=(rabbitmq-server)
 # The TLS tests make their certificates with openssl, as an operator would.
 command -v openssl >/dev/null || need+=(openssl)
+command -v curl >/dev/null || need+=(curl)
 if [ ${#need[@]} -gt 0 ]; then
   echo "services: installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -204,6 +204,13 @@ impl App {
             }
             None => None,
         };
+        let admin_tls = match &cfg.admin.tls {
+            Some(files) => Some(
+                crate::security::server_tls("admin TLS certificate", "admin.tls", files, &[])
+                    .map_err(|problems| AppError::Security { problems })?,
+            ),
+            None => None,
+        };
         let scheme = cfg.scheduler.scheme;
         let queues = Arc::new(scheduler::queues_for(scheme, &cfg.memory_capacities()));
         let metrics = Arc::new(Metrics::new(&cfg.classes));
@@ -426,8 +433,19 @@ impl App {
             let (l, local) = bind(addr, "the admin endpoint", "admin.listen").await?;
             admin_addr = Some(local);
             let (m, stop) = (Arc::clone(&metrics), stop.clone());
+            let tls = admin_tls.clone();
+            if let Some(tls) = &tls {
+                listeners.spawn(crate::security::watch::watch(
+                    vec![tls.clone()],
+                    stop.clone(),
+                ));
+            }
             listeners.spawn(async move {
-                if let Err(e) = crate::admin::serve(l, m, stop).await {
+                let served = match tls {
+                    Some(tls) => crate::admin::serve_tls(l, tls, m, stop).await,
+                    None => crate::admin::serve(l, m, stop).await,
+                };
+                if let Err(e) = served {
                     tracing::error!(error = %e, "admin endpoint stopped");
                 }
             });

@@ -208,6 +208,11 @@ pub fn check(cfg: &Config) -> Vec<Problem> {
             problems.extend(p);
         }
     }
+    if let Some(files) = &cfg.admin.tls {
+        if let Err(p) = server_tls("admin TLS certificate", "admin.tls", files, &[]) {
+            problems.extend(p);
+        }
+    }
     if let Some(files) = cfg.peering.as_ref().and_then(|p| p.tls.as_ref()) {
         if let Err(p) = PeerSecurity::load(files) {
             problems.extend(p);
