@@ -51,9 +51,17 @@
 //!
 //! SUBSCRIBE is answered with a failure code for every filter: weir relays
 //! records upstream and delivers nothing to subscribers. Retained flags and
-//! wills are accepted and ignored for the same reason, and so are user names
-//! and passwords: weir does no authentication, so expose the port only to
-//! the devices meant to use it.
+//! wills are accepted and ignored for the same reason.
+//!
+//! # Who may connect and publish
+//! CONNECT is decided by `weir_core::gate` (password file, certificate
+//! name, `allow_anonymous`) before any session is touched; a refusal is
+//! CONNACK "not authorized". Each PUBLISH is checked against the client's
+//! ACL before it is queued: refused, MQTT 5 gets reason 0x87 in its
+//! PUBACK/PUBREC, MQTT 3.1.1 an ordinary acknowledgement (it has no way to
+//! say no), and the record is dropped and counted. The TLS listener
+//! completes the handshake within the CONNECT deadline, in the
+//! connection's own task. `docs/security.md` has the whole picture.
 //!
 //! # Layout
 //! - this file: [`bind`], [`serve`] (the accept loop) and [`ListenError`].
