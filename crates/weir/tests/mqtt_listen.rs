@@ -19,7 +19,7 @@ use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use weir::config::{MqttIngress, MqttListen, MqttMode, Qos0WhenFull};
+use weir::config::{MqttIngress, MqttLimits, MqttListen, MqttMode, Qos0WhenFull};
 use weir::ingress::mqtt::listen;
 use weir::intake::Intake;
 use weir_core::queue::QueueCapacity;
@@ -60,6 +60,7 @@ impl Weir {
             mode: MqttMode::Listen(MqttListen::plain(addr)),
             max_packet_size,
             qos0_when_full: qos0,
+            limits: MqttLimits::default(),
         };
         let server = tokio::spawn(listen::serve(
             listener,

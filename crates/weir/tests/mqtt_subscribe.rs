@@ -68,6 +68,7 @@ fn settings(
         mode: MqttMode::Subscribe(sub.clone()),
         max_packet_size: 1 << 20,
         qos0_when_full,
+        limits: weir::config::MqttLimits::default(),
     };
     (cfg, sub)
 }

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::Deserialize;
 use weir_core::classify::TopicFilter;
@@ -15,7 +16,7 @@ use weir_core::classify::TopicFilter;
 use super::named::named_enum;
 use super::problems::Problems;
 use super::tls::{check_exposed, tls, Extra, RawTls, TlsFiles};
-use super::units::{Size, Written};
+use super::units::{HumanDuration, Size, Written};
 
 /// Every ingress is on unless switched off: a new box accepts data at once.
 pub const INGRESS_ENABLED: bool = true;
@@ -90,6 +91,26 @@ pub const MQTT_MAX_PACKET_SIZE: u64 = 1024 * 1024;
 /// fixed header of at most 5 (MQTT 3.1.1 section 2.2.3).
 pub const MQTT_MAX_PACKET_LIMIT: u64 = 268_435_455 + 5;
 
+/// Devices one box serves: a factory line has hundreds; each connection
+/// costs a task and a 16 KiB read buffer, so 4,096 stay within tens of MiB
+/// on a Pi. Beyond it a client gets CONNACK "server unavailable".
+pub const MQTT_MAX_CONNECTIONS: u64 = 4096;
+
+/// Publishes (QoS 1 and 2) one client may have unacknowledged: announced as
+/// MQTT 5's receive maximum; beyond it weir stops reading the client until
+/// acknowledgements go out. QoS 2 ids awaiting PUBREL beyond it close the
+/// connection. Far above what a device needs, small enough to bound what
+/// one client holds.
+pub const MQTT_MAX_INFLIGHT: u64 = 1024;
+
+/// MQTT's own bound on the receive maximum.
+pub const MQTT_MAX_INFLIGHT_LIMIT: u64 = 65_535;
+
+/// How long a new connection may take to finish its TLS handshake and send
+/// CONNECT: generous for a slow cellular link, short enough that idle
+/// sockets (slowloris) do not pile up.
+pub const MQTT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Back-pressure rather than loss, even for QoS 0: weir never drops a record
 /// unless the operator says so.
 pub const QOS0_WHEN_FULL: Qos0WhenFull = Qos0WhenFull::Block;
@@ -108,6 +129,9 @@ pub(crate) struct RawMqtt {
     pub qos: Option<i64>,
     pub max_packet_size: Option<Written<Size>>,
     pub qos0_when_full: Option<String>,
+    pub max_connections: Option<i64>,
+    pub max_inflight: Option<i64>,
+    pub connect_timeout: Option<Written<HumanDuration>>,
     pub allow_anonymous: Option<bool>,
     pub password_file: Option<PathBuf>,
     pub acl_file: Option<PathBuf>,
@@ -123,6 +147,32 @@ pub struct MqttIngress {
     pub max_packet_size: usize,
     /// What to do with a QoS 0 publish when its class queue is full.
     pub qos0_when_full: Qos0WhenFull,
+    /// Limits against hostile or broken clients (listen mode).
+    pub limits: MqttLimits,
+}
+
+/// Limits on what MQTT clients can make weir hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MqttLimits {
+    /// Open connections at once; more are refused with CONNACK "server
+    /// unavailable" (3.1.1) / "server busy" (MQTT 5).
+    pub max_connections: usize,
+    /// Unacknowledged QoS 1/2 publishes per client (MQTT 5 receive
+    /// maximum).
+    pub max_inflight: usize,
+    /// Time from accepting a connection to its CONNECT (TLS handshake
+    /// included).
+    pub connect_timeout: Duration,
+}
+
+impl Default for MqttLimits {
+    fn default() -> Self {
+        MqttLimits {
+            max_connections: MQTT_MAX_CONNECTIONS as usize,
+            max_inflight: MQTT_MAX_INFLIGHT as usize,
+            connect_timeout: MQTT_CONNECT_TIMEOUT,
+        }
+    }
 }
 
 /// How weir gets MQTT traffic.
@@ -298,6 +348,34 @@ fn mqtt(p: &mut Problems, raw: RawMqtt, node_id: u64) -> Option<Option<MqttIngre
         raw.qos0_when_full,
         QOS0_WHEN_FULL,
     );
+    let mut count = |key: &str, given: Option<i64>, default: u64, limit: u64| {
+        let value = given.unwrap_or(default as i64);
+        if value < 1 || value as u64 > limit {
+            p.push(
+                format!("{PATH}.{key}"),
+                format!("{value} is out of range (1 to {limit})"),
+            );
+            return None;
+        }
+        Some(value as usize)
+    };
+    let max_connections = count(
+        "max_connections",
+        raw.max_connections,
+        MQTT_MAX_CONNECTIONS,
+        1 << 20,
+    );
+    let max_inflight = count(
+        "max_inflight",
+        raw.max_inflight,
+        MQTT_MAX_INFLIGHT,
+        MQTT_MAX_INFLIGHT_LIMIT,
+    );
+    let connect_timeout = p.positive_duration(
+        &format!("{PATH}.connect_timeout"),
+        raw.connect_timeout,
+        MQTT_CONNECT_TIMEOUT,
+    );
     if p.len() != before {
         return None;
     }
@@ -305,6 +383,11 @@ fn mqtt(p: &mut Problems, raw: RawMqtt, node_id: u64) -> Option<Option<MqttIngre
         mode: mode?,
         max_packet_size: max_packet_size?,
         qos0_when_full: qos0_when_full?,
+        limits: MqttLimits {
+            max_connections: max_connections?,
+            max_inflight: max_inflight?,
+            connect_timeout: connect_timeout?,
+        },
     };
     Some(enabled.then_some(ingress))
 }

@@ -71,8 +71,8 @@ pub use egress::{
 };
 pub use error::{ConfigError, Location};
 pub use ingress::{
-    BrokerAddr, GrpcAuth, GrpcIngress, IngressConfig, MqttAuth, MqttIngress, MqttListen, MqttMode,
-    MqttSubscribe, MqttTls, Qos0WhenFull, SubscribeQos,
+    BrokerAddr, GrpcAuth, GrpcIngress, IngressConfig, MqttAuth, MqttIngress, MqttLimits,
+    MqttListen, MqttMode, MqttSubscribe, MqttTls, Qos0WhenFull, SubscribeQos,
 };
 pub use log::LogConfig;
 pub use node::NodeConfig;

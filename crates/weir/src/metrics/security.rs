@@ -5,6 +5,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 /// The `reason` label.
@@ -37,6 +38,8 @@ pub struct SecurityMetrics {
     grpc_denied: Family<UserLabel, Counter>,
     handshakes: Family<ListenerLabel, Counter>,
     failed_handshakes: Family<ListenerLabel, Counter>,
+    connections: Gauge,
+    connections_refused: Family<ReasonLabel, Counter>,
 }
 
 impl std::fmt::Debug for SecurityMetrics {
@@ -83,6 +86,26 @@ impl SecurityMetrics {
             .inc();
     }
 
+    /// An MQTT connection was let in.
+    pub fn connection_opened(&self) {
+        self.connections.inc();
+    }
+
+    /// An MQTT connection let in has ended.
+    pub fn connection_closed(&self) {
+        self.connections.dec();
+    }
+
+    /// An MQTT connection turned away before CONNECT, for `reason`
+    /// (`max_connections`).
+    pub fn connection_refused(&self, reason: &str) {
+        self.connections_refused
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
     /// A TLS handshake on `listener` finished, or failed.
     pub fn handshake(&self, listener: &str, ok: bool) {
         let family = if ok {
@@ -117,6 +140,16 @@ impl SecurityMetrics {
             "mqtt_publishes_denied",
             "MQTT PUBLISHes the ACL refused (never queued), by username (\"\" anonymous)",
             self.denied.clone(),
+        );
+        registry.register(
+            "mqtt_connections",
+            "MQTT connections open (plain and TLS)",
+            self.connections.clone(),
+        );
+        registry.register(
+            "mqtt_connections_refused",
+            "MQTT connections turned away before CONNECT, by reason (max_connections)",
+            self.connections_refused.clone(),
         );
         registry.register(
             "grpc_calls_refused",

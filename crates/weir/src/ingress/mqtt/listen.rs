@@ -85,7 +85,7 @@ use crate::config::MqttIngress;
 use crate::intake::Intake;
 use crate::security::{tls, MqttSecurity};
 
-use connection::{Connection, Settings, CONNECT_TIMEOUT};
+use connection::{Connection, Settings};
 
 mod codec;
 mod connection;
@@ -147,10 +147,22 @@ pub async fn serve(
     serve_secured(listeners, cfg, MqttSecurity::open(), ingress, shutdown).await
 }
 
+/// Connections turned away at `max_connections` that are still being
+/// told so; beyond this they are closed without a CONNACK, so refusing
+/// costs a bounded amount too.
+const REFUSING_AT_ONCE: usize = 64;
+
+/// How long a turned-away connection may take to send its CONNECT.
+const REFUSAL_DEADLINE: Duration = Duration::from_secs(2);
+
 /// What every connection of the MQTT ingress shares.
 #[derive(Clone)]
 struct Shared {
     settings: Settings,
+    /// One permit per connection allowed open (`max_connections`).
+    slots: Arc<tokio::sync::Semaphore>,
+    /// One permit per turned-away connection being told so.
+    refusing: Arc<tokio::sync::Semaphore>,
     ingress: Arc<Intake>,
     security: MqttSecurity,
     sessions: Arc<session::Sessions>,
@@ -175,7 +187,11 @@ pub async fn serve_secured(
         settings: Settings {
             max_packet_size: cfg.max_packet_size,
             qos0_when_full: cfg.qos0_when_full,
+            max_inflight: cfg.limits.max_inflight,
+            connect_timeout: cfg.limits.connect_timeout,
         },
+        slots: Arc::new(tokio::sync::Semaphore::new(cfg.limits.max_connections)),
+        refusing: Arc::new(tokio::sync::Semaphore::new(REFUSING_AT_ONCE)),
         ingress,
         security,
         sessions: Arc::new(session::Sessions::default()),
@@ -223,6 +239,10 @@ async fn accept_loop(listener: TcpListener, tls: Option<bool>, shared: &Shared) 
         };
         match accepted {
             Ok((stream, peer)) => {
+                let Ok(slot) = shared.slots.clone().try_acquire_owned() else {
+                    turn_away(stream, peer, tls.is_some(), shared);
+                    continue;
+                };
                 let span = tracing::info_span!(
                     "mqtt",
                     peer = %peer,
@@ -231,9 +251,16 @@ async fn accept_loop(listener: TcpListener, tls: Option<bool>, shared: &Shared) 
                     user = tracing::field::Empty
                 );
                 let shared2 = shared.clone();
-                shared
-                    .connections
-                    .spawn(connection(stream, peer, tls, shared2).instrument(span));
+                let metrics = shared.ingress.metrics().clone();
+                metrics.security.connection_opened();
+                shared.connections.spawn(
+                    async move {
+                        connection(stream, peer, tls, shared2).await;
+                        metrics.security.connection_closed();
+                        drop(slot);
+                    }
+                    .instrument(span),
+                );
             }
             Err(error) => {
                 warn!(%error, "accepting an MQTT connection failed; retrying");
@@ -262,11 +289,13 @@ async fn connection(stream: TcpStream, peer: SocketAddr, tls: Option<bool>, shar
         return;
     };
     let metrics = shared.ingress.metrics();
+    // The CONNECT deadline covers the handshake too.
+    let deadline = tokio::time::Instant::now() + shared.settings.connect_timeout;
     // Cancel safety: a handshake cut off by the deadline or shutdown only
     // drops a connection that has sent nothing yet.
     let handshake = tokio::select! {
         _ = shared.shutdown.cancelled() => return,
-        h = tokio::time::timeout(CONNECT_TIMEOUT, TlsAcceptor::from(config).accept(stream)) => h,
+        h = tokio::time::timeout_at(deadline, TlsAcceptor::from(config).accept(stream)) => h,
     };
     let stream = match handshake {
         Ok(Ok(stream)) => stream,
@@ -277,7 +306,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, tls: Option<bool>, shar
         }
         Err(_) => {
             metrics.security.handshake("mqtt-tls", false);
-            info!(timeout = ?CONNECT_TIMEOUT, "no TLS handshake in time; connection closed");
+            info!(timeout = ?shared.settings.connect_timeout, "no TLS handshake in time; connection closed");
             return;
         }
     };
@@ -291,7 +320,34 @@ async fn connection(stream: TcpStream, peer: SocketAddr, tls: Option<bool>, shar
         // Required by the configuration, so rustls refused a client
         // without one; should it not have, the empty name is refused.
         .or_else(|| identity.then(String::new));
-    session(stream, peer, certificate_name, &shared).run().await
+    let mut session = session(stream, peer, certificate_name, &shared);
+    session.deadline = Some(deadline);
+    session.run().await
+}
+
+/// A connection beyond `max_connections`: told so in a CONNACK ("server
+/// unavailable" in 3.1.1, "server busy" in MQTT 5) once its CONNECT
+/// arrives, then closed; counted. Over TLS, or when too many are being
+/// turned away already, it is closed at once.
+fn turn_away(stream: TcpStream, peer: SocketAddr, tls: bool, shared: &Shared) {
+    let metrics = shared.ingress.metrics().clone();
+    metrics.security.connection_refused("max_connections");
+    if crate::telemetry::first_in_a_while("mqtt max_connections") {
+        warn!(%peer, "MQTT connection refused: ingress.mqtt.max_connections are open (counted in weir_mqtt_connections_refused_total, logged once a minute)");
+    }
+    let Ok(permit) = shared.refusing.clone().try_acquire_owned() else {
+        return;
+    };
+    if tls {
+        // Telling a TLS client needs a handshake: not worth it for a
+        // connection that cannot stay.
+        return;
+    }
+    let max = shared.settings.max_packet_size;
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(REFUSAL_DEADLINE, connection::refuse_busy(stream, max)).await;
+        drop(permit);
+    });
 }
 
 /// The MQTT side of a connection over `stream`.

@@ -49,6 +49,8 @@ pub(super) enum ProtocolError {
     TopicAlias(u16),
     #[error("connection closed in the middle of a packet")]
     Truncated,
+    #[error("more than {0} QoS 2 publishes awaiting PUBREL (ingress.mqtt.max_inflight, the receive maximum)")]
+    ReceiveMaximum(usize),
 }
 
 impl ProtocolError {
@@ -59,6 +61,7 @@ impl ProtocolError {
             ProtocolError::TooLarge { .. } => R::PacketTooLarge,
             ProtocolError::EmptyTopic | ProtocolError::TopicWildcard(_) => R::TopicNameInvalid,
             ProtocolError::TopicAlias(_) => R::TopicAliasInvalid,
+            ProtocolError::ReceiveMaximum(_) => R::ReceiveMaximumExceeded,
             ProtocolError::SecondConnect
             | ProtocolError::Unexpected(_)
             | ProtocolError::NotConnect(_) => R::ProtocolError,
@@ -114,6 +117,8 @@ pub(super) enum Refusal {
     AuthMethod,
     /// Authentication refused the client.
     NotAuthorized,
+    /// `ingress.mqtt.max_connections` are open.
+    ServerBusy,
 }
 
 /// A packet weir sends.
@@ -122,6 +127,8 @@ pub(super) enum Reply {
     ConnAck {
         assigned_client_id: Option<String>,
         max_packet_size: usize,
+        /// MQTT 5 receive maximum.
+        receive_max: u16,
         /// A stored session was resumed.
         session_present: bool,
     },
@@ -359,6 +366,7 @@ pub(super) fn encode(out: &mut BytesMut, version: Version, reply: Reply) {
                         Refusal::AuthMethod | Refusal::NotAuthorized => {
                             v4::ConnectReturnCode::NotAuthorized
                         }
+                        Refusal::ServerBusy => v4::ConnectReturnCode::ServiceUnavailable,
                     };
                     v4::Packet::ConnAck(v4::ConnAck::new(code, false))
                 }
@@ -386,11 +394,16 @@ pub(super) fn encode(out: &mut BytesMut, version: Version, reply: Reply) {
                 Reply::ConnAck {
                     assigned_client_id,
                     max_packet_size,
+                    receive_max,
                     session_present,
                 } => v5::Packet::ConnAck(v5::ConnAck {
                     session_present,
                     code: v5::ConnectReturnCode::Success,
-                    properties: Some(connack_properties(assigned_client_id, max_packet_size)),
+                    properties: Some(connack_properties(
+                        assigned_client_id,
+                        max_packet_size,
+                        receive_max,
+                    )),
                 }),
                 Reply::ConnRefused(refusal) => {
                     let code = match refusal {
@@ -400,6 +413,7 @@ pub(super) fn encode(out: &mut BytesMut, version: Version, reply: Reply) {
                         Refusal::ClientId => v5::ConnectReturnCode::ClientIdentifierNotValid,
                         Refusal::AuthMethod => v5::ConnectReturnCode::BadAuthenticationMethod,
                         Refusal::NotAuthorized => v5::ConnectReturnCode::NotAuthorized,
+                        Refusal::ServerBusy => v5::ConnectReturnCode::ServerBusy,
                     };
                     v5::Packet::ConnAck(v5::ConnAck {
                         session_present: false,
@@ -456,10 +470,11 @@ pub(super) fn encode(out: &mut BytesMut, version: Version, reply: Reply) {
 pub(super) fn connack_properties(
     assigned_client_id: Option<String>,
     max_packet_size: usize,
+    receive_max: u16,
 ) -> v5::ConnAckProperties {
     v5::ConnAckProperties {
         session_expiry_interval: None,
-        receive_max: None,
+        receive_max: Some(receive_max),
         max_qos: None,
         retain_available: None,
         max_packet_size: Some(u32::try_from(max_packet_size).unwrap_or(u32::MAX)),
@@ -549,18 +564,41 @@ mod tests {
 
     #[test]
     fn the_whole_packet_counts_against_the_limit() {
-        let mut publish = v4::Publish::new("t", QoS::AtMostOnce, vec![0u8; 100]);
-        publish.pkid = 0;
-        let mut buf = v4_bytes(v4::Packet::Publish(publish));
-        let len = buf.len();
-        assert!(matches!(
-            decode(&mut buf.clone(), Version::V311, len),
-            Ok(Some(Inbound::Publish(_)))
-        ));
-        assert!(matches!(
-            decode(&mut buf, Version::V311, len - 1),
-            Err(ProtocolError::TooLarge { .. })
-        ));
+        // Payloads that put the remaining length on each side of the 1-,
+        // 2- and 3-byte length encodings: the fixed header is 2 to 4
+        // bytes, and every one of them counts, in both versions.
+        for payload in [
+            0, 100, 118, 119, 120, 125, 126, 16_370, 16_380, 16_390, 70_000,
+        ] {
+            let mut p4 = v4::Publish::new("t/x", QoS::AtLeastOnce, vec![7u8; payload]);
+            p4.pkid = 1;
+            let mut p5 = v5::Publish::new("t/x", QoS5::AtLeastOnce, vec![7u8; payload], None);
+            p5.pkid = 1;
+            for (version, buf) in [
+                (Version::V311, v4_bytes(v4::Packet::Publish(p4.clone()))),
+                (Version::V5, v5_bytes(v5::Packet::Publish(p5.clone()))),
+            ] {
+                let len = buf.len();
+                assert!(
+                    matches!(
+                        decode(&mut buf.clone(), version, len),
+                        Ok(Some(Inbound::Publish(_)))
+                    ),
+                    "{version:?} packet of {len} bytes at a limit of {len}"
+                );
+                for over in 1..=4 {
+                    let limit = len - over;
+                    match decode(&mut buf.clone(), version, limit) {
+                        Err(ProtocolError::TooLarge { size, max }) => {
+                            assert_eq!((size, max), (len, limit));
+                        }
+                        other => panic!(
+                            "{version:?} packet of {len} bytes at a limit of {limit}: {other:?}"
+                        ),
+                    }
+                }
+            }
+        }
     }
 
     #[test]
@@ -623,9 +661,14 @@ mod tests {
                 Reply::ConnAck {
                     assigned_client_id: Some("weir-x".into()),
                     max_packet_size: MAX,
+                    receive_max: 1024,
                     session_present: true,
                 },
                 Reply::ConnRefused(Refusal::ProtocolVersion),
+                Reply::ConnRefused(Refusal::NotAuthorized),
+                Reply::ConnRefused(Refusal::ServerBusy),
+                Reply::Denied(7, false),
+                Reply::Denied(8, true),
                 Reply::PubAck(1),
                 Reply::PubRec(2),
                 Reply::PubComp(3),
@@ -649,9 +692,26 @@ mod tests {
         while !out.is_empty() {
             seen.push(v4::Packet::read(&mut out, usize::MAX).unwrap());
         }
-        assert_eq!(seen.len(), 8, "no DISCONNECT in 3.1.1: {seen:?}");
+        assert_eq!(seen.len(), 12, "no DISCONNECT in 3.1.1: {seen:?}");
+        let codes: Vec<_> = seen[2..4]
+            .iter()
+            .map(|p| match p {
+                v4::Packet::ConnAck(c) => c.code,
+                other => panic!("{other:?}"),
+            })
+            .collect();
         assert_eq!(
-            seen[5],
+            codes,
+            [
+                v4::ConnectReturnCode::NotAuthorized,
+                v4::ConnectReturnCode::ServiceUnavailable
+            ]
+        );
+        // Denied publishes: ordinary acknowledgements in 3.1.1.
+        assert_eq!(seen[4], v4::Packet::PubAck(v4::PubAck::new(7)));
+        assert_eq!(seen[5], v4::Packet::PubRec(v4::PubRec::new(8)));
+        assert_eq!(
+            seen[9],
             v4::Packet::SubAck(v4::SubAck::new(
                 4,
                 vec![v4::SubscribeReasonCode::Failure; 2]
@@ -666,14 +726,34 @@ mod tests {
         while !out.is_empty() {
             seen.push(v5::Packet::read(&mut out, None).unwrap());
         }
-        assert_eq!(seen.len(), 9, "{seen:?}");
+        assert_eq!(seen.len(), 13, "{seen:?}");
         let v5::Packet::ConnAck(connack) = &seen[0] else {
             panic!("{seen:?}")
         };
         let props = connack.properties.as_ref().unwrap();
         assert_eq!(props.max_packet_size, Some(MAX as u32));
+        assert_eq!(props.receive_max, Some(1024));
         assert_eq!(props.assigned_client_identifier.as_deref(), Some("weir-x"));
-        let v5::Packet::Disconnect(disconnect) = &seen[8] else {
+        let codes: Vec<_> = seen[2..4]
+            .iter()
+            .map(|p| match p {
+                v5::Packet::ConnAck(c) => c.code,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            codes,
+            [
+                v5::ConnectReturnCode::NotAuthorized,
+                v5::ConnectReturnCode::ServerBusy
+            ]
+        );
+        let (v5::Packet::PubAck(ack), v5::Packet::PubRec(rec)) = (&seen[4], &seen[5]) else {
+            panic!("{seen:?}")
+        };
+        assert_eq!((ack.pkid, ack.reason), (7, v5::PubAckReason::NotAuthorized));
+        assert_eq!((rec.pkid, rec.reason), (8, v5::PubRecReason::NotAuthorized));
+        let v5::Packet::Disconnect(disconnect) = &seen[12] else {
             panic!("{seen:?}")
         };
         assert_eq!(

@@ -27,9 +27,6 @@ use crate::spool::Ticket;
 use super::codec::*;
 use super::session::{fingerprint, Session, Sessions};
 
-/// How long a new connection may take to send CONNECT: generous for a slow
-/// cellular link, short enough that idle sockets do not pile up.
-pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long writing acknowledgements may block before the client counts as
 /// stuck; also bounds how long shutdown can wait on one connection.
 pub(super) const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -46,6 +43,10 @@ pub(super) const READ_CHUNK: usize = 16 * 1024;
 pub(super) struct Settings {
     pub(super) max_packet_size: usize,
     pub(super) qos0_when_full: Qos0WhenFull,
+    /// Unacknowledged QoS 1/2 publishes per client (MQTT 5 receive
+    /// maximum): beyond it the client is not read until some go out.
+    pub(super) max_inflight: usize,
+    pub(super) connect_timeout: Duration,
 }
 
 /// Why a connection ended.
@@ -59,7 +60,7 @@ pub(super) enum Ending {
     Shutdown,
     /// The client connected again with the same client id.
     TakenOver,
-    /// No CONNECT within [`CONNECT_TIMEOUT`].
+    /// No CONNECT within `ingress.mqtt.connect_timeout`.
     ConnectTimeout,
     /// Authentication refused the client (CONNACK "not authorized").
     NotAuthorized(Refused),
@@ -100,10 +101,9 @@ impl Ending {
             Ending::TakenOver => {
                 info!("closing MQTT connection: the client connected again with the same client id")
             }
-            Ending::ConnectTimeout => info!(
-                timeout = ?CONNECT_TIMEOUT,
-                "closing connection: no MQTT CONNECT in time"
-            ),
+            Ending::ConnectTimeout => {
+                info!("closing connection: no MQTT CONNECT within ingress.mqtt.connect_timeout")
+            }
             Ending::KeepAliveExpired(keep_alive) => info!(
                 ?keep_alive,
                 "closing MQTT connection: nothing received for 1.5 times its keep alive"
@@ -199,6 +199,32 @@ pub(super) struct Connection<S> {
     pub(super) admitted: Admitted,
 }
 
+/// The receive maximum MQTT 5 clients are told.
+fn receive_max(settings: &Settings) -> u16 {
+    u16::try_from(settings.max_inflight).unwrap_or(u16::MAX)
+}
+
+/// Answers the CONNECT of a connection that cannot stay (the server is
+/// full) with a refusal in the client's version, then closes.
+pub(super) async fn refuse_busy<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, max: usize) {
+    let mut inbuf = BytesMut::with_capacity(1024);
+    let version = loop {
+        match decode_connect(&mut inbuf, max) {
+            Ok(Some(Hello::V311(_))) => break Version::V311,
+            Ok(Some(Hello::V5(..))) => break Version::V5,
+            Ok(None) => match stream.read_buf(&mut inbuf).await {
+                Ok(n) if n > 0 => {}
+                _ => return,
+            },
+            Err(_) => return,
+        }
+    };
+    let mut out = BytesMut::new();
+    encode(&mut out, version, Reply::ConnRefused(Refusal::ServerBusy));
+    let _ = stream.write_all(&out).await;
+    let _ = stream.shutdown().await;
+}
+
 /// What a wait on the socket ended with.
 pub(super) enum Wake {
     Shutdown,
@@ -233,7 +259,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             out: BytesMut::new(),
             version: None,
             keep_alive: None,
-            deadline: Some(Instant::now() + CONNECT_TIMEOUT),
+            deadline: Some(Instant::now() + settings.connect_timeout),
             held: VecDeque::new(),
             gate: Arc::new(Gate::open()),
             certificate_name: None,
@@ -362,6 +388,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                     Reply::ConnAck {
                         assigned_client_id: None,
                         max_packet_size: self.settings.max_packet_size,
+                        receive_max: receive_max(&self.settings),
                         session_present,
                     },
                 );
@@ -411,6 +438,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                     Reply::ConnAck {
                         assigned_client_id: assigned,
                         max_packet_size: self.settings.max_packet_size,
+                        receive_max: receive_max(&self.settings),
                         session_present,
                     },
                 );
@@ -636,6 +664,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             QoS::ExactlyOnce => {
                 let mut ticket = None;
                 if !self.session.awaiting_rel.contains(&pkid) {
+                    if self.session.awaiting_rel.len() >= self.settings.max_inflight {
+                        return Err(
+                            ProtocolError::ReceiveMaximum(self.settings.max_inflight).into()
+                        );
+                    }
                     let record = self.ingress.mqtt_record(topic, payload);
                     ticket = self.enqueue(record).await?;
                     self.session.awaiting_rel.insert(pkid);
@@ -758,13 +791,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                     _ => std::future::pending().await,
                 }
             };
+            // A client with max_inflight acknowledgements owed is not read
+            // until some go out (its receive maximum, enforced by
+            // back-pressure).
+            let can_read = self.held.len() < self.settings.max_inflight;
             // Cancel safety: `read_buf` is cancel safe (when another branch
             // wins, no bytes were consumed); the other branches only wait.
             tokio::select! {
                 _ = self.kicked.cancelled() => Wake::Shutdown,
                 _ = expiry => Wake::Expired,
                 _ = durable => Wake::Durable,
-                read = self.stream.read_buf(&mut self.inbuf) => Wake::Read(read),
+                read = self.stream.read_buf(&mut self.inbuf), if can_read => Wake::Read(read),
             }
         };
         match wake {
