@@ -156,7 +156,7 @@ const ACCEPTED_QUEUE: usize = 64;
 /// handshakes are logged and counted under `label`.
 pub fn incoming(
     listener: tokio::net::TcpListener,
-    config: Arc<super::Watched<ServerConfig>>,
+    config: Arc<super::watch::Watched<ServerConfig>>,
     label: &'static str,
     metrics: Arc<crate::metrics::Metrics>,
     shutdown: tokio_util::sync::CancellationToken,
