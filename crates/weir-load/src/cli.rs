@@ -45,6 +45,9 @@ pub enum Cmd {
     /// The same MQTT QoS 1 load at another broker (e.g. Mosquitto), with
     /// one QoS 1 subscriber: the figure weir is compared with.
     Broker(BrokerArgs),
+    /// MQTT QoS 1 over TLS against plain TCP through the same weir,
+    /// alternated, and new TLS connections per second.
+    Tls(TlsArgs),
     /// The spool under a long outage: fill it through weir while the
     /// broker is unreachable, then kill weir (SIGKILL) and time its
     /// restart; resident memory while spooled and after recovery.
@@ -167,8 +170,28 @@ pub struct ThroughputArgs {
     /// Class the records are routed to.
     #[arg(long, value_enum, default_value_t = ClassArg::Ls)]
     pub class: ClassArg,
+    /// Publish over TLS (a CA and server certificate made with openssl for
+    /// the run, weir's [ingress.mqtt.tls] on another port).
+    #[arg(long)]
+    pub tls: bool,
     #[command(flatten)]
     pub weir_config: WeirArgs,
+}
+
+/// `weir-load tls`.
+#[derive(clap::Args, Clone, Debug, Serialize)]
+pub struct TlsArgs {
+    /// Plain and TLS runs alternate this many times each.
+    #[arg(long, default_value_t = 2)]
+    pub rounds: u32,
+    /// Length of each connection-rate run.
+    #[arg(long, default_value_t = 5)]
+    pub handshake_seconds: u64,
+    /// Clients opening connections in parallel in the connection-rate runs.
+    #[arg(long, default_value_t = 4)]
+    pub handshake_clients: usize,
+    #[command(flatten)]
+    pub throughput: ThroughputArgs,
 }
 
 #[derive(clap::Args, Clone, Debug, Serialize)]

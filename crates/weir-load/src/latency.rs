@@ -164,6 +164,7 @@ async fn latency_via_weir(env: &Env, a: &LatencyArgs) -> anyhow::Result<(Latency
         rate,
         pacing: a.pacing,
         limit,
+        tls: None,
     };
     let prime = load("prime", None, Some(PRIMING_RECORDS));
     run_publishers(vec![prime], Arc::clone(&counters), CancellationToken::new()).await?;

@@ -62,6 +62,7 @@ mod sample;
 mod shared;
 mod stamp;
 mod throughput;
+mod tls;
 
 use anyhow::Context;
 use clap::Parser;
@@ -104,6 +105,11 @@ fn main() -> anyhow::Result<()> {
         Cmd::Latency(a) => {
             let r = rt.block_on(latency(&env, a))?;
             print_latency(&r);
+            serde_json::to_string_pretty(&r)?
+        }
+        Cmd::Tls(a) => {
+            let r = rt.block_on(crate::tls::tls(&env, a))?;
+            crate::tls::print_tls(&r);
             serde_json::to_string_pretty(&r)?
         }
         Cmd::Recovery(a) => {

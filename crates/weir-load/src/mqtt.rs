@@ -10,7 +10,7 @@ use std::sync::Arc;
 use anyhow::{bail, ensure, Context};
 use bytes::BytesMut;
 use rumqttc::mqttbytes::{self, v4, QoS};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -34,6 +34,8 @@ pub struct MqttLoad {
     pub pacing: Pacing,
     /// Stop after this many records.
     pub limit: Option<u64>,
+    /// Connect over TLS with this configuration (server name 127.0.0.1).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// `n` connections to `addr` as `<name>-<i>`, each publishing `size`-byte
@@ -60,6 +62,7 @@ pub fn connections(
             rate: total_rate.map(|r| r / n as f64),
             pacing: Pacing::Tick,
             limit: None,
+            tls: None,
         })
         .collect()
 }
@@ -92,8 +95,37 @@ async fn mqtt_publisher(
         .await
         .with_context(|| format!("connecting to weir's MQTT listener {}", load.addr))?;
     stream.set_nodelay(true)?;
-    let mut out = BytesMut::with_capacity(64 * 1024);
-    let mut connect = v4::Connect::new(load.client_id.clone());
+    if let Some(config) = load.tls.clone() {
+        let mut tls = tls_handshake(stream, config).await?;
+        let inbuf = mqtt_connect(&mut tls, &load.client_id).await?;
+        let (rd, wr) = tokio::io::split(tls);
+        return pump(rd, wr, inbuf, load, counters, stop).await;
+    }
+    let inbuf = mqtt_connect(&mut stream, &load.client_id).await?;
+    let (rd, wr) = stream.into_split();
+    pump(rd, wr, inbuf, load, counters, stop).await
+}
+
+/// A TLS session over `tcp` to weir, verified as 127.0.0.1.
+pub async fn tls_handshake(
+    tcp: TcpStream,
+    config: Arc<rustls::ClientConfig>,
+) -> anyhow::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let name = rustls_pki_types::ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
+    tokio_rustls::TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+        .context("TLS handshake with weir")
+}
+
+/// CONNECT as `client_id`, and wait for a successful CONNACK; what was read
+/// past it.
+pub async fn mqtt_connect<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    client_id: &str,
+) -> anyhow::Result<BytesMut> {
+    let mut out = BytesMut::with_capacity(1024);
+    let mut connect = v4::Connect::new(client_id.to_owned());
     // No keep alive: the drain at the end may be silent for a while.
     connect.keep_alive = 0;
     v4::Packet::Connect(connect).write(&mut out, usize::MAX)?;
@@ -120,7 +152,24 @@ async fn mqtt_publisher(
             Err(e) => bail!("bad CONNACK: {e}"),
         }
     }
-    let (mut rd, mut wr) = stream.into_split();
+    Ok(inbuf)
+}
+
+/// Publishes on an established session until `stop` (or the limit), then
+/// drains the acknowledgements and disconnects.
+async fn pump<R, W>(
+    mut rd: R,
+    mut wr: W,
+    mut inbuf: BytesMut,
+    load: MqttLoad,
+    counters: Arc<Counters>,
+    stop: CancellationToken,
+) -> anyhow::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut out = BytesMut::with_capacity(64 * 1024);
     let window = Arc::new(Semaphore::new(load.window));
     let done = CancellationToken::new();
 

@@ -53,6 +53,11 @@ fn stat_ticks(path: &str) -> Option<u64> {
     Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
 }
 
+/// utime + stime of process `pid`, in clock ticks.
+pub fn cpu_ticks(pid: u32) -> Option<u64> {
+    stat_ticks(&format!("/proc/{pid}/stat"))
+}
+
 /// CPU ticks of a process's threads, summed by thread name.
 fn thread_ticks(pid: &str) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();

@@ -19,6 +19,7 @@ use crate::run::{egress_cycles, wait_consumed, LINGER, PRIMING_RECORDS, SAMPLE_E
 use crate::sample::{hwm_kib, rss_kib, Snapshot};
 use crate::shared::{unique, Counters, Env};
 use crate::stamp::{payload_kind, unix_us_at, STAMP};
+use crate::tls::Pki;
 
 pub async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<ThroughputReport> {
     ensure!(a.size >= STAMP, "--size must be at least {STAMP} bytes");
@@ -29,7 +30,28 @@ pub async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<Through
     ensure!(a.connections > 0, "--connections must be at least 1");
     let name = unique("tput");
     let topic_base = format!("{name}/{}", a.class.name());
-    let mut weir = Weir::start(env, &name, &a.weir_config).await?;
+    // Over TLS: a PKI for the run and a TLS listener beside the plain one.
+    let tls = if a.tls {
+        let pki = Pki::create(&std::env::temp_dir().join(format!("{name}-pki")))?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        Some((pki, port))
+    } else {
+        None
+    };
+    let mut weir_config = a.weir_config.clone();
+    if let Some((pki, port)) = &tls {
+        weir_config.set.extend(pki.weir_settings(*port));
+    }
+    let mut weir = Weir::start(env, &name, &weir_config).await?;
+    let (addr, client_tls) = match &tls {
+        Some((pki, port)) => (
+            std::net::SocketAddr::from(([127, 0, 0, 1], *port)),
+            Some(pki.client_config()?),
+        ),
+        None => (weir.mqtt, None),
+    };
     let counters = Arc::new(Counters::default());
     let consumer = Consumer::start(
         env.amqp.clone(),
@@ -42,7 +64,7 @@ pub async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<Through
 
     // Prime: weir connects to RabbitMQ on its first batch.
     let prime = MqttLoad {
-        addr: weir.mqtt,
+        addr,
         client_id: format!("{name}-prime"),
         topic: format!("{topic_base}/prime"),
         size: a.size,
@@ -50,14 +72,15 @@ pub async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<Through
         rate: None,
         pacing: Pacing::Tick,
         limit: Some(PRIMING_RECORDS),
+        tls: client_tls.clone(),
     };
     run_publishers(vec![prime], Arc::clone(&counters), CancellationToken::new()).await?;
     wait_consumed(&counters, &mut weir).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss_idle = rss_kib(weir.pid).unwrap_or(0);
 
-    let loads = connections(
-        weir.mqtt,
+    let mut loads = connections(
+        addr,
         &name,
         &topic_base,
         a.connections,
@@ -65,6 +88,9 @@ pub async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<Through
         a.window,
         a.rate,
     );
+    for load in &mut loads {
+        load.tls = client_tls.clone();
+    }
     let stop = CancellationToken::new();
     let started = Instant::now();
     let publishers = tokio::spawn(run_publishers(loads, Arc::clone(&counters), stop.clone()));
@@ -100,6 +126,11 @@ pub async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<Through
     let consumed = consumer.stop().await?;
     let hwm = hwm_kib(weir.pid).unwrap_or(0);
     weir.stop(env.keep).await?;
+    if let Some((pki, _)) = &tls {
+        if let Some(dir) = pki.ca.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 
     let first = first.context("the run ended before the warm-up did")?;
     let secs = last.at.duration_since(first.at).as_secs_f64();

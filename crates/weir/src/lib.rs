@@ -33,6 +33,8 @@ pub mod app;
 pub mod clock;
 pub mod config;
 pub mod egress;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod handoff;
 pub mod ingress;
 pub mod intake;

@@ -26,6 +26,8 @@
 mod client;
 mod node;
 mod service;
+
+pub(crate) use node::sanitized_tuple;
 #[cfg(test)]
 mod tests;
 

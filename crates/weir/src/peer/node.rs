@@ -405,13 +405,7 @@ impl Node {
                 "peer runs another scheduler.scheme; matchings will disagree more often (safe, but less effective)"
             );
         }
-        let mut tuple = BandwidthTuple(state.tuple);
-        tuple.0.resize(self.class_names.len(), 0.0);
-        for b in &mut tuple.0 {
-            if !b.is_finite() {
-                *b = 0.0;
-            }
-        }
+        let tuple = sanitized_tuple(state.tuple, self.class_names.len());
         let advert = Advert {
             round: state.round,
             tuple,
@@ -468,6 +462,18 @@ pub fn to_pb(record: &Record, class_name: &str) -> pb::Record {
 }
 
 /// A forwarded record back into weir's type, in `class`.
+/// A peer's bandwidth tuple as this node uses it: one entry per class
+/// (missing ones 0, extra ones dropped), non-finite entries 0.
+pub fn sanitized_tuple(mut tuple: Vec<f64>, classes: usize) -> BandwidthTuple {
+    tuple.resize(classes, 0.0);
+    for b in &mut tuple {
+        if !b.is_finite() {
+            *b = 0.0;
+        }
+    }
+    BandwidthTuple(tuple)
+}
+
 pub fn from_pb(record: pb::Record, class: ClassId) -> Record {
     Record {
         key: Bytes::from(record.key),

@@ -120,6 +120,32 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ListenError> {
         .map_err(|source| ListenError::Bind { addr, source })
 }
 
+/// Fuzzing entry (`weir::fuzzing`): `data` as a client's bytes, framed and
+/// parsed as a connection does (CONNECT, then packets in its version, with
+/// the topic checks), and also as packets of an established connection of
+/// either version.
+#[doc(hidden)]
+pub fn fuzz(data: &[u8]) {
+    use codec::{check_topic, decode, decode_connect, Hello, Inbound, Version};
+    const MAX: usize = 64 * 1024;
+    let run = |buf: &mut bytes::BytesMut, version: Version| {
+        while let Ok(Some(packet)) = decode(buf, version, MAX) {
+            if let Inbound::Publish(p) = packet {
+                let _ = check_topic(&p);
+            }
+        }
+    };
+    let mut buf = bytes::BytesMut::from(data);
+    match decode_connect(&mut buf, MAX) {
+        Ok(Some(Hello::V311(_))) => run(&mut buf, Version::V311),
+        Ok(Some(Hello::V5(..))) => run(&mut buf, Version::V5),
+        _ => {}
+    }
+    for version in [Version::V311, Version::V5] {
+        run(&mut bytes::BytesMut::from(data), version);
+    }
+}
+
 /// The bound MQTT listeners: plain TCP, TLS, or both.
 #[derive(Debug, Default)]
 pub struct Listeners {
