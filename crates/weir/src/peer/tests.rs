@@ -149,8 +149,10 @@ fn start(
     peers: &[(NodeId, SocketAddr)],
     heartbeat: Duration,
 ) -> TestNode {
+    let tls = peering.cfg.tls.take();
     peering.cfg = cfg(peers, heartbeat);
     peering.cfg.listen = peering.addr;
+    peering.cfg.tls = tls;
     let port = peering.scheduler_port().unwrap();
     let deliveries = peering.deliveries();
     let stop = CancellationToken::new();
@@ -747,14 +749,120 @@ async fn a_provider_partitioned_mid_stream_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement; run in release with --ignored --nocapture"]
 async fn forwarding_throughput() {
+    // Plain and mutual TLS alternated, so noise falls on both alike.
+    let pki = node_pki();
+    let (mut plain, mut tls) = (Vec::new(), Vec::new());
+    for _ in 0..2 {
+        plain.push(forward_rate(None).await);
+        tls.push(forward_rate(Some(&pki)).await);
+    }
+    let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    eprintln!(
+        "plain {plain:.0?} records/s, mutual TLS {tls:.0?} records/s: TLS / plain (best of each) {:.1} %",
+        100.0 * best(&tls) / best(&plain)
+    );
+}
+
+/// A fleet CA and certificates for nodes 1 and 2 (`DNS:<id>.node.weir`),
+/// made with `openssl` in a fresh directory: the `[peering.tls]` files of
+/// each node.
+fn node_pki() -> [crate::config::TlsFiles; 2] {
+    let dir = std::env::temp_dir().join(format!("weir-peer-pki-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .current_dir(&dir)
+            .args(args)
+            .output()
+            .expect("run openssl");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut ca = vec!["req", "-x509"];
+    ca.extend(ec);
+    ca.extend([
+        "-days",
+        "2",
+        "-subj",
+        "/CN=fleet",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    openssl(&ca);
+    [1u64, 2].map(|id| {
+        let (key, csr, ext, pem) = (
+            format!("n{id}.key"),
+            format!("n{id}.csr"),
+            format!("n{id}.ext"),
+            format!("n{id}.pem"),
+        );
+        let subject = format!("/CN=node-{id}");
+        let mut req = vec!["req"];
+        req.extend(ec);
+        req.extend(["-subj", &subject, "-keyout", &key, "-out", &csr]);
+        openssl(&req);
+        std::fs::write(
+            dir.join(&ext),
+            format!("subjectAltName=DNS:{id}.node.weir\nextendedKeyUsage=serverAuth,clientAuth\n"),
+        )
+        .unwrap();
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-days",
+            "2",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-extfile",
+            &ext,
+            "-out",
+            &pem,
+        ]);
+        crate::config::TlsFiles {
+            certfile: dir.join(&pem),
+            keyfile: dir.join(&key),
+            cafile: Some(dir.join("ca.pem")),
+            require_certificate: true,
+        }
+    })
+}
+
+/// Records of 256 B per second forwarded from node 1 to node 2 until node 2
+/// has delivered and acknowledged them all, over plain HTTP/2 or with
+/// `tls` (each node's `[peering.tls]` files).
+async fn forward_rate(tls: Option<&[crate::config::TlsFiles; 2]>) -> f64 {
     const N: usize = 300_000;
     let capacity = QueueCapacity {
         records: N,
         bytes: 256 << 20,
     };
     let heartbeat = Duration::from_millis(50);
-    let (pa, ia) = bind(1, capacity).await;
-    let (pb_, ib) = bind(2, capacity).await;
+    let (mut pa, ia) = bind(1, capacity).await;
+    let (mut pb_, ib) = bind(2, capacity).await;
+    if let Some([ta, tb]) = tls {
+        for (p, files) in [(&mut pa, ta), (&mut pb_, tb)] {
+            p.security = Some(crate::security::PeerSecurity::load(files).unwrap());
+            p.cfg.tls = Some(files.clone());
+        }
+    }
     let (addr_a, addr_b) = (pa.local_addr(), pb_.local_addr());
     let a = start(pa, ia, &[(2, addr_b)], heartbeat);
     let b = start(pb_, ib, &[(1, addr_a)], heartbeat);
@@ -789,10 +897,12 @@ async fn forwarding_throughput() {
     let rate = N as f64 / took.as_secs_f64();
     let bytes = N as f64 * (256.0 + 4.0 + 32.0);
     eprintln!(
-        "forwarded {N} records of 256 B in {took:.2?} (all queued at B after {queued:.2?}): {rate:.0} records/s, {:.1} MB/s (record sizes), first round included, delivery acknowledged",
+        "{}: forwarded {N} records of 256 B in {took:.2?} (all queued at B after {queued:.2?}): {rate:.0} records/s, {:.1} MB/s (record sizes), first round included, delivery acknowledged",
+        if tls.is_some() { "mutual TLS" } else { "plain" },
         bytes / took.as_secs_f64() / 1e6
     );
     egress_done.cancel();
     a.stop.cancel();
     b.stop.cancel();
+    rate
 }
