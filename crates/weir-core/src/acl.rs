@@ -40,7 +40,7 @@
 use std::collections::HashMap;
 
 use crate::classify::TopicFilter;
-use crate::passwd::LineProblem;
+use crate::passwd::{read_lines, LineProblem};
 
 /// Characters an identifier substituted into a pattern must not contain.
 const PATTERN_UNSAFE: &[char] = &['+', '#', '/'];
@@ -109,20 +109,9 @@ impl AclFile {
     /// grants less, never more).
     pub fn parse(text: &str) -> (AclFile, Vec<LineProblem>) {
         let mut acl = AclFile::default();
-        let mut problems = Vec::new();
         // `None`: the anonymous list, before the first `user` line.
         let mut section: Option<String> = None;
-        for (i, raw) in text.lines().enumerate() {
-            let line = raw.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let mut problem = |message: String| {
-                problems.push(LineProblem {
-                    line: i + 1,
-                    message,
-                })
-            };
+        let problems = read_lines(text, |line| {
             let (keyword, rest) = match line.split_once(char::is_whitespace) {
                 Some((k, rest)) => (k, rest.trim_start()),
                 None => (line, ""),
@@ -130,14 +119,14 @@ impl AclFile {
             match keyword {
                 "user" => {
                     if rest.is_empty() {
-                        problem("`user` needs a name".into());
                         // Rules below it must not fall into the previous
                         // section: give them a section nobody has.
                         section = Some(String::new());
-                        continue;
+                        return Err("`user` needs a name".into());
                     }
                     acl.users.entry(rest.to_owned()).or_default();
                     section = Some(rest.to_owned());
+                    Ok(())
                 }
                 "topic" | "pattern" => {
                     let (access, filter) = match rest.split_once(char::is_whitespace) {
@@ -147,42 +136,36 @@ impl AclFile {
                         _ if Access::parse(rest).is_some() => (None, ""),
                         _ => (Some(Access::ReadWrite), rest),
                     };
-                    let Some(access) = access.filter(|_| !filter.is_empty()) else {
-                        problem(format!("`{keyword}` needs a topic filter"));
-                        continue;
-                    };
+                    let access = access
+                        .filter(|_| !filter.is_empty())
+                        .ok_or_else(|| format!("`{keyword}` needs a topic filter"))?;
                     if keyword == "pattern" {
                         // Checked with placeholders filled in, so that a
                         // filter broken whatever the client is named is
                         // reported now.
                         let sample = filter.replace("%u", "u").replace("%c", "c");
-                        match TopicFilter::parse(&sample) {
-                            Ok(_) => acl.patterns.push(Pattern {
-                                access,
-                                text: filter.to_owned(),
-                            }),
-                            Err(e) => problem(format!("pattern {filter:?}: {e}")),
-                        }
-                        continue;
+                        TopicFilter::parse(&sample)
+                            .map_err(|e| format!("pattern {filter:?}: {e}"))?;
+                        acl.patterns.push(Pattern {
+                            access,
+                            text: filter.to_owned(),
+                        });
+                        return Ok(());
                     }
-                    let filter = match TopicFilter::parse(filter) {
-                        Ok(f) => f,
-                        Err(e) => {
-                            problem(format!("topic {filter:?}: {e}"));
-                            continue;
-                        }
-                    };
+                    let filter =
+                        TopicFilter::parse(filter).map_err(|e| format!("topic {filter:?}: {e}"))?;
                     let list = match &section {
                         None => &mut acl.anonymous,
                         Some(user) => acl.users.entry(user.clone()).or_default(),
                     };
                     list.push(Rule { access, filter });
+                    Ok(())
                 }
-                other => problem(format!(
+                other => Err(format!(
                     "unknown keyword {other:?} (expected user, topic or pattern)"
                 )),
             }
-        }
+        });
         acl.users.remove("");
         (acl, problems)
     }

@@ -32,7 +32,7 @@ use std::collections::HashMap;
 use sha2::{Digest, Sha256};
 
 use crate::acl::{AclFile, ClientAcl};
-use crate::passwd::{LineProblem, PasswordFile, Verdict};
+use crate::passwd::{read_lines, LineProblem, PasswordFile, Verdict};
 
 /// What a connecting client presents.
 #[derive(Debug, Clone, Copy, Default)]
@@ -191,38 +191,25 @@ impl TokenFile {
     /// not be read.
     pub fn parse(text: &str) -> (TokenFile, Vec<LineProblem>) {
         let mut file = TokenFile::default();
-        let mut problems = Vec::new();
-        for (i, raw) in text.lines().enumerate() {
-            let line = raw.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let mut problem = |message: String| {
-                problems.push(LineProblem {
-                    line: i + 1,
-                    message,
-                })
-            };
+        let problems = read_lines(text, |line| {
             let mut words = line.split_whitespace();
             let (Some(name), Some(digest), None) = (words.next(), words.next(), words.next())
             else {
-                problem("expected `<name> <sha256 hex of the token>`".into());
-                continue;
+                return Err("expected `<name> <sha256 hex of the token>`".into());
             };
-            let Some(digest) = hex32(digest) else {
-                problem(format!(
+            let digest = hex32(digest).ok_or_else(|| {
+                format!(
                     "{name}: the digest must be 64 hex digits (printf %s \"$token\" | sha256sum)"
-                ));
-                continue;
-            };
+                )
+            })?;
             if file.by_digest.values().any(|n| n == name) {
-                problem(format!("{name} appears twice"));
-                continue;
+                return Err(format!("{name} appears twice"));
             }
             if file.by_digest.insert(digest, name.to_owned()).is_some() {
-                problem(format!("{name}: the same token as an earlier line"));
+                return Err(format!("{name}: the same token as an earlier line"));
             }
-        }
+            Ok(())
+        });
         (file, problems)
     }
 

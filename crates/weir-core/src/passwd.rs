@@ -49,6 +49,30 @@ pub struct LineProblem {
     pub message: String,
 }
 
+/// Reads the lines of a line-oriented file (password, ACL, token files):
+/// blank lines and lines starting with `#` are skipped, each other line is
+/// given to `read` trimmed, and every error it returns becomes a problem
+/// naming its line.
+pub fn read_lines(
+    text: &str,
+    mut read: impl FnMut(&str) -> Result<(), String>,
+) -> Vec<LineProblem> {
+    let mut problems = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if let Err(message) = read(line) {
+            problems.push(LineProblem {
+                line: i + 1,
+                message,
+            });
+        }
+    }
+    problems
+}
+
 /// The users of a password file.
 #[derive(Debug, Clone, Default)]
 pub struct PasswordFile {
@@ -71,38 +95,22 @@ impl PasswordFile {
     /// not be read (those users are left out).
     pub fn parse(text: &str) -> (PasswordFile, Vec<LineProblem>) {
         let mut users = HashMap::new();
-        let mut problems = Vec::new();
-        for (i, raw) in text.lines().enumerate() {
-            let line = raw.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let mut problem = |message: String| {
-                problems.push(LineProblem {
-                    line: i + 1,
-                    message,
-                })
-            };
-            let Some((user, hash)) = line.split_once(':') else {
-                problem("expected `user:$7$...` or `user:$6$...`".into());
-                continue;
-            };
+        let problems = read_lines(text, |line| {
+            let (user, hash) = line
+                .split_once(':')
+                .ok_or("expected `user:$7$...` or `user:$6$...`")?;
             let (user, hash) = (user.trim(), hash.trim());
             if user.is_empty() {
-                problem("empty user name".into());
-                continue;
+                return Err("empty user name".into());
             }
             // Mosquitto ignores anything after a second ':'.
             let hash = hash.split(':').next().unwrap_or_default();
-            match parse_hash(hash) {
-                Ok(h) => {
-                    if users.insert(user.to_owned(), h).is_some() {
-                        problem(format!("user {user:?} appears twice"));
-                    }
-                }
-                Err(e) => problem(format!("user {user:?}: {e}")),
+            let h = parse_hash(hash).map_err(|e| format!("user {user:?}: {e}"))?;
+            if users.insert(user.to_owned(), h).is_some() {
+                return Err(format!("user {user:?} appears twice"));
             }
-        }
+            Ok(())
+        });
         (PasswordFile { users }, problems)
     }
 

@@ -14,7 +14,11 @@ pub fn init(level: &str) {
             "lapin::returned_messages=error"
                 .parse()
                 .expect("a valid directive"),
-        );
+        )
+        // rustls warns of every client that sends an IP address as its
+        // server name (mosquitto_pub does, for `-h 10.0.0.7`), once per
+        // connection; failed handshakes are logged by weir itself.
+        .add_directive("rustls::msgs=error".parse().expect("a valid directive"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

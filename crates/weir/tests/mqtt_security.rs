@@ -254,6 +254,31 @@ async fn mosquitto_passwd_users_and_acl_topics_decide_what_is_relayed() {
     )
     .await;
 
+    // A user added to both files while weir runs can connect and publish
+    // without a restart (the files are watched).
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&acl)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b"user carol\ntopic write carol/#\n"))
+        .unwrap();
+    let status = Command::new("mosquitto_passwd")
+        .args(["-b", path(&passwd), "carol", "pw"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    eventually_async("carol to be let in after the files changed", || async {
+        let (code, stderr) = pub_(
+            port,
+            &[
+                "-u", "carol", "-P", "pw", "-q", "1", "-V", "mqttv5", "-t", "carol/x", "-m",
+                "carol-1",
+            ],
+        )
+        .await;
+        code == 0 && !stderr.contains("Not authorized")
+    })
+    .await;
+
     eventually_async("the refusals to be counted", || async {
         let m = weir.metrics().await;
         metric(&m, "weir_mqtt_connects_refused_total") >= 5.0
@@ -284,6 +309,7 @@ async fn mosquitto_passwd_users_and_acl_topics_decide_what_is_relayed() {
         .collect();
     expected.insert("bob-1".into());
     expected.insert("bob-pattern".into());
+    expected.insert("carol-1".into());
     assert_eq!(
         delivered, expected,
         "only authenticated, ACL-allowed publishes reach the egress"

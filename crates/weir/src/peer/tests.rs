@@ -763,83 +763,28 @@ async fn forwarding_throughput() {
     );
 }
 
-/// A fleet CA and certificates for nodes 1 and 2 (`DNS:<id>.node.weir`),
-/// made with `openssl` in a fresh directory: the `[peering.tls]` files of
-/// each node.
+/// The integration tests' PKI helpers (`openssl`, as an operator runs it).
+#[allow(dead_code)]
+#[path = "../../tests/common/pki.rs"]
+mod pki;
+
+/// A fleet CA and certificates for nodes 1 and 2 (`DNS:<id>.node.weir`) in
+/// a fresh directory: the `[peering.tls]` files of each node.
 fn node_pki() -> [crate::config::TlsFiles; 2] {
     let dir = std::env::temp_dir().join(format!("weir-peer-pki-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let openssl = |args: &[&str]| {
-        let out = std::process::Command::new("openssl")
-            .current_dir(&dir)
-            .args(args)
-            .output()
-            .expect("run openssl");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    let mut ca = vec!["req", "-x509"];
-    ca.extend(ec);
-    ca.extend([
-        "-days",
-        "2",
-        "-subj",
-        "/CN=fleet",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-    ]);
-    openssl(&ca);
+    let ca = pki::Ca::new(&dir, "fleet");
     [1u64, 2].map(|id| {
-        let (key, csr, ext, pem) = (
-            format!("n{id}.key"),
-            format!("n{id}.csr"),
-            format!("n{id}.ext"),
-            format!("n{id}.pem"),
+        let pair = ca.issue(
+            &format!("n{id}"),
+            &format!("node-{id}"),
+            &format!("subjectAltName=DNS:{id}.node.weir\nextendedKeyUsage=serverAuth,clientAuth\n"),
         );
-        let subject = format!("/CN=node-{id}");
-        let mut req = vec!["req"];
-        req.extend(ec);
-        req.extend(["-subj", &subject, "-keyout", &key, "-out", &csr]);
-        openssl(&req);
-        std::fs::write(
-            dir.join(&ext),
-            format!("subjectAltName=DNS:{id}.node.weir\nextendedKeyUsage=serverAuth,clientAuth\n"),
-        )
-        .unwrap();
-        openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-days",
-            "2",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-extfile",
-            &ext,
-            "-out",
-            &pem,
-        ]);
         crate::config::TlsFiles {
-            certfile: dir.join(&pem),
-            keyfile: dir.join(&key),
-            cafile: Some(dir.join("ca.pem")),
+            certfile: pair.cert,
+            keyfile: pair.key,
+            cafile: Some(ca.pair.cert.clone()),
             require_certificate: true,
         }
     })

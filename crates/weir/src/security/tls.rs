@@ -43,14 +43,20 @@ pub fn certificates(
     Ok(certs)
 }
 
-/// A server configuration from `files`; `section` (e.g.
-/// `ingress.mqtt.tls`) names the keys in problems. `alpn`: protocols to
-/// offer (`h2` for gRPC).
-pub fn server_config(
+/// The certificate chain, private key and (with a `cafile`) trusted roots
+/// that `files` name, or every problem with them under `section`'s keys.
+#[allow(clippy::type_complexity)]
+fn read_files(
     section: &str,
     files: &TlsFiles,
-    alpn: &[&[u8]],
-) -> Result<ServerConfig, Vec<Problem>> {
+) -> Result<
+    (
+        Vec<CertificateDer<'static>>,
+        PrivateKeyDer<'static>,
+        Option<RootCertStore>,
+    ),
+    Vec<Problem>,
+> {
     let mut problems = Vec::new();
     let chain = certificates(&format!("{section}.certfile"), &files.certfile)
         .map_err(|p| problems.extend(p))
@@ -87,12 +93,21 @@ pub fn server_config(
             }
         },
     };
-    let (Some(chain), Some(key)) = (chain, key) else {
-        return Err(problems);
-    };
-    if !problems.is_empty() {
-        return Err(problems);
+    match (chain, key) {
+        (Some(chain), Some(key)) if problems.is_empty() => Ok((chain, key, roots)),
+        _ => Err(problems),
     }
+}
+
+/// A server configuration from `files`; `section` (e.g.
+/// `ingress.mqtt.tls`) names the keys in problems. `alpn`: protocols to
+/// offer (`h2` for gRPC).
+pub fn server_config(
+    section: &str,
+    files: &TlsFiles,
+    alpn: &[&[u8]],
+) -> Result<ServerConfig, Vec<Problem>> {
+    let (chain, key, roots) = read_files(section, files)?;
     let builder = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| problem(section.to_owned(), e.to_string()))?;
@@ -244,43 +259,8 @@ pub fn client_config(
     section: &str,
     files: &TlsFiles,
 ) -> Result<rustls::ClientConfig, Vec<Problem>> {
-    let mut problems = Vec::new();
-    let chain = certificates(&format!("{section}.certfile"), &files.certfile)
-        .map_err(|p| problems.extend(p))
-        .ok();
-    let key = PrivateKeyDer::from_pem_file(&files.keyfile)
-        .map_err(|e| {
-            problems.push(Problem {
-                path: format!("{section}.keyfile"),
-                message: format!(
-                    "{}: cannot read a PEM private key: {e}",
-                    files.keyfile.display()
-                ),
-            })
-        })
-        .ok();
-    let mut roots = RootCertStore::empty();
-    if let Some(ca) = &files.cafile {
-        match certificates(&format!("{section}.cafile"), ca) {
-            Ok(certs) => {
-                for cert in certs {
-                    if let Err(e) = roots.add(cert) {
-                        problems.push(Problem {
-                            path: format!("{section}.cafile"),
-                            message: format!("{}: not a usable CA certificate: {e}", ca.display()),
-                        });
-                    }
-                }
-            }
-            Err(p) => problems.extend(p),
-        }
-    }
-    let (Some(chain), Some(key)) = (chain, key) else {
-        return Err(problems);
-    };
-    if !problems.is_empty() {
-        return Err(problems);
-    }
+    let (chain, key, roots) = read_files(section, files)?;
+    let roots = roots.unwrap_or_else(RootCertStore::empty);
     let mut config = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| problem(section.to_owned(), e.to_string()))?
