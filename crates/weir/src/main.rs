@@ -222,7 +222,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(EXIT_BAD_CONFIG);
                 }
             };
-            weir::telemetry::init(&cfg.log.level);
+            weir::telemetry::init(&cfg.log.level, cfg.log.format);
             match weir::app::run_until_signal(cfg) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

@@ -1,11 +1,24 @@
 //! Logging: `tracing` to stderr, filtered by the config's `[log] level`
-//! (overridden by `RUST_LOG` when set).
+//! (overridden by `RUST_LOG` when set), as text or JSON lines
+//! (`log.format`). Under systemd (journald's `JOURNAL_STREAM` is set) text
+//! lines carry no timestamp or colours, which journald adds or does not
+//! want, and start with a syslog priority (`<3>` error ... `<7>` debug), so
+//! `journalctl -p warning` works.
 
+use std::fmt;
+
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::EnvFilter;
 
-/// Installs the global subscriber; a second call is a no-op.
-pub fn init(level: &str) {
-    let filter = EnvFilter::try_from_default_env()
+use crate::config::LogFormat;
+
+/// The filter: the config's level (or `RUST_LOG`), with the noise of
+/// dependencies turned down.
+fn filter(level: &str) -> EnvFilter {
+    EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(level))
         .unwrap_or_else(|_| EnvFilter::new("info"))
         // lapin logs every returned message with its whole body at warn;
@@ -15,15 +28,66 @@ pub fn init(level: &str) {
                 .parse()
                 .expect("a valid directive"),
         )
+        // lapin gives up its own connection recovery with an ERROR
+        // ("backoff attempts exhausted") on every broker restart; weir
+        // reconnects itself and logs the outage at the level it deserves.
+        .add_directive("lapin::io_loop=off".parse().expect("a valid directive"))
         // rustls warns of every client that sends an IP address as its
         // server name (mosquitto_pub does, for `-h 10.0.0.7`), once per
         // connection; failed handshakes are logged by weir itself.
-        .add_directive("rustls::msgs=error".parse().expect("a valid directive"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+        .add_directive("rustls::msgs=error".parse().expect("a valid directive"))
+}
+
+/// Whether stderr goes to journald (systemd sets `JOURNAL_STREAM`).
+fn under_journald() -> bool {
+    std::env::var_os("JOURNAL_STREAM").is_some()
+}
+
+/// Text lines with a syslog priority prefix, for journald.
+struct Journald<F>(F);
+
+impl<S, N, F> FormatEvent<S, N> for Journald<F>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let priority = match *event.metadata().level() {
+            Level::ERROR => 3,
+            Level::WARN => 4,
+            Level::INFO => 6,
+            Level::DEBUG | Level::TRACE => 7,
+        };
+        write!(writer, "<{priority}>")?;
+        self.0.format_event(ctx, writer, event)
+    }
+}
+
+/// Installs the global subscriber; a second call is a no-op.
+pub fn init(level: &str, format: LogFormat) {
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter(level))
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Text if under_journald() => builder
+            .with_ansi(false)
+            .event_format(Journald(
+                tracing_subscriber::fmt::format()
+                    .without_time()
+                    .with_ansi(false),
+            ))
+            .try_init(),
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+    };
 }
 
 /// How often the same refusal (a failed handshake from one address, a peer

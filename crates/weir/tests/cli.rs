@@ -255,3 +255,77 @@ fn probe_link_measures_the_emulated_uplink_with_empty_batches() {
         assert!(batch.records.is_empty());
     }
 }
+
+/// Runs weir with `log` (the `[log]` table) and `env` until it is up, stops
+/// it with SIGTERM, and returns its stderr.
+fn run_and_log(name: &str, log: &str, env: &[(&str, &str)]) -> String {
+    let dir = tmp(name);
+    let file = write_config(
+        &dir,
+        "weir.toml",
+        &format!(
+            "{GRPC_ONLY}\n{}\n[log]\n{log}\n",
+            file_egress(&dir.join("out"))
+        ),
+    );
+    let mut child = Command::new(WEIR)
+        .args(["run", "--config", file.to_str().unwrap()])
+        .env_remove("RUST_LOG")
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until_catching_sigterm(&mut child);
+    sigterm(child.id());
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "exit {status}: {err}");
+    err
+}
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let err = run_and_log("cli-log-json", "format = \"json\"", &[]);
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(lines.len() >= 3, "{err}");
+    let mut started = false;
+    for line in lines {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+        assert!(
+            v["level"].is_string() && v["timestamp"].is_string(),
+            "{line}"
+        );
+        started |= v["message"] == "weir started" && v["node"] == 1;
+    }
+    assert!(started, "{err}");
+}
+
+#[test]
+fn under_journald_text_lines_carry_priorities_and_no_timestamps() {
+    let err = run_and_log(
+        "cli-log-journald",
+        "format = \"text\"",
+        &[("JOURNAL_STREAM", "8:12345")],
+    );
+    for line in err.lines() {
+        assert!(
+            ["<3>", "<4>", "<6>", "<7>"]
+                .iter()
+                .any(|p| line.starts_with(p)),
+            "{line:?}"
+        );
+        assert!(!line.contains("\u{1b}["), "no colours: {line:?}");
+        assert!(!line[3..].starts_with("20"), "no timestamp: {line:?}");
+    }
+    assert!(
+        err.contains("<6> INFO weir::app: weir started")
+            || err.contains("<6>INFO weir::app: weir started")
+            || err
+                .lines()
+                .any(|l| l.starts_with("<6>") && l.contains("weir started")),
+        "{err}"
+    );
+}

@@ -15,7 +15,7 @@ pub use super::ingress::{
     MQTT_BROKER, MQTT_LISTEN, MQTT_MAX_PACKET_LIMIT, MQTT_MAX_PACKET_SIZE, MQTT_MODE, MQTT_QOS,
     MQTT_TLS_LISTEN, MQTT_TOPICS, QOS0_WHEN_FULL,
 };
-pub use super::log::LOG_LEVEL;
+pub use super::log::{LOG_FORMAT, LOG_LEVEL};
 pub use super::node::{NODE_ID, NODE_NAME};
 pub use super::peering::{PEER_DEAD_AFTER, PEER_HEARTBEAT, PEER_LEASE};
 pub use super::scheduler::{

@@ -1,9 +1,24 @@
-//! `[log]`: the `tracing` filter weir logs with, as written, its default,
-//! checked, and its validation.
+//! `[log]`: the `tracing` filter weir logs with and the line format, as
+//! written, their defaults, checked, and their validation.
 
 use serde::Deserialize;
 
+use super::named::named_enum;
 use super::problems::Problems;
+
+named_enum! {
+    /// How log lines are written.
+    pub enum LogFormat {
+        /// Human-readable lines (under systemd: without timestamps or
+        /// colours, with a syslog priority prefix journald reads).
+        Text = "text",
+        /// One JSON object per line (log shippers).
+        Json = "json",
+    }
+}
+
+/// Lines for people; JSON is one key away for shippers.
+pub const LOG_FORMAT: LogFormat = LogFormat::Text;
 
 /// Operators want to see connections and errors, not every record.
 pub const LOG_LEVEL: &str = "info";
@@ -13,6 +28,7 @@ pub const LOG_LEVEL: &str = "info";
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawLog {
     pub level: Option<String>,
+    pub format: Option<String>,
 }
 
 /// `[log]`
@@ -21,6 +37,8 @@ pub struct LogConfig {
     /// A `tracing` filter: a level (`info`) or comma-separated
     /// `target=level` directives, each level checked.
     pub level: String,
+    /// Text or JSON lines.
+    pub format: LogFormat,
 }
 
 /// The levels `tracing` knows, lowest verbosity first.
@@ -49,5 +67,12 @@ pub(crate) fn log(p: &mut Problems, raw: RawLog) -> Option<LogConfig> {
             );
         }
     }
-    (p.len() == before).then_some(LogConfig { level })
+    let format = p.choice("log.format", "format", raw.format, LOG_FORMAT);
+    if p.len() != before {
+        return None;
+    }
+    Some(LogConfig {
+        level,
+        format: format?,
+    })
 }

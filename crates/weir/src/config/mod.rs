@@ -74,7 +74,7 @@ pub use ingress::{
     BrokerAddr, GrpcAuth, GrpcIngress, IngressConfig, MqttAuth, MqttIngress, MqttLimits,
     MqttListen, MqttMode, MqttSubscribe, MqttTls, Qos0WhenFull, SubscribeQos,
 };
-pub use log::LogConfig;
+pub use log::{LogConfig, LogFormat};
 pub use node::NodeConfig;
 pub use peering::{PeerConfig, PeeringConfig};
 pub use problems::Problem;
