@@ -15,6 +15,8 @@ command -v rabbitmq-server >/dev/null || need+=(rabbitmq-server)
 # The TLS tests make their certificates with openssl, as an operator would.
 command -v openssl >/dev/null || need+=(openssl)
 command -v curl >/dev/null || need+=(curl)
+# The unit file test runs `systemd-analyze verify`.
+command -v systemd-analyze >/dev/null || need+=(systemd)
 if [ ${#need[@]} -gt 0 ]; then
   echo "services: installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -26,7 +26,7 @@ use crate::handoff::LinkReady;
 use crate::ingress;
 use crate::intake::Intake;
 use crate::metrics::Metrics;
-use crate::security::{GrpcSecurity, MqttSecurity};
+use crate::security::{GrpcSecurity, MqttSecurity, Refresh};
 use crate::spool::{SequenceLease, Spool};
 
 /// Batches between the scheduler and the egress: at most one per free slot
@@ -69,6 +69,7 @@ pub struct App {
     listeners: TaskTracker,
     scheduler: JoinHandle<()>,
     egress: JoinHandle<()>,
+    watched: Vec<Arc<dyn Refresh>>,
 }
 
 /// Why weir could not start or run.
@@ -355,6 +356,7 @@ impl App {
             track_uplink: cfg.scheduler.track_uplink,
             mix_classes: cfg.scheduler.mix_classes,
         };
+        let heart = crate::systemd::Heartbeat::default();
         let scheduler = tokio::spawn(crate::scheduler::run(
             params,
             seed,
@@ -368,9 +370,14 @@ impl App {
             ready,
             scheduler_stop,
             abort.clone(),
+            heart.clone(),
         ));
 
         let listeners = TaskTracker::new();
+        listeners.spawn(crate::systemd::watchdog(heart, stop.clone()));
+        // Certificate, key, password, ACL and token files in force,
+        // refreshed when they change (and on SIGHUP).
+        let mut watched: Vec<Arc<dyn Refresh>> = Vec::new();
         let (mut mqtt_addr, mut mqtt_tls_addr) = (None, None);
         if let Some(m) = &cfg.ingress.mqtt {
             match &m.mode {
@@ -390,10 +397,7 @@ impl App {
                     }
                     announce_mqtt_auth(l);
                     let security = mqtt_security.clone().expect("loaded for listen mode");
-                    listeners.spawn(crate::security::watch::watch(
-                        security.watched(),
-                        stop.clone(),
-                    ));
+                    watched.extend(security.watched());
                     listeners.spawn(ingress::mqtt::listen::serve_secured(
                         bound,
                         m.clone(),
@@ -417,10 +421,7 @@ impl App {
             let (l, local) = bind(g.listen, "gRPC", "ingress.grpc.listen").await?;
             grpc_addr = Some(local);
             let security = grpc_security.clone().expect("loaded when gRPC is on");
-            listeners.spawn(crate::security::watch::watch(
-                security.watched(),
-                stop.clone(),
-            ));
+            watched.extend(security.watched());
             let (g, ing, stop) = (g.clone(), Arc::clone(&ingress), stop.clone());
             listeners.spawn(async move {
                 if let Err(e) = ingress::grpc::serve_secured(l, g, security, ing, stop).await {
@@ -435,10 +436,7 @@ impl App {
             let (m, stop) = (Arc::clone(&metrics), stop.clone());
             let tls = admin_tls.clone();
             if let Some(tls) = &tls {
-                listeners.spawn(crate::security::watch::watch(
-                    vec![tls.clone()],
-                    stop.clone(),
-                ));
+                watched.push(tls.clone());
             }
             listeners.spawn(async move {
                 let served = match tls {
@@ -460,6 +458,10 @@ impl App {
             )?),
             None => None,
         };
+        if let Some(p) = &peering {
+            watched.extend(p.watched());
+        }
+        listeners.spawn(crate::security::watch::watch(watched.clone(), stop.clone()));
         listeners.close();
         tracing::info!(
             node = cfg.node.id,
@@ -483,7 +485,18 @@ impl App {
             listeners,
             scheduler,
             egress,
+            watched,
         })
+    }
+
+    /// Re-reads every certificate, key, password, ACL and token file now
+    /// (SIGHUP) rather than at the next look; a file that does not load
+    /// leaves its previous version in force. Returns how many changed.
+    pub async fn refresh_files(&self) -> usize {
+        let items = self.watched.clone();
+        tokio::task::spawn_blocking(move || items.iter().filter(|i| i.refresh()).count())
+            .await
+            .unwrap_or(0)
     }
 
     /// A token that, when cancelled, starts the same shutdown as
@@ -613,12 +626,38 @@ pub fn run_until_signal(cfg: Config) -> Result<(), AppError> {
                 what: "install the SIGTERM handler",
                 source,
             })?;
-        // Cancel safety: every branch only waits for an event.
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = app.stopped() => {}
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .map_err(|source| AppError::Runtime {
+                what: "install the SIGHUP handler",
+                source,
+            })?;
+        // Every listener is bound, the egress connects (or retries) on its
+        // own, and the signals weir handles are caught: ready.
+        crate::systemd::ready();
+        loop {
+            // Cancel safety: every branch only waits for an event.
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {
+                    tracing::info!("SIGINT: shutting down");
+                    break;
+                }
+                _ = term.recv() => {
+                    tracing::info!("SIGTERM: shutting down");
+                    break;
+                }
+                _ = hup.recv() => {
+                    // Re-reading the config file itself is not built yet
+                    // (issue 15); the files it names are.
+                    let changed = app.refresh_files().await;
+                    tracing::info!(
+                        changed,
+                        "SIGHUP: certificate, key, password, ACL and token files re-read; the config file itself is read only at start"
+                    );
+                }
+                _ = app.stopped() => break,
+            }
         }
+        crate::systemd::stopping();
         let left = app.shutdown(drain).await;
         if left.lost.is_empty() {
             Ok(())

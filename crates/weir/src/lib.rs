@@ -22,7 +22,8 @@
 //! - [`security`]: TLS certificates, password and ACL files, read at start
 //!   and again when they change.
 //! - [`metrics`]: Prometheus metrics; [`admin`] serves them over HTTP.
-//! - [`telemetry`] sets up logging.
+//! - [`telemetry`] sets up logging; [`systemd`] readiness and the
+//!   watchdog.
 
 // Hot-path refusals hand the record back by value (STYLE: never boxed); a
 // `Record` with its spool index is over clippy's 128-byte threshold.
@@ -43,4 +44,5 @@ pub mod peer;
 pub mod scheduler;
 pub mod security;
 pub mod spool;
+pub mod systemd;
 pub mod telemetry;

@@ -45,6 +45,7 @@ pub async fn run(
     ready: LinkReady,
     stop: CancellationToken,
     abort: CancellationToken,
+    heart: crate::systemd::Heartbeat,
 ) {
     let queues = Arc::clone(intake.queues());
     let metrics = Arc::clone(intake.metrics());
@@ -67,10 +68,13 @@ pub async fn run(
 
     publish(&mut core, feedback.peer.as_ref(), &metrics);
     loop {
+        heart.beat();
         if !link_free {
             // Cancel safety: `acquire` is cancel safe; a permit is only
             // consumed (forgotten) once held.
             tokio::select! {
+                // Waiting for the link (an outage) is alive, not stuck.
+                _ = tokio::time::sleep(crate::systemd::BEAT_EVERY) => continue,
                 permit = ready.acquire() => match permit {
                     Ok(p) => {
                         p.forget();

@@ -326,3 +326,80 @@ fn under_journald_text_lines_carry_priorities_and_no_timestamps() {
         "{err}"
     );
 }
+
+#[test]
+fn tells_systemd_it_is_ready_and_feeds_the_watchdog() {
+    let dir = tmp("cli-notify");
+    // What systemd does for Type=notify with WatchdogSec: a datagram socket
+    // in NOTIFY_SOCKET, the period in WATCHDOG_USEC.
+    let path = dir.join("notify.sock");
+    let socket = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    socket
+        .set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    let file = write_config(
+        &dir,
+        "weir.toml",
+        &format!("{GRPC_ONLY}\n{}\n", file_egress(&dir.join("out"))),
+    );
+    let mut child = Command::new(WEIR)
+        .args(["run", "--config", file.to_str().unwrap()])
+        .env("NOTIFY_SOCKET", &path)
+        .env("WATCHDOG_USEC", "400000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let next = || {
+        let mut buf = [0u8; 256];
+        let n = socket.recv(&mut buf).expect("a notification");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    assert_eq!(next(), "READY=1\n");
+    for _ in 0..3 {
+        assert_eq!(next(), "WATCHDOG=1\n", "fed while the scheduler runs");
+    }
+    // `systemctl reload` (ExecReload): SIGHUP re-reads files, and weir
+    // stays up.
+    let hup = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    for _ in 0..2 {
+        assert_eq!(next(), "WATCHDOG=1\n", "still running after SIGHUP");
+    }
+    assert!(child.try_wait().unwrap().is_none());
+    sigterm(child.id());
+    let mut stopping = false;
+    for _ in 0..10 {
+        if next() == "STOPPING=1\n" {
+            stopping = true;
+            break;
+        }
+    }
+    assert!(stopping, "says it is stopping");
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn the_systemd_unit_verifies() {
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../contrib/systemd/weir.service"
+    ))
+    .unwrap();
+    // The unit names the installed binary; verify it against this build.
+    let dir = tmp("cli-unit");
+    let path = dir.join("weir.service");
+    std::fs::write(&path, unit.replace("/usr/bin/weir", WEIR)).unwrap();
+    let out = Command::new("systemd-analyze")
+        .args(["verify", path.to_str().unwrap()])
+        .output()
+        .expect("run systemd-analyze (install systemd: scripts/services.sh)");
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

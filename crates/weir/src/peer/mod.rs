@@ -213,12 +213,6 @@ impl Peering {
             .collect::<Result<Vec<_>, _>>()?;
 
         let tasks = TaskTracker::new();
-        if let Some(security) = &node.security {
-            tasks.spawn(crate::security::watch::watch(
-                security.watched(),
-                node.stop.clone(),
-            ));
-        }
         tasks.spawn(service::serve(
             self.listener,
             Arc::clone(&node),
@@ -258,6 +252,17 @@ impl Peering {
 pub struct PeeringHandle {
     node: Arc<Node>,
     addr: SocketAddr,
+}
+
+impl PeeringHandle {
+    /// `[peering.tls]`'s files, to refresh when they change.
+    pub fn watched(&self) -> Vec<Arc<dyn crate::security::Refresh>> {
+        self.node
+            .security
+            .as_ref()
+            .map(|s| s.watched())
+            .unwrap_or_default()
+    }
 }
 
 /// What a node's peering holds at one moment (for tests, the lab and logs).
