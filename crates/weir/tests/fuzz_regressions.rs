@@ -1,5 +1,6 @@
 //! Replays every input under `fuzz/regressions/<target>/` (crashes the
-//! fuzzers found, kept once fixed) and `fuzz/seeds/<target>/` through the
+//! fuzzers found, kept once fixed), `fuzz/seeds/<target>/` and the
+//! minimised corpus `fuzz/corpus/<target>/` through the
 //! entry points the fuzz targets call (`scripts/fuzz.sh`), so a fixed crash
 //! stays fixed without a nightly toolchain.
 
@@ -28,8 +29,9 @@ fn inputs(dir: &str, target: &str) -> Vec<(String, Vec<u8>)> {
 
 fn replay(target: &str, run: impl Fn(&[u8])) -> usize {
     let mut n = 0;
-    for dir in ["regressions", "seeds"] {
+    for dir in ["regressions", "seeds", "corpus"] {
         for (name, data) in inputs(dir, target) {
+            // Shown only when a replay fails: the input that did it.
             eprintln!("{target}: {name}");
             run(&data);
             n += 1;
