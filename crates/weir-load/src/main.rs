@@ -54,6 +54,7 @@ mod cli;
 mod latency;
 mod mqtt;
 mod pacer;
+mod pki;
 mod print;
 mod recovery;
 mod report;

@@ -14,12 +14,12 @@ use crate::amqp::{Body, Consumer};
 use crate::child::Weir;
 use crate::cli::{Pacing, ThroughputArgs};
 use crate::mqtt::{connections, run_publishers, MqttLoad};
+use crate::pki::Pki;
 use crate::report::{machine_info, CpuReport, Percentiles, ThroughputReport, TimelinePoint};
 use crate::run::{egress_cycles, wait_consumed, LINGER, PRIMING_RECORDS, SAMPLE_EVERY};
 use crate::sample::{hwm_kib, rss_kib, Snapshot};
 use crate::shared::{unique, Counters, Env};
 use crate::stamp::{payload_kind, unix_us_at, STAMP};
-use crate::tls::Pki;
 
 pub async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<ThroughputReport> {
     ensure!(a.size >= STAMP, "--size must be at least {STAMP} bytes");

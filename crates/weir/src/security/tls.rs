@@ -99,6 +99,18 @@ fn read_files(
     }
 }
 
+/// The key does not belong to the certificate (or rustls refused the pair).
+fn mismatch(section: &str, files: &TlsFiles, e: rustls::Error) -> Vec<Problem> {
+    problem(
+        format!("{section}.keyfile"),
+        format!(
+            "{} does not go with {}: {e}",
+            files.keyfile.display(),
+            files.certfile.display()
+        ),
+    )
+}
+
 /// A server configuration from `files`; `section` (e.g.
 /// `ingress.mqtt.tls`) names the keys in problems. `alpn`: protocols to
 /// offer (`h2` for gRPC).
@@ -129,16 +141,9 @@ pub fn server_config(
             builder.with_client_cert_verifier(verifier)
         }
     };
-    let mut config = builder.with_single_cert(chain, key).map_err(|e| {
-        problem(
-            format!("{section}.keyfile"),
-            format!(
-                "{} does not go with {}: {e}",
-                files.keyfile.display(),
-                files.certfile.display()
-            ),
-        )
-    })?;
+    let mut config = builder
+        .with_single_cert(chain, key)
+        .map_err(|e| mismatch(section, files, e))?;
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(config)
 }
@@ -266,16 +271,7 @@ pub fn client_config(
         .map_err(|e| problem(section.to_owned(), e.to_string()))?
         .with_root_certificates(roots)
         .with_client_auth_cert(chain, key)
-        .map_err(|e| {
-            problem(
-                format!("{section}.keyfile"),
-                format!(
-                    "{} does not go with {}: {e}",
-                    files.keyfile.display(),
-                    files.certfile.display()
-                ),
-            )
-        })?;
+        .map_err(|e| mismatch(section, files, e))?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(config)
 }
