@@ -58,25 +58,35 @@ where
         let peer = req
             .extensions()
             .get::<TcpConnectInfo>()
-            .and_then(TcpConnectInfo::remote_addr);
+            .and_then(TcpConnectInfo::remote_addr)
+            .or_else(|| {
+                req.extensions()
+                    .get::<tonic::transport::server::TlsConnectInfo<TcpConnectInfo>>()
+                    .and_then(|i| i.get_ref().remote_addr())
+            });
         // A cheap reference-counted clone, kept only to name the method in logs.
         let uri = req.uri().clone();
         let metrics = self.metrics.clone();
         let response = self.inner.call(req);
         Box::pin(async move {
             let response = response.await?;
-            let code = response
-                .headers()
-                .get("grpc-status")
-                .map(|v| Code::from_bytes(v.as_bytes()));
-            if let Some(code @ (Code::Internal | Code::OutOfRange | Code::Unimplemented)) = code {
+            // tonic's own reading of the trailers-only status: the code,
+            // and the message percent-decoded (as the client will see it).
+            let status = tonic::Status::from_header_map(response.headers());
+            if let Some(status) = status.filter(|s| {
+                matches!(
+                    s.code(),
+                    Code::Internal | Code::OutOfRange | Code::Unimplemented
+                )
+            }) {
                 metrics.protocol_errors.inc();
-                let message = response
-                    .headers()
-                    .get("grpc-message")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("");
-                warn!(peer = ?peer, method = uri.path(), ?code, message, "gRPC request refused");
+                warn!(
+                    peer = ?peer,
+                    method = uri.path(),
+                    code = ?status.code(),
+                    message = status.message(),
+                    "gRPC request refused"
+                );
             }
             Ok(response)
         })
