@@ -217,10 +217,10 @@ impl Config {
     }
 }
 
-/// A spooled class's ring has one slot per this many bytes of
-/// `spool.window_bytes` (16,384 slots for the default 8 MiB): enough for
-/// records of 512 bytes and more to fill the window; smaller records keep
-/// fewer bytes in memory, the rest waits on disk.
+/// A spooled class holds in memory at most one record per this many bytes
+/// of `spool.window_bytes` (16,384 records for the default 8 MiB): enough
+/// for records of 512 bytes and more to fill the window; smaller records
+/// keep fewer bytes in memory, the rest waits on disk.
 pub const SPOOL_WINDOW_BYTES_PER_SLOT: u64 = 512;
 
 /// Checks `raw`, returning the config or every problem found.
