@@ -125,6 +125,28 @@ struct PeerService {
     streams: TaskTracker,
 }
 
+/// Refuses a call whose `claimed` node id is not the one its certificate
+/// proves (`proven`; `None` without TLS).
+fn check_claim(node: &Node, proven: Option<NodeId>, claimed: NodeId) -> Result<(), Status> {
+    match proven {
+        Some(proven) if proven != claimed => Err(impostor(
+            node,
+            format!("the certificate of node {proven} was used to speak as node {claimed}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// PERMISSION_DENIED for a peer that is not who it says, logged and
+/// counted before anything moves.
+fn impostor(node: &Node, why: String) -> Status {
+    node.metrics().impostors.inc();
+    if crate::telemetry::first_in_a_while(&why) {
+        warn!(reason = %why, "peer call refused: identity not proven (repeats counted in weir_peer_identity_refused_total, logged once a minute)");
+    }
+    Status::permission_denied(why)
+}
+
 fn shutting_down() -> Status {
     Status::unavailable("this node is shutting down; redirect elsewhere")
 }
@@ -159,31 +181,11 @@ impl PeerService {
             .and_then(|certs| certs.first().and_then(tls::node_id));
         match id {
             Some(id) => Ok(Some(id)),
-            None => Err(self.impostor(
+            None => Err(impostor(
+                &self.node,
                 "the peer's certificate names no node: it needs exactly one subjectAltName DNS:<id>.node.weir".into(),
             )),
         }
-    }
-
-    /// Refuses a call whose `claimed` node id is not the one its
-    /// certificate proves.
-    fn check_claim(&self, caller: Option<NodeId>, claimed: NodeId) -> Result<(), Status> {
-        match caller {
-            Some(proven) if proven != claimed => Err(self.impostor(format!(
-                "the certificate of node {proven} was used to speak as node {claimed}"
-            ))),
-            _ => Ok(()),
-        }
-    }
-
-    /// PERMISSION_DENIED for a peer that is not who it says, logged and
-    /// counted before anything moves.
-    fn impostor(&self, why: String) -> Status {
-        self.node.metrics().impostors.inc();
-        if crate::telemetry::first_in_a_while(&why) {
-            warn!(reason = %why, "peer call refused: identity not proven (repeats counted in weir_peer_identity_refused_total, logged once a minute)");
-        }
-        Status::permission_denied(why)
     }
 
     fn check_peer(&self, id: NodeId) -> Result<(), Status> {
@@ -210,7 +212,7 @@ impl Peer for PeerService {
             .into_inner()
             .state
             .ok_or_else(|| Status::invalid_argument("HeartbeatRequest carries no state"))?;
-        self.check_claim(caller, state.node)?;
+        check_claim(&self.node, caller, state.node)?;
         self.node.hear(state, None)?;
         Ok(Response::new(HeartbeatReply {
             state: Some(self.node.state()),
@@ -224,7 +226,7 @@ impl Peer for PeerService {
         self.check_alive().await?;
         let caller = self.caller(&request)?;
         let req = request.into_inner();
-        self.check_claim(caller, req.receiver)?;
+        check_claim(&self.node, caller, req.receiver)?;
         self.check_peer(req.receiver)?;
         let class = self.node.class_of(&req.class).ok_or_else(|| {
             Status::invalid_argument(format!(
@@ -394,16 +396,7 @@ impl ForwardTask {
                         }
                         next = inbound.message(), if reading => match next {
                             Ok(Some(req)) => {
-                                if let Some(proven) = self.caller.filter(|&c| c != req.receiver) {
-                                    node.metrics().impostors.inc();
-                                    if crate::telemetry::first_in_a_while(&format!("forward {proven} as {}", req.receiver)) {
-                                        warn!(proven, claimed = req.receiver, "forward refused: identity not proven");
-                                    }
-                                    return Err(Status::permission_denied(format!(
-                                        "the certificate of node {proven} was used to forward as node {}",
-                                        req.receiver
-                                    )));
-                                }
+                                check_claim(node, self.caller, req.receiver)?;
                                 if !node.is_peer(req.receiver) {
                                     return Err(Status::failed_precondition(format!(
                                         "node {} is not in peering.peers of node {}",

@@ -472,6 +472,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         client_id: &str,
         login: Option<(String, String)>,
     ) -> Result<(), Ending> {
+        // Whether a password hash is to be computed: decided on the same
+        // credentials the check will see.
+        let costly = self.gate.costly(&Credentials {
+            username: login
+                .as_ref()
+                .map(|(u, _)| u.as_str())
+                .filter(|u| !u.is_empty()),
+            certificate_name: self.certificate_name.as_deref(),
+            ..Credentials::default()
+        });
         let gate = self.gate.clone();
         let certificate_name = self.certificate_name.clone();
         let client_id = client_id.to_owned();
@@ -490,14 +500,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                 certificate_name: certificate_name.as_deref(),
             };
             gate.admit(&credentials)
-        };
-        let costly = {
-            let probe = Credentials {
-                username: Some(""),
-                certificate_name: self.certificate_name.as_deref(),
-                ..Credentials::default()
-            };
-            self.gate.costly(&probe)
         };
         let outcome = if costly {
             tokio::task::spawn_blocking(decide)
@@ -579,14 +581,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
 
     async fn publish(&mut self, publish: InPublish) -> Result<(), Ending> {
         check_topic(&publish)?;
-        // Checked UTF-8 above.
-        let topic = std::str::from_utf8(&publish.topic).unwrap_or_default();
-        if !self.admitted.may_publish(topic) {
+        // Only with an ACL file is there anything to check (the topic was
+        // checked as UTF-8 above).
+        let denied = self.admitted.acl.as_ref().is_some_and(|acl| {
+            !acl.may_publish(std::str::from_utf8(&publish.topic).unwrap_or_default())
+        });
+        if denied {
             self.ingress
                 .metrics()
                 .security
                 .publish_denied(self.admitted.username.as_deref());
-            debug!(topic, "PUBLISH refused by the ACL: not queued");
+            debug!(topic = ?publish.topic, "PUBLISH refused by the ACL: not queued");
             // MQTT 5 says so in the acknowledgement; MQTT 3.1.1 cannot, so
             // the publish is acknowledged and dropped, as Mosquitto does.
             match publish.qos {
