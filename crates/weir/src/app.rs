@@ -131,6 +131,19 @@ pub enum AppError {
     },
 }
 
+impl AppError {
+    /// The config problems behind this error, when it is one: a file the
+    /// config names (certificate, key, password, ACL, token) that cannot be
+    /// used.
+    pub fn config_problems(&self) -> Option<&[crate::config::Problem]> {
+        match self {
+            AppError::Security { problems }
+            | AppError::Peering(crate::peer::PeerError::Tls { problems }) => Some(problems),
+            _ => None,
+        }
+    }
+}
+
 /// Says at start-up who may connect over MQTT, as Mosquitto 2.0 does.
 fn announce_mqtt_auth(l: &MqttListen) {
     let addrs: Vec<SocketAddr> = l

@@ -120,13 +120,19 @@ fn decode(file: &std::path::Path, encoding: Option<String>, max_size: usize) -> 
     Ok(())
 }
 
-/// The config, validated, with the files it names (certificates, keys,
-/// password and ACL files) read and checked too.
+/// The config, validated.
 fn load(path: Option<&PathBuf>) -> Result<Config, ConfigError> {
-    let cfg = match path {
+    match path {
         Some(p) => config::load(p),
         None => config::parse(config::DEFAULT_CONFIG, "<embedded defaults>"),
-    }?;
+    }
+}
+
+/// The config, validated, with the files it names (certificates, keys,
+/// password, ACL and token files) read and checked too; `weir run` reads
+/// them once, as it starts.
+fn load_checked(path: Option<&PathBuf>) -> Result<Config, ConfigError> {
+    let cfg = load(path)?;
     let problems = weir::security::check(&cfg);
     if problems.is_empty() {
         Ok(cfg)
@@ -204,7 +210,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::CheckConfig { file } => match load(Some(&file)) {
+        Command::CheckConfig { file } => match load_checked(Some(&file)) {
             Ok(_) => {
                 println!("{}: ok", file.display());
                 ExitCode::SUCCESS
@@ -225,10 +231,18 @@ fn main() -> ExitCode {
             weir::telemetry::init(&cfg.log.level, cfg.log.format);
             match weir::app::run_until_signal(cfg) {
                 Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("weir: {e:#}");
-                    ExitCode::from(EXIT_RUNTIME)
-                }
+                // A certificate, key, password, ACL or token file that
+                // cannot be used is a config problem, read as weir starts.
+                Err(e) => match e.config_problems() {
+                    Some(problems) => {
+                        report(config.as_ref(), &ConfigError::Invalid(problems.to_vec()));
+                        ExitCode::from(EXIT_BAD_CONFIG)
+                    }
+                    None => {
+                        eprintln!("weir: {e:#}");
+                        ExitCode::from(EXIT_RUNTIME)
+                    }
+                },
             }
         }
     }
