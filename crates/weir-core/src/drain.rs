@@ -144,6 +144,11 @@ impl Drainer {
         self.buckets.rates()
     }
 
+    /// Changes every class bucket's depth (a reload of `burst_bytes`).
+    pub fn set_burst_bytes(&mut self, now: Duration, burst_bytes: f64) {
+        self.buckets.set_burst_bytes(now, burst_bytes);
+    }
+
     /// Changes the batch limits (adaptive batching resizes them).
     pub fn set_limits(&mut self, limits: BatchLimits) {
         self.limits = limits;

@@ -69,8 +69,9 @@ pub struct QueueStats {
 /// One bounded lock-free queue for one latency class.
 pub struct ClassQueue {
     ring: SegQueue<Record>,
-    capacity_records: usize,
-    capacity_bytes: usize,
+    /// Bounds, changed only by a reload ([`ClassQueue::set_capacity`]).
+    capacity_records: AtomicUsize,
+    capacity_bytes: AtomicUsize,
     /// Records reserved or waiting (reserved before the push, so never
     /// below what the ring holds).
     len: CachePadded<AtomicUsize>,
@@ -87,8 +88,8 @@ impl ClassQueue {
     pub fn new(capacity: QueueCapacity) -> Self {
         ClassQueue {
             ring: SegQueue::new(),
-            capacity_records: capacity.records.max(1),
-            capacity_bytes: capacity.bytes.max(1),
+            capacity_records: AtomicUsize::new(capacity.records.max(1)),
+            capacity_bytes: AtomicUsize::new(capacity.bytes.max(1)),
             len: CachePadded::new(AtomicUsize::new(0)),
             bytes: CachePadded::new(AtomicUsize::new(0)),
             arrived_records: CachePadded::new(AtomicU64::new(0)),
@@ -104,12 +105,13 @@ impl ClassQueue {
     /// returned.
     pub fn push(&self, record: Record) -> Result<(), PushError> {
         let size = record.size();
-        if size > self.capacity_bytes {
+        let capacity_bytes = self.capacity_bytes.load(Ordering::Relaxed);
+        if size > capacity_bytes {
             return Err(PushError::Oversized(record));
         }
         let mut current = self.bytes.load(Ordering::Relaxed);
         loop {
-            if current + size > self.capacity_bytes {
+            if current + size > capacity_bytes {
                 self.rejected_full.fetch_add(1, Ordering::Relaxed);
                 return Err(PushError::Full(record));
             }
@@ -123,7 +125,8 @@ impl ClassQueue {
                 Err(seen) => current = seen,
             }
         }
-        if self.len.fetch_add(1, Ordering::AcqRel) >= self.capacity_records {
+        if self.len.fetch_add(1, Ordering::AcqRel) >= self.capacity_records.load(Ordering::Relaxed)
+        {
             self.len.fetch_sub(1, Ordering::AcqRel);
             self.bytes.fetch_sub(size, Ordering::AcqRel);
             self.rejected_full.fetch_add(1, Ordering::Relaxed);
@@ -133,6 +136,16 @@ impl ClassQueue {
         self.arrived_records.fetch_add(1, Ordering::Relaxed);
         self.arrived_bytes.fetch_add(size as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Changes the bounds (a config reload). Records already queued stay,
+    /// even above a lowered bound; new ones wait until the queue is below
+    /// it.
+    pub fn set_capacity(&self, capacity: QueueCapacity) {
+        self.capacity_records
+            .store(capacity.records.max(1), Ordering::Relaxed);
+        self.capacity_bytes
+            .store(capacity.bytes.max(1), Ordering::Relaxed);
     }
 
     /// Dequeues the oldest record, if any.
@@ -163,8 +176,8 @@ impl ClassQueue {
     /// The limits this queue was built with.
     pub fn capacity(&self) -> QueueCapacity {
         QueueCapacity {
-            records: self.capacity_records,
-            bytes: self.capacity_bytes,
+            records: self.capacity_records.load(Ordering::Relaxed),
+            bytes: self.capacity_bytes.load(Ordering::Relaxed),
         }
     }
 
@@ -224,6 +237,15 @@ impl MultiLevelQueue {
             0
         } else {
             class.index()
+        }
+    }
+
+    /// Changes each queue's bounds, in the order [`MultiLevelQueue::new`]
+    /// took them (one for [`MultiLevelQueue::fifo`]); extra entries are
+    /// ignored.
+    pub fn set_capacities(&self, capacities: &[QueueCapacity]) {
+        for (q, c) in self.queues.iter().zip(capacities) {
+            q.set_capacity(*c);
         }
     }
 
@@ -311,6 +333,34 @@ mod tests {
         assert_eq!(q.pop().unwrap().seq, 1);
         q.push(back.into_record()).unwrap();
         assert_eq!(q.len(), 2);
+    }
+
+    #[test]
+    fn a_new_capacity_keeps_what_is_queued_and_bounds_what_comes() {
+        let q = MultiLevelQueue::new(&[QueueCapacity {
+            records: 4,
+            bytes: 1 << 20,
+        }]);
+        for seq in 0..4 {
+            q.push(rec(0, 1, seq, 10)).unwrap();
+        }
+        assert!(q.push(rec(0, 1, 4, 10)).is_err(), "full at 4");
+        q.set_capacities(&[QueueCapacity {
+            records: 2,
+            bytes: 1 << 20,
+        }]);
+        assert_eq!(q.class(ClassId(0)).len(), 4, "nothing dropped");
+        q.class(ClassId(0)).pop().unwrap();
+        q.class(ClassId(0)).pop().unwrap();
+        assert!(q.push(rec(0, 1, 5, 10)).is_err(), "still at the new bound");
+        q.set_capacities(&[QueueCapacity {
+            records: 8,
+            bytes: 1 << 20,
+        }]);
+        for seq in 6..12 {
+            q.push(rec(0, 1, seq, 10)).unwrap();
+        }
+        assert_eq!(q.class(ClassId(0)).capacity().records, 8);
     }
 
     #[test]

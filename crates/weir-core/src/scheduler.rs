@@ -84,11 +84,41 @@ pub struct SchedulerParams {
     pub mix_classes: bool,
 }
 
+/// Why [`Scheduler::reconfigure`] refused new parameters; nothing changed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ReconfigureError {
+    /// The scheme decides the queues' shape (one FIFO or one per class).
+    #[error("the scheme cannot change while running ({from} to {to})")]
+    Scheme {
+        /// The scheme in force.
+        from: Scheme,
+        /// The scheme asked for.
+        to: Scheme,
+    },
+    /// Classes are queues, metrics labels and spool files: their number,
+    /// names and order are fixed while running.
+    #[error("the latency classes' number, names and order cannot change while running")]
+    Classes,
+    /// PBTT refused the new bounds, shares or capacity.
+    #[error(transparent)]
+    Janus(#[from] JanusError),
+}
+
 /// The queues a scheme drains: one per class, or for Native one FIFO as
 /// large as the largest class queue (records and bytes taken separately).
 pub fn queues_for(scheme: Scheme, capacities: &[QueueCapacity]) -> MultiLevelQueue {
+    let queues = capacities_for(scheme, capacities);
+    match scheme.uses_classes() {
+        true => MultiLevelQueue::new(&queues),
+        false => MultiLevelQueue::fifo(queues[0]),
+    }
+}
+
+/// The bounds of the queues [`queues_for`] builds, in its order (for
+/// [`MultiLevelQueue::set_capacities`] on a reload).
+pub fn capacities_for(scheme: Scheme, capacities: &[QueueCapacity]) -> Vec<QueueCapacity> {
     if scheme.uses_classes() {
-        return MultiLevelQueue::new(capacities);
+        return capacities.to_vec();
     }
     let largest = capacities.iter().fold(
         QueueCapacity {
@@ -100,7 +130,7 @@ pub fn queues_for(scheme: Scheme, capacities: &[QueueCapacity]) -> MultiLevelQue
             bytes: acc.bytes.max(c.bytes),
         },
     );
-    MultiLevelQueue::fifo(largest)
+    vec![largest]
 }
 
 /// A batch closed by the scheduler: records grouped by class, most urgent
@@ -327,6 +357,79 @@ impl Scheduler {
             .iter()
             .map(|(_, c)| rider_budget(c.bound, self.capacity, RIDER_FLOOR_BYTES))
             .collect()
+    }
+
+    /// Applies new parameters and class bounds and shares at `now` (a config
+    /// reload), keeping every queued and held record, the token credit
+    /// (up to the new burst depth), the uplink estimate and, when the batch
+    /// limits and references are unchanged, the learned batch fits. PBTT
+    /// restarts from the new bounds at the `C_out` in force (tracked) or
+    /// configured, and the next window comes a full new window from `now`.
+    /// The scheme and the classes' names and order cannot change.
+    pub fn reconfigure(
+        &mut self,
+        now: Duration,
+        params: SchedulerParams,
+        classes: ClassSet,
+    ) -> Result<(), ReconfigureError> {
+        if params.scheme != self.params.scheme {
+            return Err(ReconfigureError::Scheme {
+                from: self.params.scheme,
+                to: params.scheme,
+            });
+        }
+        let same_names = classes.len() == self.classes.len()
+            && classes
+                .iter()
+                .zip(self.classes.iter())
+                .all(|((_, a), (_, b))| a.name == b.name);
+        if !same_names {
+            return Err(ReconfigureError::Classes);
+        }
+        let capacity = if params.track_uplink && self.params.track_uplink {
+            self.capacity
+        } else {
+            params.capacity
+        };
+        let pbtt = match params.scheme.reallocates() {
+            true => Some(Pbtt::new(
+                &classes,
+                PbttConfig {
+                    window: params.window,
+                    processing_delay: params.processing_delay,
+                    capacity,
+                },
+            )?),
+            false => None,
+        };
+        // Checked: from here on nothing can fail.
+        let rates: Vec<f64> = match &pbtt {
+            Some(p) => p.allocation().rates.clone(),
+            None => vec![capacity / self.queue_count as f64; self.queue_count],
+        };
+        self.pbtt = pbtt;
+        self.capacity = capacity;
+        self.drainer.set_burst_bytes(now, params.burst_bytes);
+        self.drainer.set_rates(now, &rates, capacity);
+        self.drainer.set_limits(params.limits);
+        self.drainer.set_mixing(params.mix_classes);
+        let keep_fits = self.planner.is_some()
+            && params.adaptive
+            && params.limits == self.params.limits
+            && params.reference == self.params.reference;
+        if !keep_fits {
+            self.planner = (params.adaptive && self.per_class()).then(|| {
+                Planner::new(classes.len(), params.limits, params.reference.clone())
+            });
+        }
+        self.classes = classes;
+        self.next_window = now + params.window;
+        self.params = params;
+        let budgets = self.rider_budgets();
+        self.drainer.set_rider_budgets(&budgets);
+        self.events.push_back(Event::Rates(rates));
+        self.push_peer_state();
+        Ok(())
     }
 
     /// `C_out` in force, record bytes per second.

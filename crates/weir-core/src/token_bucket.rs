@@ -197,6 +197,14 @@ impl ClassBuckets {
         }
     }
 
+    /// Changes every bucket's depth at `now`, keeping the credit each has
+    /// up to the new depth.
+    pub fn set_burst_bytes(&mut self, now: Duration, burst_bytes: f64) {
+        for bucket in &mut self.buckets {
+            bucket.set_burst_bytes(now, burst_bytes);
+        }
+    }
+
     /// The bucket of class `index`.
     pub fn get_mut(&mut self, index: usize) -> &mut TokenBucket {
         &mut self.buckets[index]

@@ -1,13 +1,16 @@
 //! The admin listener: Prometheus metrics at `/metrics`, liveness at
-//! `/healthz`, over HTTP or, with `[admin.tls]`, HTTPS.
+//! `/healthz`, and `POST /reload` (from loopback addresses only) to reload
+//! the config file, over HTTP or, with `[admin.tls]`, HTTPS.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::http::header;
+use axum::extract::connect_info::Connected;
+use axum::extract::{ConnectInfo, State};
+use axum::serve::IncomingStream;
+use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use futures::StreamExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -16,25 +19,89 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
+use crate::reload::Reloader;
 use crate::security::{tls, Watched};
 
 /// Content type of the Prometheus/OpenMetrics text format.
 const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-async fn metrics(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)], m.render())
+/// What the admin endpoint serves from.
+#[derive(Debug, Clone)]
+pub struct AdminState {
+    /// The metrics rendered at `/metrics`.
+    pub metrics: Arc<Metrics>,
+    /// Reloads for `POST /reload`; none answers 404.
+    pub reloader: Option<Arc<Reloader>>,
+}
+
+async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)], s.metrics.render())
+}
+
+/// `POST /reload`: 200 with the keys applied, 409 with every problem when
+/// refused (the running config stays), 403 from other hosts.
+async fn reload(
+    State(s): State<AdminState>,
+    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
+) -> (StatusCode, String) {
+    if !peer.ip().is_loopback() {
+        return (
+            StatusCode::FORBIDDEN,
+            "reload is accepted from this host (a loopback address) only\n".to_owned(),
+        );
+    }
+    let Some(r) = s.reloader else {
+        return (StatusCode::NOT_FOUND, "no reloads here\n".to_owned());
+    };
+    match r.reload().await {
+        Ok(a) if a.keys.is_empty() => (StatusCode::OK, "reloaded: no change\n".to_owned()),
+        Ok(a) => (
+            StatusCode::OK,
+            format!(
+                "reloaded in {:.1} ms: {}\n",
+                a.took.as_secs_f64() * 1e3,
+                a.keys.join(", ")
+            ),
+        ),
+        Err(e) => (
+            StatusCode::CONFLICT,
+            format!("reload refused, the running config stays:\n{e}\n"),
+        ),
+    }
+}
+
+/// The address a request came from, over either listener.
+#[derive(Debug, Clone, Copy)]
+struct Peer(SocketAddr);
+
+impl Connected<IncomingStream<'_, TcpListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, TcpListener>) -> Self {
+        Peer(*stream.remote_addr())
+    }
+}
+
+impl Connected<IncomingStream<'_, TlsListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Self {
+        Peer(*stream.remote_addr())
+    }
+}
+
+/// The routes, over any listener.
+fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/reload", post(reload))
+        .with_state(state)
 }
 
 /// Serves until `shutdown` fires.
 pub async fn serve(
     listener: TcpListener,
-    metrics_registry: Arc<Metrics>,
+    state: AdminState,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let app = Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .with_state(metrics_registry);
+    let app = router(state).into_make_service_with_connect_info::<Peer>();
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
@@ -45,7 +112,7 @@ pub async fn serve(
 pub async fn serve_tls(
     listener: TcpListener,
     config: Arc<Watched<rustls::ServerConfig>>,
-    metrics_registry: Arc<Metrics>,
+    state: AdminState,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let local = listener.local_addr()?;
@@ -53,13 +120,10 @@ pub async fn serve_tls(
         listener,
         config,
         "admin",
-        metrics_registry.clone(),
+        state.metrics.clone(),
         shutdown.clone(),
     );
-    let app = Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .with_state(metrics_registry);
+    let app = router(state).into_make_service_with_connect_info::<Peer>();
     axum::serve(TlsListener { incoming, local }, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await

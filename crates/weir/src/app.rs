@@ -15,8 +15,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use weir_core::batching::BatchLimits;
-use weir_core::scheduler::{self, OutBatch, SchedulerParams};
+use weir_core::scheduler::{self, OutBatch};
 
 use crate::config::{Config, EgressSink, MqttListen, MqttMode};
 use crate::egress::file::FileSink;
@@ -69,7 +68,7 @@ pub struct App {
     listeners: TaskTracker,
     scheduler: JoinHandle<()>,
     egress: JoinHandle<()>,
-    watched: Vec<Arc<dyn Refresh>>,
+    reloader: Arc<crate::reload::Reloader>,
 }
 
 /// Why weir could not start or run.
@@ -308,6 +307,7 @@ impl App {
         };
         let (link_tx, link_rx) = tokio::sync::watch::channel(link_prior);
         let (delivered_tx, delivered_rx) = mpsc::channel(DELIVERED_CHANNEL);
+        let (compression_tx, compression_rx) = tokio::sync::watch::channel(cfg.compression.clone());
         let ctx = egress::EgressContext {
             node: cfg.node.id,
             classes: cfg.classes.clone(),
@@ -323,7 +323,7 @@ impl App {
                         .map(|s| Arc::new(SpoolRelease(s)) as Arc<dyn egress::DeliveryObserver>),
                 )
                 .collect(),
-            compression: cfg.compression.clone(),
+            compression: compression_rx,
             link_prior,
             link: link_tx,
             metrics: Arc::clone(&metrics),
@@ -354,21 +354,8 @@ impl App {
             .as_ref()
             .map_or_else(|| stop.clone(), |p| p.scheduler_stop());
 
-        let params = SchedulerParams {
-            scheme,
-            window: cfg.scheduler.window,
-            processing_delay: cfg.scheduler.processing_delay,
-            capacity: cfg.scheduler.uplink_bytes_per_sec,
-            burst_bytes: cfg.scheduler.burst_bytes as f64,
-            limits: BatchLimits {
-                max_records: cfg.scheduler.max_batch_records,
-                max_bytes: cfg.scheduler.max_batch_bytes,
-            },
-            adaptive: cfg.batching.adaptive,
-            reference: cfg.batching.reference.clone(),
-            track_uplink: cfg.scheduler.track_uplink,
-            mix_classes: cfg.scheduler.mix_classes,
-        };
+        let params = crate::reload::scheduler_params(&cfg);
+        let (reconfigure_tx, reconfigure_rx) = mpsc::channel(1);
         let heart = crate::systemd::Heartbeat::default();
         let scheduler = tokio::spawn(crate::scheduler::run(
             params,
@@ -377,6 +364,7 @@ impl App {
                 link: link_rx,
                 delivered: delivered_rx,
                 peer: peering.as_mut().and_then(|p| p.scheduler_port()),
+                reconfigure: reconfigure_rx,
             },
             Arc::clone(&ingress),
             tx,
@@ -386,6 +374,13 @@ impl App {
             heart.clone(),
         ));
 
+        let reloader = Arc::new(crate::reload::Reloader::new(
+            cfg.clone(),
+            None,
+            Arc::clone(&ingress),
+            reconfigure_tx,
+            compression_tx,
+        ));
         let listeners = TaskTracker::new();
         listeners.spawn(crate::systemd::watchdog(heart, stop.clone()));
         // Certificate, key, password, ACL and token files in force,
@@ -447,14 +442,18 @@ impl App {
             let (l, local) = bind(addr, "the admin endpoint", "admin.listen").await?;
             admin_addr = Some(local);
             let (m, stop) = (Arc::clone(&metrics), stop.clone());
+            let state = crate::admin::AdminState {
+                metrics: m,
+                reloader: Some(Arc::clone(&reloader)),
+            };
             let tls = admin_tls.clone();
             if let Some(tls) = &tls {
                 watched.push(tls.clone());
             }
             listeners.spawn(async move {
                 let served = match tls {
-                    Some(tls) => crate::admin::serve_tls(l, tls, m, stop).await,
-                    None => crate::admin::serve(l, m, stop).await,
+                    Some(tls) => crate::admin::serve_tls(l, tls, state, stop).await,
+                    None => crate::admin::serve(l, state, stop).await,
                 };
                 if let Err(e) = served {
                     tracing::error!(error = %e, "admin endpoint stopped");
@@ -476,6 +475,7 @@ impl App {
         }
         listeners.spawn(crate::security::watch::watch(watched.clone(), stop.clone()));
         listeners.close();
+        reloader.watch(watched);
         tracing::info!(
             node = cfg.node.id,
             scheme = %scheme,
@@ -498,18 +498,20 @@ impl App {
             listeners,
             scheduler,
             egress,
-            watched,
+            reloader,
         })
     }
 
-    /// Re-reads every certificate, key, password, ACL and token file now
-    /// (SIGHUP) rather than at the next look; a file that does not load
-    /// leaves its previous version in force. Returns how many changed.
-    pub async fn refresh_files(&self) -> usize {
-        let items = self.watched.clone();
-        tokio::task::spawn_blocking(move || items.iter().filter(|i| i.refresh()).count())
-            .await
-            .unwrap_or(0)
+    /// Re-reads the certificate, key, password, ACL and token files and the
+    /// config file, and applies the config in place or refuses it whole
+    /// (see [`crate::reload`]).
+    pub async fn reload(&self) -> Result<crate::reload::Applied, crate::reload::ReloadError> {
+        self.reloader.reload().await
+    }
+
+    /// The reloads' entry point.
+    pub fn reloader(&self) -> &Arc<crate::reload::Reloader> {
+        &self.reloader
     }
 
     /// A token that, when cancelled, starts the same shutdown as
@@ -622,7 +624,9 @@ impl egress::DeliveryObserver for SpoolRelease {
 }
 
 /// Runs weir until SIGINT or SIGTERM, then shuts down cleanly.
-pub fn run_until_signal(cfg: Config) -> Result<(), AppError> {
+/// `source` is the file `cfg` was read from (SIGHUP re-reads it); without
+/// one, SIGHUP re-reads only the files the config names.
+pub fn run_until_signal(cfg: Config, source: Option<crate::reload::Source>) -> Result<(), AppError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("weir")
@@ -631,9 +635,11 @@ pub fn run_until_signal(cfg: Config) -> Result<(), AppError> {
             what: "start the async runtime",
             source,
         })?;
-    let drain = cfg.egress.drain_timeout;
     rt.block_on(async {
         let app = App::start(cfg).await?;
+        if let Some(source) = source {
+            app.reloader().set_source(source).await;
+        }
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|source| AppError::Runtime {
                 what: "install the SIGTERM handler",
@@ -659,18 +665,16 @@ pub fn run_until_signal(cfg: Config) -> Result<(), AppError> {
                     break;
                 }
                 _ = hup.recv() => {
-                    // Re-reading the config file itself is not built yet
-                    // (issue 15); the files it names are.
-                    let changed = app.refresh_files().await;
-                    tracing::info!(
-                        changed,
-                        "SIGHUP: certificate, key, password, ACL and token files re-read; the config file itself is read only at start"
-                    );
+                    tracing::info!("SIGHUP: reloading");
+                    // Logged and counted by the reloader, either way.
+                    let _ = app.reload().await;
                 }
                 _ = app.stopped() => break,
             }
         }
         crate::systemd::stopping();
+        // The drain deadline in force (a reload may have changed it).
+        let drain = app.reloader().config().await.egress.drain_timeout;
         let left = app.shutdown(drain).await;
         if left.lost.is_empty() {
             Ok(())

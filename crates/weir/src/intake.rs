@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -94,7 +95,8 @@ pub enum EnqueueError {
 pub struct Intake {
     node: NodeId,
     classes: ClassSet,
-    classifier: Classifier,
+    /// Swapped whole by a config reload; read without a lock.
+    classifier: ArcSwap<Classifier>,
     queues: Arc<MultiLevelQueue>,
     next_seq: Sequence,
     space: Notify,
@@ -122,7 +124,7 @@ impl Intake {
         Intake {
             node,
             classes,
-            classifier,
+            classifier: ArcSwap::from_pointee(classifier),
             queues,
             next_seq: Sequence::Counter(AtomicU64::new(first_seq)),
             space: Notify::new(),
@@ -194,17 +196,24 @@ impl Intake {
         &self.shutdown
     }
 
+    /// Classifies every record from now on with `classifier` (a config
+    /// reload); records already queued keep their class.
+    pub fn set_classifier(&self, classifier: Classifier) {
+        self.classifier.store(Arc::new(classifier));
+    }
+
     /// A new record from MQTT `topic`, classified by topic filter.
     pub fn mqtt_record(&self, topic: Bytes, payload: Bytes) -> Record {
+        let classifier = self.classifier.load();
         let class = std::str::from_utf8(&topic)
-            .map(|t| self.classifier.classify_mqtt(t))
-            .unwrap_or(self.classifier.default_class());
+            .map(|t| classifier.classify_mqtt(t))
+            .unwrap_or(classifier.default_class());
         self.stamp(class, topic, payload)
     }
 
     /// A new record from gRPC stream `stream`, classified by stream name.
     pub fn grpc_record(&self, stream: &str, payload: Bytes) -> Record {
-        let class = self.classifier.classify_grpc(stream);
+        let class = self.classifier.load().classify_grpc(stream);
         self.stamp(class, Bytes::copy_from_slice(stream.as_bytes()), payload)
     }
 

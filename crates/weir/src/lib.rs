@@ -22,6 +22,7 @@
 //! - [`security`]: TLS certificates, password and ACL files, read at start
 //!   and again when they change.
 //! - [`metrics`]: Prometheus metrics; [`admin`] serves them over HTTP.
+//! - [`reload`]: hot reload of the config file (SIGHUP, `POST /reload`).
 //! - [`telemetry`] sets up logging; [`systemd`] readiness and the
 //!   watchdog.
 
@@ -41,6 +42,7 @@ pub mod ingress;
 pub mod intake;
 pub mod metrics;
 pub mod peer;
+pub mod reload;
 pub mod scheduler;
 pub mod security;
 pub mod spool;

@@ -37,6 +37,15 @@ enum Command {
         /// TOML config file.
         file: PathBuf,
     },
+    /// Ask a running weir to reload its config file (POST /reload on its
+    /// admin listener, which must be on): prints what was applied, or every
+    /// problem if the file was refused (exit 1). Without an admin listener,
+    /// send SIGHUP instead (`systemctl reload weir`).
+    Reload {
+        /// The running weir's config file (its admin.listen is used).
+        #[arg(short, long, default_value = "/etc/weir/weir.toml")]
+        config: PathBuf,
+    },
     /// Print the embedded default config (a commented starting point).
     PrintDefaultConfig,
     /// Measure the uplink once: two transfer sizes through the configured
@@ -118,6 +127,61 @@ fn decode(file: &std::path::Path, encoding: Option<String>, max_size: usize) -> 
         )?;
     }
     Ok(())
+}
+
+/// `weir reload`: POST /reload to the admin listener of the weir running
+/// with `path`.
+fn reload(path: &PathBuf) -> ExitCode {
+    use std::io::{Read, Write};
+    let cfg = match load(Some(path)) {
+        Ok(c) => c,
+        Err(e) => {
+            report(Some(path), &e);
+            return ExitCode::from(EXIT_BAD_CONFIG);
+        }
+    };
+    let Some(mut addr) = cfg.admin.listen else {
+        eprintln!(
+            "weir reload: admin.listen is off in {}; send SIGHUP instead (systemctl reload weir, or kill -HUP <pid>)",
+            path.display()
+        );
+        return ExitCode::from(EXIT_RUNTIME);
+    };
+    if cfg.admin.tls.is_some() {
+        eprintln!("weir reload: the admin listener uses TLS; send SIGHUP instead (systemctl reload weir), or POST https://{addr}/reload");
+        return ExitCode::from(EXIT_RUNTIME);
+    }
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr {
+            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let exchange = || -> std::io::Result<String> {
+        let mut s = std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5))?;
+        s.set_read_timeout(Some(std::time::Duration::from_secs(60)))?;
+        write!(
+            s,
+            "POST /reload HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut answer = String::new();
+        s.read_to_string(&mut answer)?;
+        Ok(answer)
+    };
+    match exchange() {
+        Ok(answer) => {
+            let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+            print!("{body}");
+            match head.split_whitespace().nth(1) {
+                Some("200") => ExitCode::SUCCESS,
+                _ => ExitCode::from(1),
+            }
+        }
+        Err(e) => {
+            eprintln!("weir reload: cannot reach weir's admin listener at {addr} (admin.listen): {e}");
+            ExitCode::from(EXIT_RUNTIME)
+        }
+    }
 }
 
 /// The config, validated.
@@ -220,8 +284,19 @@ fn main() -> ExitCode {
                 ExitCode::from(EXIT_BAD_CONFIG)
             }
         },
+        Command::Reload { config } => reload(&config),
         Command::Run { config } => {
-            let cfg = match load(config.as_ref()) {
+            let loaded = match &config {
+                Some(path) => config::load_text(path).map(|(c, text)| {
+                    let source = weir::reload::Source {
+                        path: path.clone(),
+                        text,
+                    };
+                    (c, Some(source))
+                }),
+                None => load(None).map(|c| (c, None)),
+            };
+            let (cfg, source) = match loaded {
                 Ok(c) => c,
                 Err(e) => {
                     report(config.as_ref(), &e);
@@ -229,7 +304,7 @@ fn main() -> ExitCode {
                 }
             };
             weir::telemetry::init(&cfg.log.level, cfg.log.format);
-            match weir::app::run_until_signal(cfg) {
+            match weir::app::run_until_signal(cfg, source) {
                 Ok(()) => ExitCode::SUCCESS,
                 // A certificate, key, password, ACL or token file that
                 // cannot be used is a config problem, read as weir starts.

@@ -13,7 +13,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use weir_core::link_estimate::LinkEstimate;
 use weir_core::scheduler::{
-    Delivered, Event, OutBatch, Poll, Scheduler, SchedulerParams, SchedulerWarning,
+    Delivered, Event, OutBatch, Poll, ReconfigureError, Scheduler, SchedulerParams,
+    SchedulerWarning,
 };
 
 use crate::clock::unix_micros;
@@ -29,6 +30,26 @@ pub struct Feedback {
     pub delivered: mpsc::Receiver<Delivered>,
     /// Peering, when configured.
     pub peer: Option<PeerPort>,
+    /// New parameters from a config reload.
+    pub reconfigure: mpsc::Receiver<Reconfigure>,
+}
+
+/// New scheduler parameters and class bounds (a config reload), and where
+/// to say whether they were applied.
+#[derive(Debug)]
+pub struct Reconfigure {
+    /// The parameters.
+    pub params: SchedulerParams,
+    /// The classes, with their new bounds and shares (same names).
+    pub classes: weir_core::ClassSet,
+    /// The core's answer.
+    pub done: tokio::sync::oneshot::Sender<Result<(), ReconfigureError>>,
+}
+
+/// Applies a reload in the core and answers it.
+fn reconfigure(core: &mut Scheduler, now: Duration, r: Reconfigure) {
+    let result = core.reconfigure(now, r.params, r.classes);
+    let _ = r.done.send(result);
 }
 
 /// Runs until `stop` fires and the queues are empty, or until `abort` fires.
@@ -75,6 +96,11 @@ pub async fn run(
             tokio::select! {
                 // Waiting for the link (an outage) is alive, not stuck.
                 _ = tokio::time::sleep(crate::systemd::BEAT_EVERY) => continue,
+                Some(r) = feedback.reconfigure.recv() => {
+                    reconfigure(&mut core, now(), r);
+                    publish(&mut core, feedback.peer.as_ref(), &metrics);
+                    continue;
+                }
                 permit = ready.acquire() => match permit {
                     Ok(p) => {
                         p.forget();
@@ -90,6 +116,9 @@ pub async fn run(
         }
         while let Ok(d) = feedback.delivered.try_recv() {
             core.handle_delivered(d);
+        }
+        while let Ok(r) = feedback.reconfigure.try_recv() {
+            reconfigure(&mut core, now(), r);
         }
         if let Some(port) = feedback.peer.as_mut() {
             while let Ok(grant) = port.shifts.try_recv() {
@@ -121,6 +150,7 @@ pub async fn run(
                 tokio::select! {
                     _ = tokio::time::sleep_until(at(until)) => {}
                     _ = intake.arrived() => {}
+                    Some(r) = feedback.reconfigure.recv() => reconfigure(&mut core, now(), r),
                     _ = abort.cancelled() => {
                         report_abandoned(&intake, &[], &mut core);
                         return;
@@ -136,6 +166,7 @@ pub async fn run(
                 tokio::select! {
                     _ = intake.arrived() => {}
                     _ = tokio::time::sleep_until(at(core.poll_timeout())) => {}
+                    Some(r) = feedback.reconfigure.recv() => reconfigure(&mut core, now(), r),
                     _ = stop.cancelled(), if !stopping => {
                         stopping = true;
                     }

@@ -69,25 +69,53 @@ where
     }
 }
 
+/// Installs a new filter in the running subscriber (a reload of
+/// `log.level`).
+type SetFilter = Box<dyn Fn(EnvFilter) -> Result<(), String> + Send + Sync>;
+
+/// The running subscriber's filter switch, once [`init`] has installed it.
+static SET_FILTER: std::sync::OnceLock<SetFilter> = std::sync::OnceLock::new();
+
 /// Installs the global subscriber; a second call is a no-op.
 pub fn init(level: &str, format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter(level))
         .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        LogFormat::Text if under_journald() => builder
-            .with_ansi(false)
-            .event_format(Journald(
+    macro_rules! install {
+        ($b:expr) => {{
+            let b = $b.with_filter_reloading();
+            let handle = b.reload_handle();
+            if b.try_init().is_ok() {
+                let _ = SET_FILTER.set(Box::new(move |f| {
+                    handle.reload(f).map_err(|e| e.to_string())
+                }));
+            }
+        }};
+    }
+    match format {
+        LogFormat::Json => install!(builder.json().flatten_event(true)),
+        LogFormat::Text if under_journald() => install!(builder.with_ansi(false).event_format(
+            Journald(
                 tracing_subscriber::fmt::format()
                     .without_time()
                     .with_ansi(false),
-            ))
-            .try_init(),
-        LogFormat::Text => builder
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .try_init(),
-    };
+            )
+        )),
+        LogFormat::Text => {
+            install!(builder.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())))
+        }
+    }
+}
+
+/// Switches the running log filter to `level` (still overridden by
+/// `RUST_LOG` when set). Without an installed subscriber (tests, the
+/// library used on its own) there is nothing to switch.
+pub fn set_level(level: &str) {
+    if let Some(set) = SET_FILTER.get() {
+        if let Err(e) = set(filter(level)) {
+            tracing::warn!(error = %e, "log.level not applied");
+        }
+    }
 }
 
 /// How often the same refusal (a failed handshake from one address, a peer

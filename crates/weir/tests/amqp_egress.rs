@@ -373,7 +373,7 @@ fn spawn_run(
         ready: Arc::new(tokio::sync::Semaphore::new(0)),
         delivered: None,
         observers: Vec::new(),
-        compression: cfg.compression.clone(),
+        compression: watch::channel(cfg.compression.clone()).1,
         link_prior,
         link: watch::channel(link_prior).0,
         metrics: metrics.clone(),

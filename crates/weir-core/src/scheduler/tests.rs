@@ -531,3 +531,105 @@ proptest! {
         prop_assert!(worst <= ls_bound, "an ls record took {:?} (bound {:?})", worst, ls_bound);
     }
 }
+
+#[test]
+fn reconfigure_keeps_every_record_and_installs_the_new_rates() {
+    let p = params(Scheme::QmOnly);
+    let classes = ClassSet::janus_default();
+    let q = queues(&classes, p.scheme);
+    let mut s = scheduler(p.clone(), &q);
+    let mut sent = Vec::new();
+    for i in 0..300 {
+        q.push(record((i % 3) as usize, i, 200, Duration::ZERO))
+            .unwrap();
+    }
+    // Some records leave the queues (one batch), some are held as heads.
+    if let Poll::Batch(b) = s.poll_batch(MS, wall(MS), &q) {
+        sent.extend(b.records.iter().map(|r| r.seq));
+    }
+    let mut wider = ClassSet::janus_default().iter().map(|(_, c)| c.clone()).collect::<Vec<_>>();
+    wider[0].bound = MS * 50;
+    wider[2].min_share = 0.25;
+    let new = SchedulerParams {
+        capacity: 2e6,
+        track_uplink: false,
+        window: MS * 250,
+        ..p
+    };
+    events(&mut s);
+    s.reconfigure(MS * 2, new, ClassSet::new(wider).unwrap())
+        .unwrap();
+    let rates = s.rates();
+    assert!(
+        (rates.iter().sum::<f64>() - 2e6).abs() < 1.0,
+        "the new capacity is shared out: {rates:?}"
+    );
+    assert!(rates[2] >= 0.25 * 2e6 - 1.0, "lt's min_share: {rates:?}");
+    assert!(matches!(&events(&mut s)[..], [Event::Rates(r)] if *r == rates));
+    assert_eq!(s.poll_timeout(), MS * 252, "a full new window from now");
+    let mut now = MS * 2;
+    while sent.len() < 300 {
+        now += MS * 10;
+        s.poll_window(now, &q, 0);
+        while let Poll::Batch(b) = s.poll_batch(now, wall(now), &q) {
+            sent.extend(b.records.iter().map(|r| r.seq));
+        }
+        assert!(now < Duration::from_secs(60), "records stuck: {}", sent.len());
+    }
+    sent.sort_unstable();
+    assert_eq!(sent, (0..300).collect::<Vec<_>>(), "each record once");
+}
+
+#[test]
+fn reconfigure_refuses_a_new_scheme_or_new_class_names_and_changes_nothing() {
+    let p = params(Scheme::Janus(Matcher::Pmrfs));
+    let q = queues(&ClassSet::janus_default(), p.scheme);
+    let mut s = scheduler(p.clone(), &q);
+    let before = s.rates();
+    events(&mut s);
+    let native = SchedulerParams {
+        scheme: Scheme::QmOnly,
+        capacity: 5e6,
+        ..p.clone()
+    };
+    assert_eq!(
+        s.reconfigure(MS, native, ClassSet::janus_default()),
+        Err(ReconfigureError::Scheme {
+            from: Scheme::Janus(Matcher::Pmrfs),
+            to: Scheme::QmOnly
+        })
+    );
+    let renamed = ClassSet::new(vec![
+        crate::class::LatencyClass::new("urgent", MS * 100),
+        crate::class::LatencyClass::new("nm", MS * 500),
+        crate::class::LatencyClass::new("lt", MS * 1000),
+    ])
+    .unwrap();
+    let wider = SchedulerParams {
+        capacity: 5e6,
+        track_uplink: false,
+        ..p
+    };
+    assert_eq!(
+        s.reconfigure(MS, wider, renamed),
+        Err(ReconfigureError::Classes)
+    );
+    assert_eq!(s.rates(), before);
+    assert!(events(&mut s).is_empty());
+    assert_eq!(s.poll_timeout(), MS * 100);
+}
+
+#[test]
+fn a_tracked_capacity_survives_a_reconfigure() {
+    let p = params(Scheme::QmOnly);
+    let q = queues(&ClassSet::janus_default(), p.scheme);
+    let mut s = scheduler(p.clone(), &q);
+    s.handle_link_estimate(link(3e6, MS * 10));
+    assert!(s.poll_window(MS * 100, &q, 0));
+    assert!((s.capacity() - 3e6).abs() < 1.0);
+    s.reconfigure(MS * 101, p, ClassSet::janus_default()).unwrap();
+    assert!(
+        (s.capacity() - 3e6).abs() < 1.0,
+        "the measured C_out stays, not the configured prior"
+    );
+}

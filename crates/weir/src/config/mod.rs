@@ -49,6 +49,7 @@ mod named;
 mod node;
 mod peering;
 mod problems;
+pub mod reload;
 mod scheduler;
 mod spool;
 mod tls;
@@ -101,11 +102,18 @@ pub const DEFAULT_CONFIG: &str = include_str!("../../../../config/default.toml")
 
 /// Reads and validates the config file at `path`.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    load_text(path).map(|(config, _)| config)
+}
+
+/// [`load`], with the text it read (a reload compares texts to name the
+/// keys that changed).
+pub fn load_text(path: &Path) -> Result<(Config, String), ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
         path: path.to_owned(),
         source,
     })?;
-    parse(&text, &path.display().to_string())
+    let config = parse(&text, &path.display().to_string())?;
+    Ok((config, text))
 }
 
 /// Parses and validates config `text`; `origin` (a file name, or something

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use weir_core::link_estimate::LinkEstimator;
@@ -39,8 +39,9 @@ pub struct EgressContext {
     /// Told the records of every confirmed batch (peering's delivery
     /// acknowledgements, the spool's releases).
     pub observers: Vec<Arc<dyn DeliveryObserver>>,
-    /// Compression settings.
-    pub compression: crate::config::CompressionSection,
+    /// Compression settings; a change (a config reload) applies from the
+    /// next batch on, with the chooser's measurements started afresh.
+    pub compression: watch::Receiver<crate::config::CompressionSection>,
     /// The uplink estimate weir starts from (configured uplink and
     /// transaction time).
     pub link_prior: weir_core::link_estimate::LinkEstimate,
@@ -100,14 +101,14 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
         ready,
         delivered,
         observers,
-        compression,
+        mut compression,
         link_prior,
         link,
         metrics,
         retry_max,
         abort,
     } = ctx;
-    let mut compressor = compress::BatchCompressor::new(&compression);
+    let mut compressor = compress::BatchCompressor::new(&compression.borrow_and_update());
     let mut estimator = match LinkEstimator::new(link_prior) {
         Ok(e) => Some(e),
         Err(e) => {
@@ -244,6 +245,9 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                 let mut encoded = encode(node, &classes, &batch);
                 let runs = batch.class_runs();
                 let raw_bytes = encoded.body.len();
+                if compression.has_changed().unwrap_or(false) {
+                    compressor = compress::BatchCompressor::new(&compression.borrow_and_update());
+                }
                 if compressor.enabled() {
                     let kind = compressor.kind(&classes, &batch);
                     let estimate = *link.borrow();
@@ -332,6 +336,9 @@ fn confirmed(
     for o in observers {
         o.delivered(&done.batch.records);
     }
+    metrics
+        .latency
+        .delivered(&done.batch.records, crate::clock::unix_micros());
     metrics.batches_confirmed.inc();
     metrics.egress_bytes.inc_by(encoded.body.len() as u64);
     for &(class, records, _) in &done.runs {
@@ -436,10 +443,11 @@ mod tests {
             ready: Arc::clone(&ready),
             delivered: None,
             observers: vec![releases.clone() as Arc<dyn DeliveryObserver>],
-            compression: crate::config::CompressionSection {
+            compression: watch::channel(crate::config::CompressionSection {
                 enabled: false,
                 ..cfg.compression.clone()
-            },
+            })
+            .1,
             link_prior: prior,
             link: watch::channel(prior).0,
             metrics: Arc::new(Metrics::new(&cfg.classes)),

@@ -7,6 +7,7 @@
 //! (`weir_peer_*`); [`labels`] the label sets both use.
 
 pub mod labels;
+pub mod latency;
 pub mod peer;
 pub mod security;
 pub mod spool;
@@ -23,6 +24,7 @@ use weir_core::link_estimate::LinkEstimate;
 use weir_core::{ClassId, ClassSet};
 
 pub use labels::{ClassLabel, CodecLabel};
+pub use latency::LatencyMetrics;
 pub use peer::{PeerMetrics, RefusalLabel};
 pub use security::SecurityMetrics;
 pub use spool::{DropReason, SpoolMetrics};
@@ -58,6 +60,8 @@ pub struct Metrics {
     pub spool: SpoolMetrics,
     /// Authentication, ACLs and TLS.
     pub security: SecurityMetrics,
+    /// Latency against each class's bound, and config reloads.
+    pub latency: LatencyMetrics,
     /// Run before each rendering, to bring gauges up to date.
     refresh: std::sync::Mutex<Vec<Refresh>>,
 }
@@ -101,6 +105,7 @@ impl Metrics {
             peer: PeerMetrics::new(classes),
             spool: SpoolMetrics::new(classes),
             security: SecurityMetrics::default(),
+            latency: LatencyMetrics::new(classes),
             refresh: std::sync::Mutex::new(Vec::new()),
             registry: Registry::with_prefix("weir"),
         };
@@ -192,6 +197,7 @@ impl Metrics {
         m.peer.register(&mut m.registry);
         m.spool.register(&mut m.registry);
         m.security.register(&mut m.registry);
+        m.latency.register(&mut m.registry);
         m
     }
 
