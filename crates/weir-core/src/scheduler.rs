@@ -418,9 +418,8 @@ impl Scheduler {
             && params.limits == self.params.limits
             && params.reference == self.params.reference;
         if !keep_fits {
-            self.planner = (params.adaptive && self.per_class()).then(|| {
-                Planner::new(classes.len(), params.limits, params.reference.clone())
-            });
+            self.planner = (params.adaptive && self.per_class())
+                .then(|| Planner::new(classes.len(), params.limits, params.reference.clone()));
         }
         self.classes = classes;
         self.next_window = now + params.window;

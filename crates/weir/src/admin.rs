@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use axum::extract::connect_info::Connected;
 use axum::extract::{ConnectInfo, State};
-use axum::serve::IncomingStream;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
+use axum::serve::IncomingStream;
 use axum::Router;
 use futures::StreamExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -35,7 +35,10 @@ pub struct AdminState {
 }
 
 async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)], s.metrics.render())
+    (
+        [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)],
+        s.metrics.render(),
+    )
 }
 
 /// `POST /reload`: 200 with the keys applied, 409 with every problem when

@@ -626,7 +626,10 @@ impl egress::DeliveryObserver for SpoolRelease {
 /// Runs weir until SIGINT or SIGTERM, then shuts down cleanly.
 /// `source` is the file `cfg` was read from (SIGHUP re-reads it); without
 /// one, SIGHUP re-reads only the files the config names.
-pub fn run_until_signal(cfg: Config, source: Option<crate::reload::Source>) -> Result<(), AppError> {
+pub fn run_until_signal(
+    cfg: Config,
+    source: Option<crate::reload::Source>,
+) -> Result<(), AppError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("weir")

@@ -178,7 +178,9 @@ fn reload(path: &PathBuf) -> ExitCode {
             }
         }
         Err(e) => {
-            eprintln!("weir reload: cannot reach weir's admin listener at {addr} (admin.listen): {e}");
+            eprintln!(
+                "weir reload: cannot reach weir's admin listener at {addr} (admin.listen): {e}"
+            );
             ExitCode::from(EXIT_RUNTIME)
         }
     }

@@ -157,11 +157,16 @@ impl Reloader {
     pub async fn reload(&self) -> Result<Applied, ReloadError> {
         let changed = self.refresh_files().await;
         if changed > 0 {
-            tracing::info!(changed, "certificate, key, password, ACL or token files re-read");
+            tracing::info!(
+                changed,
+                "certificate, key, password, ACL or token files re-read"
+            );
         }
         let result = self.try_reload().await;
         if let Err(ReloadError::NoFile) = result {
-            tracing::info!("no config file (embedded defaults): only the files it names were re-read");
+            tracing::info!(
+                "no config file (embedded defaults): only the files it names were re-read"
+            );
             return result;
         }
         self.metrics.latency.reload(result.is_ok());
@@ -174,9 +179,7 @@ impl Reloader {
                 took_ms = a.took.as_secs_f64() * 1e3,
                 "config reloaded"
             ),
-            Err(e) => tracing::error!(
-                "config reload refused, the running config stays:\n{e}"
-            ),
+            Err(e) => tracing::error!("config reload refused, the running config stays:\n{e}"),
         }
         result
     }
@@ -189,8 +192,7 @@ impl Reloader {
         };
         let started = Instant::now();
         let (new, text) = config::load_text(&source.path)?;
-        let problems =
-            config::reload::restart_needed(&running.config, &source.text, &new, &text);
+        let problems = config::reload::restart_needed(&running.config, &source.text, &new, &text);
         if !problems.is_empty() {
             return Err(ReloadError::Restart(problems));
         }

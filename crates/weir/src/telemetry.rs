@@ -94,13 +94,13 @@ pub fn init(level: &str, format: LogFormat) {
     }
     match format {
         LogFormat::Json => install!(builder.json().flatten_event(true)),
-        LogFormat::Text if under_journald() => install!(builder.with_ansi(false).event_format(
-            Journald(
+        LogFormat::Text if under_journald() => {
+            install!(builder.with_ansi(false).event_format(Journald(
                 tracing_subscriber::fmt::format()
                     .without_time()
                     .with_ansi(false),
-            )
-        )),
+            )))
+        }
         LogFormat::Text => {
             install!(builder.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())))
         }

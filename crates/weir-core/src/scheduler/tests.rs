@@ -547,7 +547,10 @@ fn reconfigure_keeps_every_record_and_installs_the_new_rates() {
     if let Poll::Batch(b) = s.poll_batch(MS, wall(MS), &q) {
         sent.extend(b.records.iter().map(|r| r.seq));
     }
-    let mut wider = ClassSet::janus_default().iter().map(|(_, c)| c.clone()).collect::<Vec<_>>();
+    let mut wider = ClassSet::janus_default()
+        .iter()
+        .map(|(_, c)| c.clone())
+        .collect::<Vec<_>>();
     wider[0].bound = MS * 50;
     wider[2].min_share = 0.25;
     let new = SchedulerParams {
@@ -574,7 +577,11 @@ fn reconfigure_keeps_every_record_and_installs_the_new_rates() {
         while let Poll::Batch(b) = s.poll_batch(now, wall(now), &q) {
             sent.extend(b.records.iter().map(|r| r.seq));
         }
-        assert!(now < Duration::from_secs(60), "records stuck: {}", sent.len());
+        assert!(
+            now < Duration::from_secs(60),
+            "records stuck: {}",
+            sent.len()
+        );
     }
     sent.sort_unstable();
     assert_eq!(sent, (0..300).collect::<Vec<_>>(), "each record once");
@@ -627,7 +634,8 @@ fn a_tracked_capacity_survives_a_reconfigure() {
     s.handle_link_estimate(link(3e6, MS * 10));
     assert!(s.poll_window(MS * 100, &q, 0));
     assert!((s.capacity() - 3e6).abs() < 1.0);
-    s.reconfigure(MS * 101, p, ClassSet::janus_default()).unwrap();
+    s.reconfigure(MS * 101, p, ClassSet::janus_default())
+        .unwrap();
     assert!(
         (s.capacity() - 3e6).abs() < 1.0,
         "the measured C_out stays, not the configured prior"

@@ -31,7 +31,8 @@ const RELOADABLE: &[&str] = &[
 const NOT_RELOADABLE: &[&str] = &["scheduler.scheme", "scheduler.transaction_time"];
 
 /// Keys of a `[[class]]` entry a reload applies in place.
-const RELOADABLE_CLASS_KEYS: &[&str] = &["bound", "min_share", "capacity_records", "capacity_bytes"];
+const RELOADABLE_CLASS_KEYS: &[&str] =
+    &["bound", "min_share", "capacity_records", "capacity_bytes"];
 
 /// Why a changed key needs a restart.
 const RESTART: &str =
@@ -259,15 +260,20 @@ listen = "127.0.0.1:1883"
 
     #[test]
     fn the_scheme_and_durability_need_a_restart() {
-        let new = format!("{BASE}\n[scheduler]\nscheme = \"native\"\n")
-            .replace("bound = \"500ms\"", "bound = \"500ms\"\ndurability = \"spool\"");
+        let new = format!("{BASE}\n[scheduler]\nscheme = \"native\"\n").replace(
+            "bound = \"500ms\"",
+            "bound = \"500ms\"\ndurability = \"spool\"",
+        );
         let paths: Vec<String> = check(&new).into_iter().map(|p| p.path).collect();
         assert_eq!(paths, vec!["class[1].durability", "scheduler.scheme"]);
     }
 
     #[test]
     fn keys_are_named_across_arrays_of_tables_and_added_sections() {
-        let keys = changed_keys(BASE, &format!("{BASE}\n[admin]\nlisten = \"127.0.0.1:9100\"\n"));
+        let keys = changed_keys(
+            BASE,
+            &format!("{BASE}\n[admin]\nlisten = \"127.0.0.1:9100\"\n"),
+        );
         assert_eq!(keys, vec!["admin.listen"]);
         let keys = changed_keys(BASE, &BASE.replace("plant/+/alarm", "x"));
         assert_eq!(keys, vec!["classify.route[0].mqtt"]);

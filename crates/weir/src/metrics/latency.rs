@@ -19,7 +19,7 @@ use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 use weir_core::{ClassId, ClassSet, Record};
 
-use super::ClassLabel;
+use super::labels::ClassLabel;
 
 /// Upper bounds of the latency buckets, seconds: fine around the usual
 /// bounds (50 ms to 1 s) so a p99 read from them lands near the truth.
@@ -144,10 +144,7 @@ impl LatencyMetrics {
 
     /// The bounds in force (at start, and after a reload).
     pub fn set_bounds(&self, classes: &ClassSet) {
-        for ((_, c), (us, l)) in classes
-            .iter()
-            .zip(self.bounds_us.iter().zip(&self.names))
-        {
+        for ((_, c), (us, l)) in classes.iter().zip(self.bounds_us.iter().zip(&self.names)) {
             us.store(c.bound.as_micros() as u64, Ordering::Relaxed);
             self.bound.get_or_create(l).set(c.bound.as_secs_f64());
         }
