@@ -472,6 +472,8 @@ impl App {
         };
         if let Some(p) = &peering {
             watched.extend(p.watched());
+            let p = p.clone();
+            metrics.on_render(move |_| p.publish_adverts());
         }
         listeners.spawn(crate::security::watch::watch(watched.clone(), stop.clone()));
         listeners.close();

@@ -23,6 +23,7 @@
 //!   and again when they change.
 //! - [`metrics`]: Prometheus metrics; [`admin`] serves them over HTTP.
 //! - [`reload`]: hot reload of the config file (SIGHUP, `POST /reload`).
+//! - [`top`]: `weir top`, a terminal view of a running weir's metrics.
 //! - [`telemetry`] sets up logging; [`systemd`] readiness and the
 //!   watchdog.
 
@@ -48,3 +49,4 @@ pub mod security;
 pub mod spool;
 pub mod systemd;
 pub mod telemetry;
+pub mod top;

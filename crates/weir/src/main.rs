@@ -46,6 +46,24 @@ enum Command {
         #[arg(short, long, default_value = "/etc/weir/weir.toml")]
         config: PathBuf,
     },
+    /// A live view of a running weir in the terminal (80x24 is enough):
+    /// per class arrivals, queue, token rate, latency p50/p99 against the
+    /// bound and late records; the link, compression and peers. Reads the
+    /// admin listener's /metrics every second. q quits.
+    Top {
+        /// The running weir's config file (its admin.listen is read).
+        #[arg(short, long, default_value = "/etc/weir/weir.toml")]
+        config: PathBuf,
+        /// The admin listener to read, instead of the config's.
+        #[arg(long)]
+        admin: Option<std::net::SocketAddr>,
+        /// Seconds between refreshes.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+        /// Exit after this many refreshes.
+        #[arg(long)]
+        frames: Option<u64>,
+    },
     /// Print the embedded default config (a commented starting point).
     PrintDefaultConfig,
     /// Measure the uplink once: two transfer sizes through the configured
@@ -129,27 +147,58 @@ fn decode(file: &std::path::Path, encoding: Option<String>, max_size: usize) -> 
     Ok(())
 }
 
-/// `weir reload`: POST /reload to the admin listener of the weir running
-/// with `path`.
-fn reload(path: &PathBuf) -> ExitCode {
-    use std::io::{Read, Write};
-    let cfg = match load(Some(path)) {
-        Ok(c) => c,
-        Err(e) => {
-            report(Some(path), &e);
-            return ExitCode::from(EXIT_BAD_CONFIG);
-        }
+/// `weir top`.
+fn top(
+    path: &PathBuf,
+    admin: Option<std::net::SocketAddr>,
+    interval: f64,
+    frames: Option<u64>,
+) -> ExitCode {
+    let addr = match admin {
+        Some(a) => a,
+        None => match admin_addr(path) {
+            Ok(a) => a,
+            Err(code) => return code,
+        },
     };
+    if !(interval.is_finite() && interval >= 0.1) {
+        eprintln!("weir top: --interval must be at least 0.1 (seconds)");
+        return ExitCode::from(EXIT_BAD_CONFIG);
+    }
+    let opts = weir::top::TopOptions {
+        addr,
+        interval: std::time::Duration::from_secs_f64(interval),
+        frames,
+    };
+    match weir::top::run(opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("weir top: {e}");
+            ExitCode::from(EXIT_RUNTIME)
+        }
+    }
+}
+
+/// The plain-HTTP admin address of the weir running with config `path`
+/// (an unspecified address means this host), or the exit code after
+/// saying why there is none.
+fn admin_addr(path: &PathBuf) -> Result<std::net::SocketAddr, ExitCode> {
+    let cfg = load(Some(path)).map_err(|e| {
+        report(Some(path), &e);
+        ExitCode::from(EXIT_BAD_CONFIG)
+    })?;
     let Some(mut addr) = cfg.admin.listen else {
         eprintln!(
-            "weir reload: admin.listen is off in {}; send SIGHUP instead (systemctl reload weir, or kill -HUP <pid>)",
+            "weir: admin.listen is off in {}; turn it on (e.g. \"127.0.0.1:9464\") to use this command",
             path.display()
         );
-        return ExitCode::from(EXIT_RUNTIME);
+        return Err(ExitCode::from(EXIT_RUNTIME));
     };
     if cfg.admin.tls.is_some() {
-        eprintln!("weir reload: the admin listener uses TLS; send SIGHUP instead (systemctl reload weir), or POST https://{addr}/reload");
-        return ExitCode::from(EXIT_RUNTIME);
+        eprintln!(
+            "weir: the admin listener at {addr} uses TLS, which this command does not speak yet"
+        );
+        return Err(ExitCode::from(EXIT_RUNTIME));
     }
     if addr.ip().is_unspecified() {
         addr.set_ip(match addr {
@@ -157,6 +206,22 @@ fn reload(path: &PathBuf) -> ExitCode {
             std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
         });
     }
+    Ok(addr)
+}
+
+/// `weir reload`: POST /reload to the admin listener of the weir running
+/// with `path`.
+fn reload(path: &PathBuf) -> ExitCode {
+    use std::io::{Read, Write};
+    let addr = match admin_addr(path) {
+        Ok(a) => a,
+        Err(code) => {
+            eprintln!(
+                "weir reload: send SIGHUP instead (systemctl reload weir, or kill -HUP <pid>)"
+            );
+            return code;
+        }
+    };
     let exchange = || -> std::io::Result<String> {
         let mut s = std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5))?;
         s.set_read_timeout(Some(std::time::Duration::from_secs(60)))?;
@@ -287,6 +352,12 @@ fn main() -> ExitCode {
             }
         },
         Command::Reload { config } => reload(&config),
+        Command::Top {
+            config,
+            admin,
+            interval,
+            frames,
+        } => top(&config, admin, interval, frames),
         Command::Run { config } => {
             let loaded = match &config {
                 Some(path) => config::load_text(path).map(|(c, text)| {

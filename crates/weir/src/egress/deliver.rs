@@ -341,6 +341,7 @@ fn confirmed(
         .delivered(&done.batch.records, crate::clock::unix_micros());
     metrics.batches_confirmed.inc();
     metrics.egress_bytes.inc_by(encoded.body.len() as u64);
+    metrics.egress_raw_bytes.inc_by(done.raw_bytes as u64);
     for &(class, records, _) in &done.runs {
         metrics.forwarded(class, records as u64);
     }

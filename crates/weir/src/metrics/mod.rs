@@ -47,6 +47,8 @@ pub struct Metrics {
     pub batches_republished: Counter,
     /// Bytes of batch bodies confirmed by the egress.
     pub egress_bytes: Counter,
+    /// The same batches' bytes before compression.
+    pub egress_raw_bytes: Counter,
     /// Malformed or refused ingress connections/requests.
     pub protocol_errors: Counter,
     encoded: Family<CodecLabel, Counter>,
@@ -96,6 +98,7 @@ impl Metrics {
             batches_confirmed: Counter::default(),
             batches_republished: Counter::default(),
             egress_bytes: Counter::default(),
+            egress_raw_bytes: Counter::default(),
             protocol_errors: Counter::default(),
             encoded: Family::default(),
             compression_samples: Counter::default(),
@@ -163,6 +166,11 @@ impl Metrics {
             "egress_bytes",
             "Bytes of batch bodies confirmed by the egress",
             m.egress_bytes.clone(),
+        );
+        m.registry.register(
+            "egress_raw_bytes",
+            "Bytes of the batches confirmed by the egress, before compression (with weir_egress_bytes_total: the compression ratio)",
+            m.egress_raw_bytes.clone(),
         );
         m.registry.register(
             "protocol_errors",

@@ -21,6 +21,13 @@ pub struct RefusalLabel {
     pub reason: String,
 }
 
+/// The `peer` label: a peer's node id.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PeerLabel {
+    /// The peer's `node.id`.
+    pub peer: String,
+}
+
 /// Peering metrics: what was redirected each way, what was refused or
 /// taken back, and the reservations and peers in play.
 pub struct PeerMetrics {
@@ -48,6 +55,9 @@ pub struct PeerMetrics {
     /// Peer calls refused because the caller's certificate did not prove
     /// the node id it spoke as.
     pub impostors: Counter,
+    via: Family<PeerLabel, Counter>,
+    spare: Family<PeerLabel, Gauge<f64, AtomicU64>>,
+    shortage: Family<PeerLabel, Gauge<f64, AtomicU64>>,
 }
 
 impl std::fmt::Debug for PeerMetrics {
@@ -78,7 +88,37 @@ impl PeerMetrics {
             held: Gauge::default(),
             abandoned: Counter::default(),
             impostors: Counter::default(),
+            via: Family::default(),
+            spare: Family::default(),
+            shortage: Family::default(),
         }
+    }
+
+    /// `n` of this node's records a peer acknowledged as delivered.
+    pub fn delivered_via(&self, peer: weir_core::NodeId, n: u64) {
+        self.via
+            .get_or_create(&PeerLabel {
+                peer: peer.to_string(),
+            })
+            .inc_by(n);
+    }
+
+    /// What a peer last advertised: its spare and shortage over all
+    /// classes, bytes/s (`None`: not heard from within `dead_after`, shown
+    /// as zero).
+    pub fn set_advert(&self, peer: weir_core::NodeId, tuple: Option<&[f64]>) {
+        let label = PeerLabel {
+            peer: peer.to_string(),
+        };
+        let finite = |v: &&f64| v.is_finite();
+        let (spare, short) = tuple.map_or((0.0, 0.0), |t| {
+            (
+                t.iter().filter(finite).filter(|v| **v > 0.0).sum(),
+                -t.iter().filter(finite).filter(|v| **v < 0.0).sum::<f64>(),
+            )
+        });
+        self.spare.get_or_create(&label).set(spare);
+        self.shortage.get_or_create(&label).set(short);
     }
 
     /// Registers every metric in `registry` (prefix `weir_` comes from it).
@@ -137,6 +177,21 @@ impl PeerMetrics {
             "peers_alive",
             "Configured peers heard from within dead_after",
             self.peers_alive.clone(),
+        );
+        registry.register(
+            "peer_records_delivered_via",
+            "This node's records a peer acknowledged as delivered, by peer",
+            self.via.clone(),
+        );
+        registry.register(
+            "peer_spare_bytes_per_second",
+            "Spare outbound rate a peer last advertised (0 when not heard from within dead_after)",
+            self.spare.clone(),
+        );
+        registry.register(
+            "peer_shortage_bytes_per_second",
+            "Shortage a peer last advertised (0 when not heard from within dead_after)",
+            self.shortage.clone(),
         );
         registry.register(
             "peer_records_abandoned",

@@ -478,10 +478,15 @@ impl Pump {
                 node.ingress.release(std::slice::from_ref(&r));
             }
         }
+        let mut via = 0;
         for (c, n) in done.into_iter().enumerate() {
             if n > 0 {
                 node.metrics().redirected_out(ClassId(c as u8), n);
+                via += n;
             }
+        }
+        if via > 0 {
+            node.metrics().delivered_via(link.id, via);
         }
         if !forgotten.is_empty() {
             node.deliveries.delivered_keys(forgotten);

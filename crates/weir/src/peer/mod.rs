@@ -297,6 +297,23 @@ impl PeeringHandle {
         self.node.kill.cancel();
     }
 
+    /// Publishes each configured peer's last advert in the metrics
+    /// (called when they are scraped).
+    pub fn publish_adverts(&self) {
+        let now = self.node.now();
+        let view = self.node.view();
+        let alive: std::collections::HashMap<NodeId, Vec<f64>> = view
+            .alive(now)
+            .map(|(id, advert)| (id, advert.tuple.0.clone()))
+            .collect();
+        drop(view);
+        for p in &self.node.cfg.peers {
+            self.node
+                .metrics()
+                .set_advert(p.id, alive.get(&p.id).map(Vec::as_slice));
+        }
+    }
+
     /// The current peers, reservations and leases.
     pub fn status(&self) -> PeeringStatus {
         let now = self.node.now();
