@@ -64,6 +64,18 @@ enum Command {
         #[arg(long)]
         frames: Option<u64>,
     },
+    /// Print shell completions (bash, zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages (weir.1 and one per subcommand), as the
+    /// packages install them, into a directory.
+    #[command(hide = true)]
+    Manpages {
+        /// Where to write them.
+        dir: PathBuf,
+    },
     /// Print the embedded default config (a commented starting point).
     PrintDefaultConfig,
     /// Measure the uplink once: two transfer sizes through the configured
@@ -352,6 +364,21 @@ fn main() -> ExitCode {
             }
         },
         Command::Reload { config } => reload(&config),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "weir", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+        Command::Manpages { dir } => {
+            use clap::CommandFactory;
+            match clap_mangen::generate_to(Cli::command(), &dir) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("weir manpages: {}: {e}", dir.display());
+                    ExitCode::from(EXIT_RUNTIME)
+                }
+            }
+        }
         Command::Top {
             config,
             admin,
