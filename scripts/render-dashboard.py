@@ -52,6 +52,7 @@ def main():
     ap.add_argument("--step", default="2s")
     ap.add_argument("--rate-interval", default="15s")
     ap.add_argument("--out", default="docs/img/dashboard.png")
+    ap.add_argument("--instance", default=".*", help="regex for $instance (the weir node(s) shown)")
     ap.add_argument("--require", default="", help="comma-separated panel titles that must have data")
     a = ap.parse_args()
 
@@ -67,7 +68,7 @@ def main():
         series = 0
         for t in p["targets"]:
             expr = t["expr"].replace("$__rate_interval", a.rate_interval).replace(
-                'instance=~"$instance"', 'instance=~".*"')
+                'instance=~"$instance"', f'instance=~"{a.instance}"')
             for r in query_range(a.prometheus, expr, a.start, a.end, a.step):
                 xs = [float(v[0]) - a.start for v in r["values"]]
                 ys = [float(v[1]) * scale for v in r["values"]]
@@ -94,8 +95,9 @@ def main():
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    fig.suptitle(f"{dash['title']}: {a.dashboard}, from Prometheus ({a.end - a.start:.0f} s)", fontsize=12)
-    fig.tight_layout()
+    fig.suptitle(f"{dash['title']}: {a.dashboard}, instance {a.instance}, from Prometheus "
+                 f"({a.end - a.start:.0f} s)", fontsize=12)
+    fig.tight_layout(rect=(0, 0, 1, 0.98))
     fig.savefig(a.out, dpi=80)
     print(f"wrote {a.out}")
     required = [t for t in a.require.split(",") if t]
