@@ -48,6 +48,10 @@ const DELIVERED_CHANNEL: usize = 256;
 /// `egress.amqp.reconnect_backoff_max`).
 const EGRESS_RETRY_MAX: Duration = Duration::from_secs(5);
 
+/// Most threads for blocking work (spool syncs, password hashing, file
+/// reloads, compression samples).
+const BLOCKING_THREADS: usize = 64;
+
 /// A running weir.
 pub struct App {
     /// Where the plain MQTT listener is bound (listen mode).
@@ -472,6 +476,7 @@ impl App {
         };
         if let Some(p) = &peering {
             watched.extend(p.watched());
+            reloader.set_peering(p.clone());
             let p = p.clone();
             metrics.on_render(move |_| p.publish_adverts());
         }
@@ -632,8 +637,14 @@ pub fn run_until_signal(
     cfg: Config,
     source: Option<crate::reload::Source>,
 ) -> Result<(), AppError> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = cfg.node.workers(cores);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .worker_threads(workers)
+        // Blocking work is file and password-hash work: a few threads at
+        // a time, not tokio's 512.
+        .max_blocking_threads(BLOCKING_THREADS)
         .thread_name("weir")
         .build()
         .map_err(|source| AppError::Runtime {
@@ -641,6 +652,7 @@ pub fn run_until_signal(
             source,
         })?;
     rt.block_on(async {
+        tracing::info!(workers, cores, "async runtime");
         let app = App::start(cfg).await?;
         if let Some(source) = source {
             app.reloader().set_source(source).await;

@@ -3,8 +3,8 @@
 //! can change, without closing a connection or touching a queued record:
 //! routes (the classifier is swapped whole), class bounds and shares (the
 //! scheduler's PBTT restarts from them), queue capacities, the scheduler's
-//! rates and windows, batching, compression, the log level and the drain
-//! deadline. A file that does not validate, or that changes something only
+//! rates and windows, batching, compression, peers, the log level and the
+//! drain deadline. A file that does not validate, or that changes something only
 //! a restart can (see [`crate::config::reload`]), is refused whole with
 //! every problem listed, and the running config stays.
 
@@ -44,6 +44,9 @@ pub enum ReloadError {
     /// The file changes something only a restart can.
     #[error("{}", .0.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("\n"))]
     Restart(Vec<Problem>),
+    /// A new peer cannot be reached as configured.
+    #[error(transparent)]
+    Peers(#[from] crate::peer::PeerError),
     /// The scheduler refused the new bounds or parameters.
     #[error("the scheduler refused the new settings: {0}")]
     Scheduler(#[from] ReconfigureError),
@@ -78,6 +81,8 @@ pub struct Reloader {
     metrics: Arc<Metrics>,
     /// Certificate, key, password, ACL and token files, re-read first.
     watched: std::sync::Mutex<Vec<Arc<dyn Refresh>>>,
+    /// Peering, when on: its peers change in place.
+    peering: std::sync::Mutex<Option<crate::peer::PeeringHandle>>,
 }
 
 impl std::fmt::Debug for Reloader {
@@ -123,7 +128,28 @@ impl Reloader {
             scheduler,
             compression,
             watched: std::sync::Mutex::new(Vec::new()),
+            peering: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Peering, once started: a reload changes its peers.
+    pub fn set_peering(&self, peering: crate::peer::PeeringHandle) {
+        *self.peering.lock().expect("not poisoned") = Some(peering);
+    }
+
+    /// Installs `peers` in the running peering, if any and if they changed.
+    fn apply_peers(&self, old: &Config, new: &Config) -> Result<(), ReloadError> {
+        let (Some(o), Some(n)) = (&old.peering, &new.peering) else {
+            return Ok(());
+        };
+        if o.peers == n.peers {
+            return Ok(());
+        }
+        let peering = self.peering.lock().expect("not poisoned").clone();
+        if let Some(p) = peering {
+            p.set_peers(n.peers.clone())?;
+        }
+        Ok(())
     }
 
     /// The files a reload re-reads before the config.
@@ -197,17 +223,27 @@ impl Reloader {
             return Err(ReloadError::Restart(problems));
         }
         let keys = config::reload::changed_keys(&source.text, &text);
-        // The scheduler first: the one part that can still refuse.
+        // The parts that can still refuse first: the peers (an address a
+        // client cannot be built for), then the scheduler (bounds PBTT
+        // refuses), which puts the old peers back if it refuses.
+        self.apply_peers(&running.config, &new)?;
         let (done, answer) = oneshot::channel();
-        self.scheduler
+        let sent = self
+            .scheduler
             .send(Reconfigure {
                 params: scheduler_params(&new),
                 classes: new.classes.clone(),
                 done,
             })
-            .await
-            .map_err(|_| ReloadError::Stopped)?;
-        answer.await.map_err(|_| ReloadError::Stopped)??;
+            .await;
+        let answered = match sent {
+            Ok(()) => answer.await.map_err(|_| ReloadError::Stopped),
+            Err(_) => Err(ReloadError::Stopped),
+        };
+        if let Err(e) = answered.and_then(|r| r.map_err(ReloadError::from)) {
+            let _ = self.apply_peers(&new, &running.config);
+            return Err(e);
+        }
         self.queues.set_capacities(&capacities_for(
             new.scheduler.scheme,
             &new.memory_capacities(),

@@ -94,6 +94,12 @@ impl PeerView {
             .map(|(&id, h)| (id, &h.advert))
     }
 
+    /// Forgets `peer` (dropped from the configuration): it is no longer
+    /// alive, and its advert is gone.
+    pub fn forget(&mut self, peer: NodeId) {
+        self.peers.remove(&peer);
+    }
+
     /// How many peers are alive at `now`.
     pub fn alive_count(&self, now: Duration) -> usize {
         self.alive(now).count()

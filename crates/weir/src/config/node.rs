@@ -12,12 +12,23 @@ pub const NODE_ID: u64 = 1;
 /// Short and recognisable in logs and metrics when nothing better is given.
 pub const NODE_NAME: &str = "weir";
 
+/// The most async worker threads weir starts by default: a 4-core
+/// Raspberry Pi gets one per core; a bigger box gets no more, since weir's
+/// work is one scheduler and the egress plus ingress, which 4 threads carry
+/// (50k records/s used 0.45 of one core in docs/benchmarks.md), and every
+/// worker costs a stack and an allocator arena.
+pub const MAX_DEFAULT_WORKERS: usize = 4;
+
+/// Most worker threads that can be asked for.
+pub const MAX_WORKERS: u64 = 256;
+
 /// `[node]`
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawNode {
     pub id: Option<u64>,
     pub name: Option<String>,
+    pub worker_threads: Option<u64>,
 }
 
 /// `[node]`
@@ -27,6 +38,17 @@ pub struct NodeConfig {
     pub id: NodeId,
     /// Name for logs and metrics.
     pub name: String,
+    /// Async worker threads; `None`: one per core, at most
+    /// [`MAX_DEFAULT_WORKERS`].
+    pub worker_threads: Option<usize>,
+}
+
+impl NodeConfig {
+    /// The worker threads to start on a machine with `cores` cores.
+    pub fn workers(&self, cores: usize) -> usize {
+        self.worker_threads
+            .unwrap_or_else(|| cores.clamp(1, MAX_DEFAULT_WORKERS))
+    }
 }
 
 /// `[node]` checked, or `None` after recording why.
@@ -43,5 +65,19 @@ pub(crate) fn node(p: &mut Problems, raw: RawNode) -> Option<NodeConfig> {
     if name.trim().is_empty() {
         p.push("node.name", "must not be empty");
     }
-    (p.len() == before).then_some(NodeConfig { id, name })
+    let worker_threads = match raw.worker_threads {
+        Some(n) if n == 0 || n > MAX_WORKERS => {
+            p.push(
+                "node.worker_threads",
+                format!("{n} is not within 1..={MAX_WORKERS}; leave it out for one per core (at most {MAX_DEFAULT_WORKERS})"),
+            );
+            None
+        }
+        n => n.map(|n| n as usize),
+    };
+    (p.len() == before).then_some(NodeConfig {
+        id,
+        name,
+        worker_threads,
+    })
 }

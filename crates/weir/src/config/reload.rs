@@ -3,7 +3,8 @@
 //!
 //! Applied in place: routes (`[classify]`), class bounds, shares and queue
 //! capacities, `[scheduler]` (but its scheme and transaction-time prior),
-//! `[batching]`, `[compression]`, `log.level` and `egress.drain_timeout`.
+//! `[batching]`, `[compression]`, `peering.peers` (when peering is on),
+//! `log.level` and `egress.drain_timeout`.
 //! Everything else (listen addresses, the class list's names and order,
 //! durability, the spool, the egress, peering, security file paths, the
 //! node id, the log format) is wired into tasks, sockets and files as weir
@@ -25,6 +26,7 @@ const RELOADABLE: &[&str] = &[
     "compression",
     "log.level",
     "egress.drain_timeout",
+    "peering.peers",
 ];
 
 /// Keys under [`RELOADABLE`] that still need a restart.
@@ -167,6 +169,9 @@ pub fn in_place(old: &Config, new: &Config) -> Config {
     c.compression = new.compression.clone();
     c.log.level = new.log.level.clone();
     c.egress.drain_timeout = new.egress.drain_timeout;
+    if let (Some(p), Some(n)) = (c.peering.as_mut(), new.peering.as_ref()) {
+        p.peers = n.peers.clone();
+    }
     c
 }
 
@@ -266,6 +271,24 @@ listen = "127.0.0.1:1883"
         );
         let paths: Vec<String> = check(&new).into_iter().map(|p| p.path).collect();
         assert_eq!(paths, vec!["class[1].durability", "scheduler.scheme"]);
+    }
+
+    #[test]
+    fn peers_reload_in_place_but_turning_peering_on_needs_a_restart() {
+        let with = |peers: &str| {
+            format!("{BASE}\n[peering]\nlisten = \"127.0.0.1:7070\"\npeers = [{peers}]\n")
+        };
+        let old = with("{ id = 2, addr = \"127.0.0.1:7071\" }");
+        let new = with("{ id = 3, addr = \"127.0.0.1:7072\" }");
+        assert_eq!(
+            restart_needed(&parse(&old), &old, &parse(&new), &new),
+            vec![]
+        );
+        let paths: Vec<String> = restart_needed(&parse(BASE), BASE, &parse(&new), &new)
+            .into_iter()
+            .map(|p| p.path)
+            .collect();
+        assert_eq!(paths, vec!["peering.listen"]);
     }
 
     #[test]

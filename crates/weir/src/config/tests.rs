@@ -1002,3 +1002,15 @@ fn grpc_tokens_allow_lists_and_tls_are_checked() {
     )
     .unwrap();
 }
+
+#[test]
+fn worker_threads_default_to_one_per_core_at_most_four() {
+    let c = parse("", "t").unwrap();
+    assert_eq!(c.node.workers(2), 2);
+    assert_eq!(c.node.workers(4), 4);
+    assert_eq!(c.node.workers(64), 4);
+    let c = parse("[node]\nworker_threads = 8\n", "t").unwrap();
+    assert_eq!(c.node.workers(2), 8);
+    let ps = problems("[node]\nworker_threads = 0\n");
+    assert_problem(&ps, "node.worker_threads", "not within 1..=256");
+}

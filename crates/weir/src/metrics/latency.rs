@@ -139,6 +139,12 @@ impl LatencyMetrics {
             let _ = m.latency.get_or_create(l);
             let _ = m.late.get_or_create(l);
         }
+        for result in ["applied", "refused"] {
+            // So that `increase()` sees the first reload of each kind.
+            let _ = m.reloads.get_or_create(&ResultLabel {
+                result: result.to_owned(),
+            });
+        }
         m
     }
 

@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Streaming;
 use tracing::{debug, info, warn};
@@ -30,10 +31,13 @@ use crate::config::{PeerConfig, PeeringConfig};
 /// One configured peer and a client for it (the channel connects lazily
 /// and reconnects by itself).
 #[derive(Debug, Clone)]
-pub(super) struct Link {
-    id: NodeId,
-    addr: String,
+pub struct Link {
+    pub(super) id: NodeId,
+    pub(super) addr: String,
     client: PeerClient<Channel>,
+    /// Fired when a reload drops this peer (or changes its address): its
+    /// tasks end, taking back what they lent it.
+    pub(super) gone: CancellationToken,
 }
 
 impl Link {
@@ -68,6 +72,7 @@ impl Link {
             id: peer.id,
             addr,
             client,
+            gone: CancellationToken::new(),
         })
     }
 }
@@ -123,6 +128,7 @@ pub(super) async fn heartbeats(node: Arc<Node>, link: Link) {
             _ = until_period(node.cfg.heartbeat, Duration::ZERO) => {}
             _ = node.stop.cancelled() => return,
             _ = node.kill.cancelled() => return,
+            _ = link.gone.cancelled() => return,
         }
         let request = HeartbeatRequest {
             state: Some(node.state()),
@@ -160,7 +166,7 @@ pub(super) async fn heartbeats(node: Arc<Node>, link: Link) {
 /// peers' as heard), Reserves for what the matching gives this node
 /// (leases it holds renewed first: `first_asks`), and one more Reserve per
 /// provider with room for what was refused (`spill_asks`).
-pub(super) async fn rounds(node: Arc<Node>, links: Vec<Link>) {
+pub(super) async fn rounds(node: Arc<Node>, links: watch::Receiver<Vec<Link>>) {
     let mut alive: BTreeSet<NodeId> = BTreeSet::new();
     loop {
         // Cancel safety: every branch only waits.
@@ -195,6 +201,8 @@ pub(super) async fn rounds(node: Arc<Node>, links: Vec<Link>) {
         if grants.is_empty() {
             continue;
         }
+        // The peers in force this round (a reload may change them).
+        let links = links.borrow().clone();
         let held: Vec<_> = node.leases().iter(now).collect();
         let answered = ask_all(&node, &links, first_asks(&grants, &held)).await;
         let offers = offers_in(&node.view(), node.me, now);
@@ -312,9 +320,14 @@ pub(super) async fn forwarder(node: Arc<Node>, link: Link) {
                 }
                 _ = node.stop.cancelled() => return,
                 _ = node.kill.cancelled() => return,
+                _ = link.gone.cancelled() => return,
             }
         }
         match session(&node, &link, &mut changed).await {
+            _ if link.gone.is_cancelled() => {
+                node.leases().end_all(link.id);
+                return;
+            }
             End::Idle => {}
             End::Stopped => return,
             End::Broken => {
@@ -539,6 +552,13 @@ async fn session(node: &Arc<Node>, link: &Link, changed: &mut watch::Receiver<()
         let now = node.now();
         let mut wake = None;
         if let Some(sender) = &tx {
+            if link.gone.is_cancelled() {
+                info!(
+                    provider = link.id,
+                    "peer dropped from peering.peers; taking back its unacknowledged records"
+                );
+                break End::Broken;
+            }
             if !node.view().is_alive(link.id, now) {
                 info!(
                     provider = link.id,
@@ -602,6 +622,7 @@ async fn session(node: &Arc<Node>, link: &Link, changed: &mut watch::Receiver<()
             _ = changed.changed(), if tx.is_some() => {}
             _ = node.stop.cancelled(), if tx.is_some() => {}
             _ = node.kill.cancelled(), if tx.is_some() => {}
+            _ = link.gone.cancelled(), if tx.is_some() => {}
         }
     };
     let back = pump.take_all();

@@ -198,6 +198,7 @@ impl Peering {
             epoch: Instant::now(),
             deliveries: self.deliveries,
             next_stream: AtomicU64::new(1),
+            peers: arc_swap::ArcSwap::from_pointee(self.cfg.peers.clone()),
             cfg: self.cfg,
             security: self.security,
             ingress,
@@ -219,17 +220,20 @@ impl Peering {
             max_message,
         ));
         for link in &links {
-            tasks.spawn(client::heartbeats(Arc::clone(&node), link.clone()));
-            tasks.spawn(client::forwarder(Arc::clone(&node), link.clone()));
+            spawn_link(&tasks, &node, link);
         }
-        tasks.spawn(client::rounds(Arc::clone(&node), links));
+        let (links, links_rx) = watch::channel(links);
+        tasks.spawn(client::rounds(Arc::clone(&node), links_rx));
+        // Closed, so that shutdown can wait for it to empty; a reload still
+        // spawns a new peer's tasks on it.
         tasks.close();
         // The scheduler stops only after every peer task has handed its
         // records back (see `scheduler_stop`).
         let (stop, scheduler_stop) = (node.stop.clone(), self.scheduler_stop);
+        let waited = tasks.clone();
         tracker.spawn(async move {
             stop.cancelled().await;
-            tasks.wait().await;
+            waited.wait().await;
             scheduler_stop.cancel();
         });
         info!(
@@ -242,16 +246,30 @@ impl Peering {
         Ok(PeeringHandle {
             node,
             addr: self.addr,
+            links: Arc::new(links),
+            tasks,
+            max_message,
         })
     }
 }
 
+/// Starts `link`'s heartbeat and forwarder tasks on `tasks`.
+fn spawn_link(tasks: &TaskTracker, node: &Arc<Node>, link: &client::Link) {
+    tasks.spawn(client::heartbeats(Arc::clone(node), link.clone()));
+    tasks.spawn(client::forwarder(Arc::clone(node), link.clone()));
+}
+
 /// A running peering: its address, a kill switch for failure experiments,
-/// and a look at its state.
+/// a look at its state, and its peers (changed by a reload).
 #[derive(Debug, Clone)]
 pub struct PeeringHandle {
     node: Arc<Node>,
     addr: SocketAddr,
+    /// A client per peer in force, read by the redirection round.
+    links: Arc<watch::Sender<Vec<client::Link>>>,
+    /// Where the peer tasks run.
+    tasks: TaskTracker,
+    max_message: usize,
 }
 
 impl PeeringHandle {
@@ -297,6 +315,55 @@ impl PeeringHandle {
         self.node.kill.cancel();
     }
 
+    /// Replaces the peers (a config reload): a new peer gets its heartbeat
+    /// and forwarder at once; a dropped one (or one whose address changed)
+    /// has its tasks ended, the records lent to it taken back, and its
+    /// reservations, leases and advert forgotten, and its calls are refused
+    /// from now on. Returns the ids added and dropped; nothing changes if a
+    /// new address is unusable.
+    pub fn set_peers(
+        &self,
+        peers: Vec<crate::config::PeerConfig>,
+    ) -> Result<(Vec<NodeId>, Vec<NodeId>), PeerError> {
+        let node = &self.node;
+        let old = node.peers.load_full();
+        let added: Vec<client::Link> = peers
+            .iter()
+            .filter(|p| !old.contains(p))
+            .map(|p| client::Link::new(p, &node.cfg, self.max_message, node.security.as_ref()))
+            .collect::<Result<_, _>>()?;
+        let dropped: Vec<NodeId> = old
+            .iter()
+            .filter(|o| !peers.contains(o))
+            .map(|o| o.id)
+            .collect();
+        node.peers.store(Arc::new(peers));
+        let mut links = self.links.borrow().clone();
+        links.retain(|l| {
+            let stays = !dropped.contains(&l.id);
+            if !stays {
+                l.gone.cancel();
+            }
+            stays
+        });
+        for id in &dropped {
+            if !added.iter().any(|l| l.id == *id) {
+                node.view().forget(*id);
+            }
+            node.leases().end_all(*id);
+            node.reservations().release_all(*id);
+        }
+        node.leases_changed();
+        for link in &added {
+            spawn_link(&self.tasks, node, link);
+        }
+        links.extend(added.iter().cloned());
+        self.links.send_replace(links);
+        let added = added.iter().map(|l| l.id).collect();
+        info!(?added, ?dropped, "peering.peers reloaded");
+        Ok((added, dropped))
+    }
+
     /// Publishes each configured peer's last advert in the metrics
     /// (called when they are scraped).
     pub fn publish_adverts(&self) {
@@ -307,7 +374,7 @@ impl PeeringHandle {
             .map(|(id, advert)| (id, advert.tuple.0.clone()))
             .collect();
         drop(view);
-        for p in &self.node.cfg.peers {
+        for p in self.node.peers.load().iter() {
             self.node
                 .metrics()
                 .set_advert(p.id, alive.get(&p.id).map(Vec::as_slice));

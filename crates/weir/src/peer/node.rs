@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -24,7 +25,7 @@ use weir_core::peer::{
 use weir_core::{ClassId, NodeId, Record};
 use weir_proto::pb;
 
-use crate::config::PeeringConfig;
+use crate::config::{PeerConfig, PeeringConfig};
 use crate::egress::DeliveryObserver;
 use crate::{clock::unix_micros, intake::Intake};
 
@@ -140,7 +141,11 @@ pub enum PeerError {
 #[derive(Debug)]
 pub(crate) struct Node {
     pub(super) me: NodeId,
+    /// `[peering]` as at start; its `peers` are [`Node::peers`]'s first
+    /// value.
     pub(super) cfg: PeeringConfig,
+    /// The peers in force (a reload changes them).
+    pub(super) peers: ArcSwap<Vec<PeerConfig>>,
     /// Mutual TLS, when `[peering.tls]` is configured.
     pub(super) security: Option<crate::security::PeerSecurity>,
     pub(super) class_names: Vec<String>,
@@ -250,7 +255,7 @@ impl Node {
 
     /// True when `id` is in `peering.peers`.
     pub(super) fn is_peer(&self, id: NodeId) -> bool {
-        self.cfg.peers.iter().any(|p| p.id == id)
+        self.peers.load().iter().any(|p| p.id == id)
     }
 
     /// True while this node takes part: not stopping, not killed.

@@ -851,3 +851,51 @@ async fn forward_rate(tls: Option<&[crate::config::TlsFiles; 2]>) -> f64 {
     b.stop.cancel();
     rate
 }
+
+/// Polls until `done` holds (5 s at most).
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_reload_adds_and_drops_peers_in_place() {
+    let heartbeat = Duration::from_millis(50);
+    let (pa, ia) = bind(1, CAPACITY).await;
+    let (pb_, ib) = bind(2, CAPACITY).await;
+    let (addr_a, addr_b) = (pa.local_addr(), pb_.local_addr());
+    let a = start(pa, ia, &[], heartbeat);
+    let b = start(pb_, ib, &[(1, addr_a)], heartbeat);
+    // A does not know B: it refuses B's heartbeats and sends none.
+    tokio::time::sleep(heartbeat * 6).await;
+    assert!(a.handle.status().alive.is_empty());
+    assert!(b.handle.status().alive.is_empty());
+
+    let (added, dropped) = a
+        .handle
+        .set_peers(cfg(&[(2, addr_b)], heartbeat).peers)
+        .unwrap();
+    assert_eq!((added, dropped), (vec![2], vec![]));
+    until("A and B hear each other", || {
+        a.handle.status().alive == vec![2] && b.handle.status().alive == vec![1]
+    })
+    .await;
+
+    let (added, dropped) = a.handle.set_peers(Vec::new()).unwrap();
+    assert_eq!((added, dropped), (vec![], vec![2]));
+    assert!(a.handle.status().alive.is_empty(), "forgotten at once");
+    // A refuses B again and stops heartbeating it: B sees A gone.
+    until("B sees A gone", || b.handle.status().alive.is_empty()).await;
+    tokio::time::sleep(heartbeat * 4).await;
+    assert!(
+        a.handle.status().alive.is_empty(),
+        "B is refused, not heard"
+    );
+    a.stop.cancel();
+    b.stop.cancel();
+    a.tracker.wait().await;
+    b.tracker.wait().await;
+}
