@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::mqtt::{publish_qos1, Pace};
 use common::process::{
-    file_egress, free_port, metric, scrape, sigterm, spawn_weir, wait_port,
+    file_batch_records, file_egress, free_port, metric, scrape, sigterm, spawn_weir, wait_port,
     wait_until_catching_sigterm, write_config, WEIR,
 };
 use common::{eventually_async, tmp};
@@ -34,23 +34,10 @@ fn config(mqtt: u16, admin: u16, out: &Path, ls_bound: &str, extra_route: &str) 
 
 /// Every record in the batch files: payload -> class name.
 fn classes_by_payload(dir: &Path) -> BTreeMap<Vec<u8>, String> {
-    let mut out = BTreeMap::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        let Some(encoding) = name
-            .strip_suffix(".weirbatch")
-            .and_then(|n| n.rsplit('.').next())
-        else {
-            continue;
-        };
-        let body = std::fs::read(&p).unwrap();
-        let batch = weir_proto::decode_batch(&body, encoding, 64 << 20).unwrap();
-        for r in batch.records {
-            out.insert(r.payload.to_vec(), r.class);
-        }
-    }
-    out
+    file_batch_records(dir)
+        .into_iter()
+        .map(|r| (r.payload.to_vec(), r.class))
+        .collect()
 }
 
 fn sighup(pid: u32) {
@@ -195,4 +182,63 @@ async fn a_reload_under_qos1_load_moves_the_route_and_loses_nothing() {
     assert!(sent > after + 1000, "records were sent after the reload");
     assert!(log.contains("config reloaded"), "{log}");
     assert!(log.contains("config reload refused"), "{log}");
+}
+
+fn peer_config(id: u64, peering: u16, admin: u16, peers: &str, out: &Path) -> String {
+    format!(
+        "[node]\nid = {id}\n[ingress.mqtt]\nlisten = \"127.0.0.1:0\"\n[ingress.grpc]\nenabled = false\n\
+         [admin]\nlisten = \"127.0.0.1:{admin}\"\n\
+         [peering]\nlisten = \"127.0.0.1:{peering}\"\npeers = [{peers}]\nheartbeat = \"50ms\"\ndead_after = \"250ms\"\n{}\n",
+        file_egress(out)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_adds_a_peer_and_drops_it_again() {
+    let dir = tmp("reload-peers");
+    let (pa, pb, aa, ab) = (free_port(), free_port(), free_port(), free_port());
+    let admin_a: std::net::SocketAddr = format!("127.0.0.1:{aa}").parse().unwrap();
+    let admin_b: std::net::SocketAddr = format!("127.0.0.1:{ab}").parse().unwrap();
+    let peer = |id: u64, port: u16| format!("{{ id = {id}, addr = \"127.0.0.1:{port}\" }}");
+    let path_a = write_config(&dir, "a.toml", &peer_config(1, pa, aa, "", &dir.join("a")));
+    let path_b = write_config(
+        &dir,
+        "b.toml",
+        &peer_config(2, pb, ab, &peer(1, pa), &dir.join("b")),
+    );
+    let mut a = spawn_weir(&path_a, std::fs::File::create(dir.join("a.log")).unwrap());
+    let mut b = spawn_weir(&path_b, std::fs::File::create(dir.join("b.log")).unwrap());
+    wait_until_catching_sigterm(&mut a);
+    wait_until_catching_sigterm(&mut b);
+    wait_port(admin_a).await;
+    wait_port(admin_b).await;
+    let alive =
+        |admin| async move { metric(&scrape(admin).await.unwrap_or_default(), "weir_peers_alive") };
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(alive(admin_b).await, 0.0, "A refuses B: not in its peers");
+
+    write_config(
+        &dir,
+        "a.toml",
+        &peer_config(1, pa, aa, &peer(2, pb), &dir.join("a")),
+    );
+    sighup(a.id());
+    eventually_async("A and B see each other", || async {
+        alive(admin_a).await == 1.0 && alive(admin_b).await == 1.0
+    })
+    .await;
+
+    write_config(&dir, "a.toml", &peer_config(1, pa, aa, "", &dir.join("a")));
+    sighup(a.id());
+    eventually_async("B sees A gone", || async {
+        alive(admin_b).await == 0.0 && reloads(admin_a, "applied").await == 2.0
+    })
+    .await;
+    for child in [&a, &b] {
+        sigterm(child.id());
+    }
+    assert!(a.wait().unwrap().success());
+    assert!(b.wait().unwrap().success());
+    let log = std::fs::read_to_string(dir.join("a.log")).unwrap();
+    assert!(log.contains("peering.peers reloaded"), "{log}");
 }

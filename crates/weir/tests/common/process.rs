@@ -156,10 +156,19 @@ pub fn metric(text: &str, name: &str) -> f64 {
 
 /// Payloads of every record in the file egress's batch files.
 pub fn file_batch_payloads(dir: &Path) -> std::collections::BTreeSet<Vec<u8>> {
+    file_batch_records(dir)
+        .into_iter()
+        .map(|r| r.payload.to_vec())
+        .collect()
+}
+
+/// Every record in the file egress's batch files (none if `dir` is not
+/// there yet).
+pub fn file_batch_records(dir: &Path) -> Vec<weir_proto::pb::Record> {
     let Ok(entries) = std::fs::read_dir(dir) else {
-        return std::collections::BTreeSet::new();
+        return Vec::new();
     };
-    let mut out = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
     for e in entries.flatten() {
         let p = e.path();
         let name = p.file_name().unwrap().to_string_lossy().into_owned();
@@ -171,7 +180,7 @@ pub fn file_batch_payloads(dir: &Path) -> std::collections::BTreeSet<Vec<u8>> {
         };
         let body = std::fs::read(&p).unwrap();
         let batch = weir_proto::decode_batch(&body, encoding, 64 << 20).unwrap();
-        out.extend(batch.records.into_iter().map(|r| r.payload.to_vec()));
+        out.extend(batch.records);
     }
     out
 }
