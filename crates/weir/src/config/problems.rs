@@ -101,6 +101,29 @@ impl Problems {
         default: u64,
         limit: u64,
     ) -> Option<usize> {
+        let bytes = self.positive_size_u64(path, written, default, limit)?;
+        match usize::try_from(bytes) {
+            Ok(bytes) => Some(bytes),
+            Err(_) => {
+                self.push(
+                    path,
+                    format!("{} is too large for this platform", Size(bytes)),
+                );
+                None
+            }
+        }
+    }
+
+    /// A size greater than zero and at most `limit`, or its default, in
+    /// bytes as a `u64`: for sizes on disk, which a 32-bit platform holds
+    /// as well as a 64-bit one.
+    pub(crate) fn positive_size_u64(
+        &mut self,
+        path: &str,
+        written: Option<Written<Size>>,
+        default: u64,
+        limit: u64,
+    ) -> Option<u64> {
         let (value, text) = self.unit(path, written, Size(default))?;
         if value.0 == 0 {
             self.push(path, format!("{text:?} must be greater than zero"));
@@ -113,13 +136,7 @@ impl Problems {
             );
             return None;
         }
-        match usize::try_from(value.0) {
-            Ok(bytes) => Some(bytes),
-            Err(_) => {
-                self.push(path, format!("{text:?} is too large for this platform"));
-                None
-            }
-        }
+        Some(value.0)
     }
 
     /// A rate greater than zero, or its default (in bytes per second).

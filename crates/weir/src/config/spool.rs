@@ -167,7 +167,8 @@ pub(crate) fn spool(p: &mut Problems, raw: RawSpool) -> Option<SpoolConfig> {
     if dir.as_os_str().is_empty() {
         p.push("spool.dir", "must not be empty");
     }
-    let max_bytes = p.positive_size("spool.max_bytes", raw.max_bytes, SPOOL_MAX_BYTES, u64::MAX);
+    let max_bytes =
+        p.positive_size_u64("spool.max_bytes", raw.max_bytes, SPOOL_MAX_BYTES, u64::MAX);
     let segment_bytes = p.positive_size(
         "spool.segment_bytes",
         raw.segment_bytes,
@@ -181,13 +182,13 @@ pub(crate) fn spool(p: &mut Problems, raw: RawSpool) -> Option<SpoolConfig> {
         );
     }
     if let (Some(seg), Some(max)) = (segment_bytes, max_bytes) {
-        if seg > max {
+        if seg as u64 > max {
             p.push(
                 "spool.segment_bytes",
                 format!(
                     "{} is larger than spool.max_bytes ({}); segments are deleted whole, so it must be smaller",
                     Size(seg as u64),
-                    Size(max as u64)
+                    Size(max)
                 ),
             );
         }
@@ -226,7 +227,7 @@ pub(crate) fn spool(p: &mut Problems, raw: RawSpool) -> Option<SpoolConfig> {
     }
     Some(SpoolConfig {
         dir,
-        max_bytes: max_bytes? as u64,
+        max_bytes: max_bytes?,
         segment_bytes: segment_bytes? as u64,
         sync: sync?,
         sync_interval: sync_interval?,
@@ -249,7 +250,7 @@ pub(crate) fn class_durability(
         raw.durability,
         DURABILITY,
     );
-    let max_bytes = p.positive_size(
+    let max_bytes = p.positive_size_u64(
         &format!("{path}.spool_max_bytes"),
         raw.spool_max_bytes,
         u64::MAX,
@@ -267,7 +268,7 @@ pub(crate) fn class_durability(
     }
     Some(ClassDurability {
         durability: durability?,
-        max_bytes: max_bytes? as u64,
+        max_bytes: max_bytes?,
         on_full: on_full?,
         ttl: ttl?,
     })
