@@ -27,6 +27,8 @@
 //! - [`passwd`]: password files in `mosquitto_passwd` format (`$6$`, `$7$`).
 //! - [`acl`]: topic ACLs in the format of Mosquitto's `acl_file`.
 //! - [`gate`]: who may connect to the MQTT listener, and as whom.
+//! - [`admission`]: what may be committed to the link ahead of an urgent
+//!   record (the horizon, the batch cap).
 //! - [`batching`]: batch size and closing rule from the buffer-aided
 //!   relaying inequalities (Li et al., Eq. 5-6, Lemma 1, Theorems 1-2).
 //! - [`compression`]: the per-batch codec choice by the piping model
@@ -37,6 +39,7 @@
 //!   provider's custody of forwarded records until they are delivered.
 
 pub mod acl;
+pub mod admission;
 pub mod batching;
 pub mod buffer_sizing;
 pub mod class;

@@ -31,6 +31,7 @@ pub mod planner;
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use crate::admission;
 use crate::batching::BatchLimits;
 use crate::class::{ClassId, ClassSet};
 use crate::drain::{rider_budget, Drain, Drainer};
@@ -201,6 +202,9 @@ pub enum Event {
     /// The PBTT state peers should hear (after every window and every
     /// grant); only with [`Scheduler::publish_peer_state`].
     PeerState(BandwidthState),
+    /// The horizon changed ([`crate::admission`]): what the egress may
+    /// have unconfirmed must clear the link within it.
+    Horizon(Duration),
     /// Something went wrong that the scheduler works around; for the log.
     Warning(SchedulerWarning),
 }
@@ -260,6 +264,9 @@ pub struct Scheduler {
     next_seq: u64,
     publish_peer_state: bool,
     events: VecDeque<Event>,
+    /// The tightest bound among classes with traffic (all classes until
+    /// the first window has seen any).
+    tightest: Duration,
 }
 
 impl Scheduler {
@@ -331,9 +338,11 @@ impl Scheduler {
             next_seq: first_batch_seq,
             publish_peer_state: false,
             events,
+            tightest: Duration::MAX,
             params,
         };
         s.drainer.set_rider_budgets(&s.rider_budgets());
+        s.set_tightest(s.classes.iter().map(|(_, c)| c.bound).min());
         s
     }
 
@@ -424,11 +433,41 @@ impl Scheduler {
         self.classes = classes;
         self.next_window = now + params.window;
         self.params = params;
+        // The bounds may have changed: all classes count until the next
+        // window says which have traffic.
+        self.tightest = Duration::MAX;
+        self.set_tightest(self.classes.iter().map(|(_, c)| c.bound).min());
         let budgets = self.rider_budgets();
         self.drainer.set_rider_budgets(&budgets);
         self.events.push_back(Event::Rates(rates));
         self.push_peer_state();
         Ok(())
+    }
+
+    /// The horizon in force ([`crate::admission::horizon`]).
+    pub fn horizon(&self) -> Duration {
+        admission::horizon(self.tightest)
+    }
+
+    /// Sets the tightest bound in play (`None`: keep the one in force),
+    /// announces a new horizon, and caps batches to it.
+    fn set_tightest(&mut self, tightest: Option<Duration>) {
+        if let Some(t) = tightest {
+            if t != self.tightest {
+                self.tightest = t;
+                self.events.push_back(Event::Horizon(self.horizon()));
+            }
+        }
+        self.cap_batches();
+    }
+
+    /// Batch limits within the batch cap at the current link estimate.
+    fn cap_batches(&mut self) {
+        let cap = admission::batch_cap(&self.link, self.horizon());
+        self.drainer.set_limits(BatchLimits {
+            max_bytes: self.params.limits.max_bytes.min(cap),
+            ..self.params.limits
+        });
     }
 
     /// `C_out` in force, record bytes per second.
@@ -482,6 +521,7 @@ impl Scheduler {
     /// The uplink estimate changed; it is used from the next window on.
     pub fn handle_link_estimate(&mut self, link: LinkEstimate) {
         self.link = link;
+        self.cap_batches();
     }
 
     fn push_peer_state(&mut self) {
@@ -534,6 +574,18 @@ impl Scheduler {
             })
             .collect();
         self.follow_uplink(now);
+        // The horizon follows the classes that have traffic.
+        let active = match self.per_class() {
+            true => self
+                .classes
+                .iter()
+                .zip(&window_arrivals)
+                .filter(|(_, a)| a.0 > 0)
+                .map(|((_, c), _)| c.bound)
+                .min(),
+            false => self.classes.iter().map(|(_, c)| c.bound).min(),
+        };
+        self.set_tightest(active);
         if let Some(p) = self.planner.as_mut() {
             p.replan(&self.classes, &window_arrivals, window, &self.link);
         }

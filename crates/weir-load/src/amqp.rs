@@ -40,8 +40,10 @@ pub enum Body {
 }
 
 /// One consumed record.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct Sample {
+    /// The record's topic (empty when direct).
+    pub key: String,
     pub send_us: u64,
     /// weir's ingress timestamp (0 when direct).
     pub ingress_us: u64,
@@ -191,6 +193,7 @@ pub async fn consume(
                         read_stamp(&r.payload).context("a record without a weir-load stamp")?;
                     seen.mark(seq);
                     seen.samples.push(Sample {
+                        key: r.key.clone(),
                         send_us,
                         ingress_us: r.ingress_us,
                         created_us: batch.created_us,
@@ -203,6 +206,7 @@ pub async fn consume(
                     read_stamp(&delivery.data).context("a message without a weir-load stamp")?;
                 seen.mark(seq);
                 seen.samples.push(Sample {
+                    key: String::new(),
                     send_us,
                     ingress_us: 0,
                     created_us: 0,

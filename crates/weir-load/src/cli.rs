@@ -52,6 +52,77 @@ pub enum Cmd {
     /// broker is unreachable, then kill weir (SIGKILL) and time its
     /// restart; resident memory while spooled and after recovery.
     Recovery(RecoveryArgs),
+    /// Do the class bounds hold on a busy box? Three classes over an
+    /// emulated uplink, offered more than it carries, with 0, 1, 2 ...
+    /// busy processes beside weir (issue 18); per class p50/p99/max and
+    /// the late fraction.
+    Contention(ContentionArgs),
+}
+
+/// `weir-load contention`.
+#[derive(clap::Args, Clone, Debug, Serialize)]
+pub struct ContentionArgs {
+    /// Busy processes (`yes > /dev/null`) beside weir, one scenario each.
+    #[arg(long, value_delimiter = ',', default_value = "0,1,2")]
+    pub busy: Vec<usize>,
+    /// MQTT connections that connect and stay silent during the load.
+    #[arg(long, default_value_t = 0)]
+    pub idle_connections: usize,
+    /// The emulated uplink's bandwidth (`egress.link.bandwidth`).
+    #[arg(long, default_value = "4Mbit/s")]
+    pub uplink: String,
+    /// The emulated uplink's fixed delay per transaction.
+    #[arg(long, default_value = "10ms")]
+    pub delay: String,
+    /// Offered load, as a multiple of the uplink's bandwidth.
+    #[arg(long, default_value_t = 1.7)]
+    pub overload: f64,
+    /// Byte shares of the offered load per class.
+    #[arg(long, default_value = "ls=0.2,nm=0.3,lt=0.5")]
+    pub mix: String,
+    /// Payload bytes per record (at least 16).
+    #[arg(long, default_value_t = 256)]
+    pub size: usize,
+    /// Unacknowledged QoS 1 publishes allowed per publishing connection.
+    #[arg(long, default_value_t = 1000)]
+    pub window: usize,
+    /// Length of the measured part of each scenario.
+    #[arg(long, default_value_t = 20)]
+    pub seconds: u64,
+    /// Load before measuring starts.
+    #[arg(long, default_value_t = 5)]
+    pub warmup: u64,
+    #[command(flatten)]
+    pub weir_config: WeirArgs,
+}
+
+/// A rate as weir's config writes it (`4Mbit/s`, `500kB/s`, `2MiB/s`), in
+/// bytes per second.
+pub fn parse_rate(text: &str) -> anyhow::Result<f64> {
+    let t = text.trim();
+    let (number, unit) = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .map_or((t, ""), |i| t.split_at(i));
+    let n: f64 = number
+        .parse()
+        .map_err(|_| anyhow::anyhow!("{text:?}: not a rate like 4Mbit/s"))?;
+    let unit = unit.trim().trim_end_matches("/s");
+    let (power, rest) = match unit.chars().next() {
+        Some('k') | Some('K') => (1, &unit[1..]),
+        Some('M') => (2, &unit[1..]),
+        Some('G') => (3, &unit[1..]),
+        _ => (0, unit),
+    };
+    let (scale, rest) = match rest.strip_prefix('i') {
+        Some(r) => (1024f64.powi(power), r),
+        None => (1000f64.powi(power), rest),
+    };
+    let per_byte = match rest {
+        "bit" | "bps" | "b" => 1.0 / 8.0,
+        "B" | "" => 1.0,
+        other => anyhow::bail!("{text:?}: unknown unit {other:?} (bit/s or B/s)"),
+    };
+    Ok(n * scale * per_byte)
 }
 
 /// `weir-load recovery`.

@@ -38,6 +38,7 @@
 //! # Modules
 //! - `cli`: the command line.
 //! - `recovery`: the spool filled during an outage, SIGKILL, restart.
+//! - `contention`: the class bounds with busy processes beside weir.
 //! - `throughput`, `latency`: the two runs; `run`: the steps they share.
 //! - `child`: the weir child process and its generated config.
 //! - `mqtt`: the MQTT publisher; `amqp`: the consumer, the direct
@@ -51,6 +52,7 @@ mod amqp;
 mod broker;
 mod child;
 mod cli;
+mod contention;
 mod latency;
 mod mqtt;
 mod pacer;
@@ -116,6 +118,10 @@ fn main() -> anyhow::Result<()> {
         Cmd::Recovery(a) => {
             let r = rt.block_on(crate::recovery::recovery(&env, a))?;
             crate::recovery::print_recovery(&r);
+            serde_json::to_string_pretty(&r)?
+        }
+        Cmd::Contention(a) => {
+            let r = rt.block_on(crate::contention::contention(&env, a))?;
             serde_json::to_string_pretty(&r)?
         }
         Cmd::Broker(a) => {

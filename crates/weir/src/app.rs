@@ -312,6 +312,8 @@ impl App {
         let (link_tx, link_rx) = tokio::sync::watch::channel(link_prior);
         let (delivered_tx, delivered_rx) = mpsc::channel(DELIVERED_CHANNEL);
         let (compression_tx, compression_rx) = tokio::sync::watch::channel(cfg.compression.clone());
+        // The scheduler sets the horizon at its start (weir_core::admission).
+        let (horizon_tx, horizon_rx) = tokio::sync::watch::channel(Duration::MAX);
         let ctx = egress::EgressContext {
             node: cfg.node.id,
             classes: cfg.classes.clone(),
@@ -337,6 +339,7 @@ impl App {
                 EgressSink::File(_) => EGRESS_RETRY_MAX,
             },
             abort: abort.clone(),
+            horizon: horizon_rx,
         };
         let egress = match &cfg.egress.sink {
             EgressSink::File(f) => {
@@ -369,6 +372,7 @@ impl App {
                 delivered: delivered_rx,
                 peer: peering.as_mut().and_then(|p| p.scheduler_port()),
                 reconfigure: reconfigure_rx,
+                horizon: horizon_tx,
             },
             Arc::clone(&ingress),
             tx,

@@ -32,6 +32,9 @@ pub struct Feedback {
     pub peer: Option<PeerPort>,
     /// New parameters from a config reload.
     pub reconfigure: mpsc::Receiver<Reconfigure>,
+    /// Where the scheduler tells the egress its horizon (the other way:
+    /// what unconfirmed batches must clear the link within).
+    pub horizon: watch::Sender<Duration>,
 }
 
 /// New scheduler parameters and class bounds (a config reload), and where
@@ -87,7 +90,7 @@ pub async fn run(
     let mut stopping = false;
     let mut link_free = false;
 
-    publish(&mut core, feedback.peer.as_ref(), &metrics);
+    publish(&mut core, &feedback, &metrics);
     loop {
         heart.beat();
         if !link_free {
@@ -98,7 +101,7 @@ pub async fn run(
                 _ = tokio::time::sleep(crate::systemd::BEAT_EVERY) => continue,
                 Some(r) = feedback.reconfigure.recv() => {
                     reconfigure(&mut core, now(), r);
-                    publish(&mut core, feedback.peer.as_ref(), &metrics);
+                    publish(&mut core, &feedback, &metrics);
                     continue;
                 }
                 permit = ready.acquire() => match permit {
@@ -129,7 +132,7 @@ pub async fn run(
             core.handle_link_estimate(*feedback.link.borrow_and_update());
         }
         core.poll_window(now(), &queues, intake.foreign_bytes());
-        publish(&mut core, feedback.peer.as_ref(), &metrics);
+        publish(&mut core, &feedback, &metrics);
 
         match core.poll_batch(now(), unix_micros(), &queues) {
             Poll::Batch(batch) => {
@@ -181,7 +184,8 @@ pub async fn run(
 }
 
 /// Acts on what the core asks to be published or logged.
-fn publish(core: &mut Scheduler, peer: Option<&PeerPort>, metrics: &crate::metrics::Metrics) {
+fn publish(core: &mut Scheduler, feedback: &Feedback, metrics: &crate::metrics::Metrics) {
+    let peer = feedback.peer.as_ref();
     while let Some(event) = core.poll_event() {
         match event {
             Event::Rates(rates) => metrics.set_allocation(&rates),
@@ -195,6 +199,10 @@ fn publish(core: &mut Scheduler, peer: Option<&PeerPort>, metrics: &crate::metri
                 if let Some(port) = peer {
                     port.state.send_replace(state);
                 }
+            }
+            Event::Horizon(h) => {
+                tracing::debug!(?h, "horizon");
+                feedback.horizon.send_replace(h);
             }
             Event::Warning(w @ SchedulerWarning::PbttUnavailable(_)) => {
                 tracing::error!(warning = %w, "scheduler");

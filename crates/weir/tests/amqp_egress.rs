@@ -379,6 +379,7 @@ fn spawn_run(
         metrics: metrics.clone(),
         retry_max: Duration::from_millis(200),
         abort: CancellationToken::new(),
+        horizon: watch::channel(Duration::MAX).1,
     };
     let (tx, rx) = mpsc::channel(2);
     let handle = tokio::spawn(run(sink, rx, ctx));

@@ -87,7 +87,10 @@ fn it_starts_by_announcing_the_initial_rates() {
     let q = queues(&ClassSet::janus_default(), p.scheme);
     let mut s = scheduler(p, &q);
     let ev = events(&mut s);
-    assert!(matches!(&ev[..], [Event::Rates(r)] if r.len() == 3));
+    assert!(
+        matches!(&ev[..], [Event::Rates(r), Event::Horizon(h)] if r.len() == 3 && *h == MS * 50),
+        "{ev:?}"
+    );
     assert_eq!(s.poll_timeout(), MS * 100);
 }
 
@@ -568,7 +571,11 @@ fn reconfigure_keeps_every_record_and_installs_the_new_rates() {
         "the new capacity is shared out: {rates:?}"
     );
     assert!(rates[2] >= 0.25 * 2e6 - 1.0, "lt's min_share: {rates:?}");
-    assert!(matches!(&events(&mut s)[..], [Event::Rates(r)] if *r == rates));
+    let announced: Vec<Event> = events(&mut s)
+        .into_iter()
+        .filter(|e| matches!(e, Event::Rates(_)))
+        .collect();
+    assert!(matches!(&announced[..], [Event::Rates(r)] if *r == rates));
     assert_eq!(s.poll_timeout(), MS * 252, "a full new window from now");
     let mut now = MS * 2;
     while sent.len() < 300 {
@@ -640,4 +647,80 @@ fn a_tracked_capacity_survives_a_reconfigure() {
         (s.capacity() - 3e6).abs() < 1.0,
         "the measured C_out stays, not the configured prior"
     );
+}
+
+/// A scheduler that woke late, with a deep backlog of the least urgent
+/// class and plenty of tokens, still hands out batches no longer on the
+/// link than the horizon of the tightest class with traffic.
+#[test]
+fn a_late_wake_up_does_not_commit_a_long_transfer() {
+    let p = SchedulerParams {
+        burst_bytes: 1e9,
+        limits: BatchLimits {
+            max_records: 100_000,
+            max_bytes: 8 << 20,
+        },
+        ..params(Scheme::QmOnly)
+    };
+    let q = queues(&ClassSet::janus_default(), p.scheme);
+    // A 4 Mbit/s link with 10 ms per transaction.
+    let l = link(500_000.0, MS * 10);
+    let mut s = Scheduler::new(p, ClassSet::janus_default(), &q, l, 0, 1, Duration::ZERO);
+    for i in 0..20_000 {
+        q.push(record(2, i, 200, Duration::ZERO)).unwrap();
+    }
+    q.push(record(0, 1_000_000, 200, Duration::ZERO)).unwrap();
+    // The first window sees ls and lt traffic: the horizon is ls's.
+    assert!(s.poll_window(MS * 100, &q, 0));
+    assert_eq!(s.horizon(), MS * 50);
+    // Very late: ten seconds of tokens.
+    let now = Duration::from_secs(10);
+    let cap = crate::admission::batch_cap(&l, s.horizon());
+    let mut seen = 0;
+    while let Poll::Batch(b) = s.poll_batch(now, wall(now), &q) {
+        let single = b.records.len() == 1;
+        assert!(
+            b.bytes() <= cap || single,
+            "a batch of {} B against a cap of {cap} B",
+            b.bytes()
+        );
+        seen += 1;
+        if seen > 50 {
+            break;
+        }
+    }
+    assert!(seen > 1);
+}
+
+proptest! {
+    /// Whatever the link, the bounds and how late the poll, no batch takes
+    /// longer on the link than the horizon (or is one record).
+    #[test]
+    fn batches_fit_the_horizon_however_late_the_poll(
+        bw in 50_000.0f64..50e6,
+        tsc_ms in 0u32..40,
+        late_ms in 0u64..30_000,
+        sizes in proptest::collection::vec(16usize..4000, 1..300),
+    ) {
+        let p = SchedulerParams {
+            burst_bytes: 1e12,
+            limits: BatchLimits { max_records: 100_000, max_bytes: 16 << 20 },
+            ..params(Scheme::QmOnly)
+        };
+        let q = queues(&ClassSet::janus_default(), p.scheme);
+        let l = link(bw, MS * tsc_ms);
+        let mut s = Scheduler::new(p, ClassSet::janus_default(), &q, l, 0, 1, Duration::ZERO);
+        for (i, size) in sizes.iter().enumerate() {
+            q.push(record(i % 3, i as u64, *size, Duration::ZERO)).unwrap();
+        }
+        s.poll_window(MS * 100, &q, 0);
+        let now = MS * 100 + Duration::from_millis(late_ms);
+        let cap = crate::admission::batch_cap(&l, s.horizon());
+        let mut n = 0;
+        while let Poll::Batch(b) = s.poll_batch(now, wall(now), &q) {
+            prop_assert!(b.bytes() <= cap || b.records.len() == 1, "{} > {cap}", b.bytes());
+            n += 1;
+            if n > 400 { break; }
+        }
+    }
 }

@@ -54,6 +54,9 @@ pub struct EgressContext {
     pub retry_max: Duration,
     /// Fires when the shutdown deadline has passed.
     pub abort: CancellationToken,
+    /// What is unconfirmed must clear the link within this
+    /// ([`weir_core::admission`]); set by the scheduler.
+    pub horizon: watch::Receiver<Duration>,
 }
 
 /// A batch encoded and compressed, ready to send (again).
@@ -107,6 +110,7 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
         metrics,
         retry_max,
         abort,
+        horizon,
     } = ctx;
     let mut compressor = compress::BatchCompressor::new(&compression.borrow_and_update());
     let mut estimator = match LinkEstimator::new(link_prior) {
@@ -158,12 +162,24 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
         }
     };
     loop {
-        // Offer the scheduler one permit per free slot, and only when no
-        // retry waits: batches are built just in time for the link.
-        let free = window.saturating_sub(flight.len() + todo.len());
-        if open && offered < free {
-            ready.add_permits(free - offered);
-            offered = free;
+        // Offer the scheduler one permit at a time, while a slot of the
+        // window is free and what is unconfirmed clears the link within
+        // the horizon: batches are built just in time for the link, and
+        // an urgent record never finds more committed ahead of it than
+        // the horizon allows (weir_core::admission).
+        let committed = flight.len() + todo.len();
+        let free = window.saturating_sub(committed);
+        if open && offered == 0 && free > 0 {
+            let bytes: usize = flight
+                .iter()
+                .map(|f| f.prepared.encoded.body.len())
+                .chain(todo.iter().map(|p| p.encoded.body.len()))
+                .sum();
+            let estimate = *link.borrow();
+            if weir_core::admission::admits(committed, bytes as u64, &estimate, *horizon.borrow()) {
+                ready.add_permits(1);
+                offered = 1;
+            }
         }
         let waiting = retry_at.is_some_and(|at| at > Instant::now());
         if !waiting && !todo.is_empty() && flight.len() < window {
@@ -454,6 +470,7 @@ mod tests {
             metrics: Arc::new(Metrics::new(&cfg.classes)),
             retry_max: Duration::from_millis(20),
             abort: CancellationToken::new(),
+            horizon: watch::channel(Duration::MAX).1,
         };
         let (tx, rx) = mpsc::channel(16);
         let sink = Scripted {

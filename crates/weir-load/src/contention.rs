@@ -1,0 +1,316 @@
+//! The `contention` run (issue 18): do the class bounds hold on a busy box?
+//!
+//! weir runs with three classes (JANUS Table I: `ls` 100 ms, `nm` 500 ms,
+//! `lt` 1 s) behind an emulated uplink (`--uplink`, `--delay`), and MQTT
+//! QoS 1 publishers offer `--overload` times what the uplink carries, split
+//! by bytes between the classes (`--mix`). The run is repeated with 0, 1, 2
+//! ... busy processes (`--busy`; each `yes > /dev/null` at normal
+//! priority, as another program on the box would be), and optionally with
+//! `--idle-connections` MQTT connections that connect and say nothing.
+//!
+//! Per class it reports, over the measured window, end-to-end latency
+//! (publish to consumed from RabbitMQ) and weir's share (ingress stamp to
+//! consumed), p50/p99/max, and the fraction of records whose weir share
+//! passed the class bound; plus weir's CPU and its own diagnostics from
+//! `/metrics` (batches, bytes per batch, late records).
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{ensure, Context};
+use serde::Serialize;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::amqp::{Body, Consumer};
+use crate::child::Weir;
+use crate::cli::{ContentionArgs, Pacing};
+use crate::mqtt::{run_publishers, MqttLoad};
+use crate::report::{machine_info, Percentiles};
+use crate::run::{wait_consumed, PRIMING_RECORDS};
+use crate::sample::{cpu_ticks, rss_kib, Snapshot};
+use crate::shared::{unique, Counters, Env};
+use crate::stamp::{unix_us_at, STAMP};
+
+/// JANUS Table I, as the generated config has them.
+const CLASSES: [(&str, u64); 3] = [("ls", 100), ("nm", 500), ("lt", 1000)];
+
+/// One class's figures in one scenario.
+#[derive(Serialize)]
+pub struct ClassFigures {
+    pub class: String,
+    pub bound_ms: u64,
+    /// Records offered per second.
+    pub offered_per_sec: f64,
+    /// Records consumed per second (of those sent in the window).
+    pub delivered_per_sec: f64,
+    /// Publish to consumed.
+    pub end_to_end_ms: Percentiles,
+    /// weir's ingress stamp to consumed.
+    pub weir_ms: Percentiles,
+    /// Share of records whose weir share passed the bound.
+    pub late_fraction: f64,
+}
+
+/// One scenario: a number of busy processes (and idle connections).
+#[derive(Serialize)]
+pub struct Scenario {
+    pub kind: &'static str,
+    pub busy: usize,
+    pub idle_connections: usize,
+    pub classes: Vec<ClassFigures>,
+    /// weir's CPU over the window, cores.
+    pub weir_cores: f64,
+    /// weir's resident memory at the end of the window.
+    pub weir_rss_kib: u64,
+    /// weir's resident memory with the idle connections open and no load.
+    pub weir_rss_idle_kib: u64,
+    /// Batches confirmed per second and their mean size.
+    pub batches_per_sec: f64,
+    pub bytes_per_batch: f64,
+    pub machine: crate::report::MachineInfo,
+    pub params: ContentionArgs,
+}
+
+/// `--mix` as (class, byte share).
+fn mix(text: &str) -> anyhow::Result<BTreeMap<String, f64>> {
+    let mut out = BTreeMap::new();
+    for part in text.split(',').filter(|p| !p.is_empty()) {
+        let (class, share) = part
+            .split_once('=')
+            .with_context(|| format!("--mix {part}: expected class=share"))?;
+        ensure!(
+            CLASSES.iter().any(|(c, _)| *c == class),
+            "--mix {part}: the classes are ls, nm and lt"
+        );
+        let share: f64 = share.parse().with_context(|| format!("--mix {part}"))?;
+        ensure!(share >= 0.0, "--mix {part}: a share is not negative");
+        out.insert(class.to_owned(), share);
+    }
+    let total: f64 = out.values().sum();
+    ensure!(total > 0.0, "--mix gives no class a share");
+    Ok(out.into_iter().map(|(c, s)| (c, s / total)).collect())
+}
+
+/// `n` processes burning a core each, as `yes > /dev/null` does.
+fn busy(n: usize) -> anyhow::Result<Vec<Child>> {
+    (0..n)
+        .map(|_| {
+            Command::new("yes")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("cannot run yes(1)")
+        })
+        .collect()
+}
+
+/// Connections that connect and then say nothing (kept alive by the
+/// server's keep-alive grace; weir does not require PINGREQ within it).
+async fn idle_connections(
+    addr: std::net::SocketAddr,
+    n: usize,
+    name: &str,
+) -> anyhow::Result<Vec<tokio::net::TcpStream>> {
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut s = tokio::net::TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("idle connection {i}"))?;
+        crate::mqtt::mqtt_connect(&mut s, &format!("{name}-idle-{i}")).await?;
+        out.push(s);
+    }
+    Ok(out)
+}
+
+pub async fn contention(env: &Env, a: &ContentionArgs) -> anyhow::Result<Vec<Scenario>> {
+    ensure!(a.size >= STAMP, "--size must be at least {STAMP} bytes");
+    let shares = mix(&a.mix)?;
+    let link = crate::cli::parse_rate(&a.uplink)?;
+    let mut out = Vec::new();
+    for &n in &a.busy {
+        let s = scenario(env, a, &shares, link, n).await?;
+        print(&s);
+        out.push(s);
+    }
+    Ok(out)
+}
+
+async fn scenario(
+    env: &Env,
+    a: &ContentionArgs,
+    shares: &BTreeMap<String, f64>,
+    link_bytes_per_sec: f64,
+    busy_n: usize,
+) -> anyhow::Result<Scenario> {
+    let name = unique("busy");
+    let mut weir_args = a.weir_config.clone();
+    let mut set = vec![
+        format!("egress.link.bandwidth=\"{}\"", a.uplink),
+        format!("egress.link.delay=\"{}\"", a.delay),
+        format!("scheduler.uplink=\"{}\"", a.uplink),
+        // The burst stays a token bucket's, not the whole batch cap.
+        "scheduler.burst=\"64KiB\"".to_owned(),
+    ];
+    set.append(&mut weir_args.set);
+    weir_args.set = set;
+    let mut weir = Weir::start(env, &name, &weir_args).await?;
+    let counters = Arc::new(Counters::default());
+    let consumer = Consumer::start(
+        env.amqp.clone(),
+        weir.queue.clone(),
+        Body::WeirBatch,
+        Arc::clone(&counters),
+    )
+    .await?;
+    // Prime (weir connects to RabbitMQ on its first batch), then open the
+    // idle connections and measure memory before the load.
+    let prime = MqttLoad {
+        addr: weir.mqtt,
+        client_id: format!("{name}-prime"),
+        topic: format!("{name}/lt/prime"),
+        size: a.size,
+        window: 100,
+        rate: None,
+        pacing: Pacing::Tick,
+        limit: Some(PRIMING_RECORDS),
+        tls: None,
+    };
+    run_publishers(vec![prime], Arc::clone(&counters), CancellationToken::new()).await?;
+    wait_consumed(&counters, &mut weir).await?;
+    let rss_before_idle = rss_kib(weir.pid).unwrap_or(0);
+    let idle = idle_connections(weir.mqtt, a.idle_connections, &name).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rss_idle = rss_kib(weir.pid).unwrap_or(0);
+    if a.idle_connections > 0 {
+        println!(
+            "contention: {} idle connections: weir RSS {} -> {} KiB ({:.1} KiB each)",
+            a.idle_connections,
+            rss_before_idle,
+            rss_idle,
+            rss_idle.saturating_sub(rss_before_idle) as f64 / a.idle_connections as f64
+        );
+    }
+
+    let mut hogs = busy(busy_n)?;
+    let offered = a.overload * link_bytes_per_sec;
+    let loads: Vec<MqttLoad> = shares
+        .iter()
+        .filter(|(_, s)| **s > 0.0)
+        .map(|(class, share)| MqttLoad {
+            addr: weir.mqtt,
+            client_id: format!("{name}-{class}"),
+            topic: format!("{name}/{class}/t"),
+            size: a.size,
+            window: a.window,
+            rate: Some(offered * share / a.size as f64),
+            pacing: Pacing::Tick,
+            limit: None,
+            tls: None,
+        })
+        .collect();
+    let offered_rates: BTreeMap<String, f64> = shares
+        .iter()
+        .map(|(c, s)| (c.clone(), offered * s / a.size as f64))
+        .collect();
+    let stop = CancellationToken::new();
+    let started = Instant::now();
+    let publishers = tokio::spawn(run_publishers(loads, Arc::clone(&counters), stop.clone()));
+    let warmup_end = started + Duration::from_secs(a.warmup);
+    tokio::time::sleep_until(warmup_end).await;
+    let first = Snapshot::take(&weir, &counters).await?;
+    let ticks0 = cpu_ticks(weir.pid).unwrap_or(0);
+    tokio::time::sleep(Duration::from_secs(a.seconds)).await;
+    let last = Snapshot::take(&weir, &counters).await?;
+    let ticks1 = cpu_ticks(weir.pid).unwrap_or(0);
+    let rss = rss_kib(weir.pid).unwrap_or(0);
+    stop.cancel();
+    for h in &mut hogs {
+        let _ = h.kill();
+        let _ = h.wait();
+    }
+    publishers.await.context("publisher thread")??;
+    wait_consumed(&counters, &mut weir).await?;
+    let consumed = consumer.stop().await?;
+    drop(idle);
+    weir.stop(env.keep).await?;
+
+    let secs = last.at.duration_since(first.at).as_secs_f64();
+    let (from_us, to_us) = (unix_us_at(first.at), unix_us_at(last.at));
+    let classes = CLASSES
+        .iter()
+        .map(|&(class, bound_ms)| {
+            let prefix = format!("{name}/{class}/");
+            let mine: Vec<_> = consumed
+                .samples
+                .iter()
+                .filter(|s| s.send_us >= from_us && s.send_us < to_us)
+                .filter(|s| s.key.starts_with(&prefix))
+                .collect();
+            let weir_us: Vec<u64> = mine
+                .iter()
+                .map(|s| s.consumed_us.saturating_sub(s.ingress_us))
+                .collect();
+            let late = weir_us.iter().filter(|&&us| us > bound_ms * 1000).count();
+            ClassFigures {
+                class: class.to_owned(),
+                bound_ms,
+                offered_per_sec: offered_rates.get(class).copied().unwrap_or(0.0),
+                delivered_per_sec: mine.len() as f64 / secs,
+                end_to_end_ms: Percentiles::of(
+                    mine.iter()
+                        .map(|s| s.consumed_us.saturating_sub(s.send_us))
+                        .collect(),
+                ),
+                late_fraction: if weir_us.is_empty() {
+                    0.0
+                } else {
+                    late as f64 / weir_us.len() as f64
+                },
+                weir_ms: Percentiles::of(weir_us),
+            }
+        })
+        .collect();
+    let d = |name: &str| last.metrics.sum(name) - first.metrics.sum(name);
+    let batches = d("weir_batches_confirmed_total");
+    Ok(Scenario {
+        kind: "contention",
+        busy: busy_n,
+        idle_connections: a.idle_connections,
+        classes,
+        weir_cores: (ticks1 - ticks0) as f64 / env.clk_tck / secs,
+        weir_rss_kib: rss,
+        weir_rss_idle_kib: rss_idle,
+        batches_per_sec: batches / secs,
+        bytes_per_batch: if batches > 0.0 {
+            d("weir_egress_bytes_total") / batches
+        } else {
+            0.0
+        },
+        machine: machine_info(),
+        params: a.clone(),
+    })
+}
+
+fn print(s: &Scenario) {
+    println!(
+        "contention: {} busy, {} idle connections: weir {:.2} cores, {:.0} batches/s of {:.0} B",
+        s.busy, s.idle_connections, s.weir_cores, s.batches_per_sec, s.bytes_per_batch
+    );
+    for c in &s.classes {
+        println!(
+            "  {:<3} bound {:>4} ms  offered {:>6.0}/s delivered {:>6.0}/s  weir p50 {:>7.1} p99 {:>7.1} max {:>7.1} ms  late {:>6.2} %  (end to end p99 {:.1} ms)",
+            c.class,
+            c.bound_ms,
+            c.offered_per_sec,
+            c.delivered_per_sec,
+            c.weir_ms.p50,
+            c.weir_ms.p99,
+            c.weir_ms.max,
+            c.late_fraction * 100.0,
+            c.end_to_end_ms.p99
+        );
+    }
+}
