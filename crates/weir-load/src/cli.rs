@@ -78,7 +78,7 @@ pub struct ContentionArgs {
     #[arg(long, default_value_t = 1.7)]
     pub overload: f64,
     /// Byte shares of the offered load per class.
-    #[arg(long, default_value = "ls=0.2,nm=0.3,lt=0.5")]
+    #[arg(long, default_value = "ls=0.1,nm=0.2,lt=0.7")]
     pub mix: String,
     /// Payload bytes per record (at least 16).
     #[arg(long, default_value_t = 256)]
