@@ -25,9 +25,16 @@
 //! uplink made it wait a second.
 //!
 //! The price is throughput on links whose per-transaction time is large
-//! against the bound: batches are smaller and fewer are in flight. Classes
-//! without traffic do not count, so a node carrying only `lt` (1 s) batches
-//! as large as before.
+//! against the bound: batches are smaller and fewer are in flight. Three
+//! limits keep that price bounded:
+//! - classes without traffic do not count, so a node carrying only `lt`
+//!   (1 s) batches as large as before;
+//! - a batch is never capped below one transaction's worth of bytes
+//!   (`T_sc Th_up`), so the link spends at least half its time carrying
+//!   bytes;
+//! - where one transaction's fixed time alone passes the horizon (a 50 ms
+//!   4G round trip against a 100 ms class: [`keepable`]) no rule can keep
+//!   the bound, and admission stands aside for the window.
 
 use std::time::Duration;
 
@@ -59,18 +66,31 @@ pub fn drain_time(batches: usize, bytes: u64, link: &LinkEstimate) -> Duration {
         .saturating_add(serial)
 }
 
-/// Whether one more batch may be committed to the link while `batches`
-/// of `bytes` bytes are unconfirmed: always when nothing is, else only
-/// while those clear within `horizon`.
-pub fn admits(batches: usize, bytes: u64, link: &LinkEstimate, horizon: Duration) -> bool {
-    batches == 0 || drain_time(batches, bytes, link) < horizon
+/// Whether the horizon can be kept on `link` at all: one transaction's
+/// fixed time is within it. Where it is not (a 50 ms 4G round trip
+/// against a 100 ms class), no admission or cap makes the bound, and
+/// holding batches back would only cost throughput; the rules stand
+/// aside.
+pub fn keepable(link: &LinkEstimate, horizon: Duration) -> bool {
+    link.per_transaction < horizon
 }
 
-/// The largest batch whose own transaction fits `horizon` on `link`
-/// (at least [`MIN_BATCH_BYTES`]).
+/// Whether one more batch may be committed to the link while `batches`
+/// of `bytes` bytes are unconfirmed: always when nothing is or when the
+/// horizon cannot be kept ([`keepable`]), else only while those clear
+/// within `horizon`.
+pub fn admits(batches: usize, bytes: u64, link: &LinkEstimate, horizon: Duration) -> bool {
+    batches == 0 || !keepable(link, horizon) || drain_time(batches, bytes, link) < horizon
+}
+
+/// The largest batch whose own transaction fits `horizon` on `link`, but
+/// never less than one transaction's worth of bytes (`T_sc Th_up`, so the
+/// link stays at least half busy carrying bytes rather than waiting out
+/// fixed costs) nor [`MIN_BATCH_BYTES`].
 pub fn batch_cap(link: &LinkEstimate, horizon: Duration) -> usize {
     let room = horizon.saturating_sub(link.per_transaction).as_secs_f64();
-    let bytes = room * link.bytes_per_sec;
+    let floor = link.per_transaction.as_secs_f64();
+    let bytes = room.max(floor) * link.bytes_per_sec;
     if bytes.is_finite() {
         (bytes as usize).max(MIN_BATCH_BYTES)
     } else {
@@ -106,8 +126,18 @@ mod tests {
 
     #[test]
     fn a_slow_link_still_carries_a_few_records_per_batch() {
-        let l = link(10_000.0, MS * 100);
-        assert_eq!(batch_cap(&l, horizon(MS * 100)), MIN_BATCH_BYTES);
+        let l = link(10_000.0, MS * 5);
+        assert_eq!(batch_cap(&l, horizon(MS * 10)), MIN_BATCH_BYTES);
+    }
+
+    #[test]
+    fn where_one_transaction_passes_the_horizon_the_rules_stand_aside() {
+        // 4G as JANUS Table III has it: 50 ms, 18 Mbit/s; `ls` 100 ms.
+        let l = link(2_250_000.0, MS * 50);
+        let h = horizon(MS * 100);
+        assert!(!keepable(&l, h));
+        assert!(admits(7, 7 << 16, &l, h), "the window decides");
+        assert_eq!(batch_cap(&l, h), 112_500, "one transaction's bytes");
     }
 
     proptest! {
@@ -130,10 +160,14 @@ mod tests {
                 bytes += cap as u64;
             }
             let one = drain_time(1, cap as u64, &l);
-            prop_assert!(drain_time(batches, bytes, &l) <= h + one);
-            if cap > MIN_BATCH_BYTES {
-                prop_assert!(one <= h + MS);
+            if keepable(&l, h) {
+                prop_assert!(drain_time(batches, bytes, &l) <= h + one);
             }
+            // A batch fits the horizon, or is no more than one
+            // transaction's worth (or the floor).
+            let fits = one <= h + MS;
+            let bdp = cap as f64 <= (l.per_transaction.as_secs_f64() * bw).max(MIN_BATCH_BYTES as f64) + 1.0;
+            prop_assert!(fits || bdp);
         }
     }
 }
