@@ -24,7 +24,6 @@ use serde::Serialize;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::amqp::{Body, Consumer};
 use crate::child::Weir;
 use crate::cli::{ContentionArgs, Pacing};
 use crate::mqtt::{run_publishers, MqttLoad};
@@ -158,13 +157,7 @@ async fn scenario(
     weir_args.set = set;
     let mut weir = Weir::start(env, &name, &weir_args).await?;
     let counters = Arc::new(Counters::default());
-    let consumer = Consumer::start(
-        env.amqp.clone(),
-        weir.queue.clone(),
-        Body::WeirBatch,
-        Arc::clone(&counters),
-    )
-    .await?;
+    let consumer = crate::run::consume_weir(env, &weir, &counters).await?;
     // Prime (weir connects to RabbitMQ on its first batch), then open the
     // idle connections and measure memory before the load.
     let prime = MqttLoad {

@@ -147,13 +147,7 @@ async fn latency_via_weir(env: &Env, a: &LatencyArgs) -> anyhow::Result<(Latency
     let name = unique("lat");
     let mut weir = Weir::start(env, &name, &a.weir_config).await?;
     let counters = Arc::new(Counters::default());
-    let consumer = Consumer::start(
-        env.amqp.clone(),
-        weir.queue.clone(),
-        Body::WeirBatch,
-        Arc::clone(&counters),
-    )
-    .await?;
+    let consumer = crate::run::consume_weir(env, &weir, &counters).await?;
     let mqtt = weir.mqtt;
     let load = |client: &str, rate: Option<f64>, limit: Option<u64>| MqttLoad {
         addr: mqtt,

@@ -21,6 +21,22 @@ pub const LINGER: Duration = Duration::from_secs(1);
 /// to RabbitMQ (it connects on its first batch).
 pub const PRIMING_RECORDS: u64 = 100;
 
+/// A consumer of `weir`'s batches from its RabbitMQ queue, counting into
+/// `counters`.
+pub async fn consume_weir(
+    env: &crate::shared::Env,
+    weir: &Weir,
+    counters: &std::sync::Arc<Counters>,
+) -> anyhow::Result<crate::amqp::Consumer> {
+    crate::amqp::Consumer::start(
+        env.amqp.clone(),
+        weir.queue.clone(),
+        crate::amqp::Body::WeirBatch,
+        std::sync::Arc::clone(counters),
+    )
+    .await
+}
+
 /// Waits until the consumer has seen every acknowledged record.
 pub async fn wait_consumed(counters: &Counters, weir: &mut Weir) -> anyhow::Result<()> {
     let deadline = Instant::now() + DRAIN_PATIENCE;

@@ -10,7 +10,6 @@ use anyhow::{bail, ensure, Context};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::amqp::{Body, Consumer};
 use crate::child::Weir;
 use crate::cli::{Pacing, ThroughputArgs};
 use crate::mqtt::{connections, run_publishers, MqttLoad};
@@ -53,13 +52,7 @@ pub async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<Through
         None => (weir.mqtt, None),
     };
     let counters = Arc::new(Counters::default());
-    let consumer = Consumer::start(
-        env.amqp.clone(),
-        weir.queue.clone(),
-        Body::WeirBatch,
-        Arc::clone(&counters),
-    )
-    .await?;
+    let consumer = crate::run::consume_weir(env, &weir, &counters).await?;
     let rss_start = rss_kib(weir.pid).unwrap_or(0);
 
     // Prime: weir connects to RabbitMQ on its first batch.
