@@ -96,35 +96,6 @@ pub struct ContentionArgs {
     pub weir_config: WeirArgs,
 }
 
-/// A rate as weir's config writes it (`4Mbit/s`, `500kB/s`, `2MiB/s`), in
-/// bytes per second.
-pub fn parse_rate(text: &str) -> anyhow::Result<f64> {
-    let t = text.trim();
-    let (number, unit) = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .map_or((t, ""), |i| t.split_at(i));
-    let n: f64 = number
-        .parse()
-        .map_err(|_| anyhow::anyhow!("{text:?}: not a rate like 4Mbit/s"))?;
-    let unit = unit.trim().trim_end_matches("/s");
-    let (power, rest) = match unit.chars().next() {
-        Some('k') | Some('K') => (1, &unit[1..]),
-        Some('M') => (2, &unit[1..]),
-        Some('G') => (3, &unit[1..]),
-        _ => (0, unit),
-    };
-    let (scale, rest) = match rest.strip_prefix('i') {
-        Some(r) => (1024f64.powi(power), r),
-        None => (1000f64.powi(power), rest),
-    };
-    let per_byte = match rest {
-        "bit" | "bps" | "b" => 1.0 / 8.0,
-        "B" | "" => 1.0,
-        other => anyhow::bail!("{text:?}: unknown unit {other:?} (bit/s or B/s)"),
-    };
-    Ok(n * scale * per_byte)
-}
-
 /// `weir-load recovery`.
 #[derive(clap::Args, Clone, Debug, Serialize)]
 pub struct RecoveryArgs {

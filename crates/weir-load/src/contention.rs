@@ -28,7 +28,7 @@ use crate::child::Weir;
 use crate::cli::{ContentionArgs, Pacing};
 use crate::mqtt::{run_publishers, MqttLoad};
 use crate::report::{machine_info, Percentiles};
-use crate::run::{wait_consumed, PRIMING_RECORDS};
+use crate::run::{prime_load, prime_weir, wait_consumed};
 use crate::sample::{cpu_ticks, rss_kib, Snapshot};
 use crate::shared::{unique, Counters, Env};
 use crate::stamp::{unix_us_at, STAMP};
@@ -127,7 +127,11 @@ async fn idle_connections(
 pub async fn contention(env: &Env, a: &ContentionArgs) -> anyhow::Result<Vec<Scenario>> {
     ensure!(a.size >= STAMP, "--size must be at least {STAMP} bytes");
     let shares = mix(&a.mix)?;
-    let link = crate::cli::parse_rate(&a.uplink)?;
+    let link = a
+        .uplink
+        .parse::<weir::config::Rate>()
+        .with_context(|| format!("--uplink {}", a.uplink))?
+        .bytes_per_sec();
     let mut out = Vec::new();
     for &n in &a.busy {
         let s = scenario(env, a, &shares, link, n).await?;
@@ -160,19 +164,8 @@ async fn scenario(
     let consumer = crate::run::consume_weir(env, &weir, &counters).await?;
     // Prime (weir connects to RabbitMQ on its first batch), then open the
     // idle connections and measure memory before the load.
-    let prime = MqttLoad {
-        addr: weir.mqtt,
-        client_id: format!("{name}-prime"),
-        topic: format!("{name}/lt/prime"),
-        size: a.size,
-        window: 100,
-        rate: None,
-        pacing: Pacing::Tick,
-        limit: Some(PRIMING_RECORDS),
-        tls: None,
-    };
-    run_publishers(vec![prime], Arc::clone(&counters), CancellationToken::new()).await?;
-    wait_consumed(&counters, &mut weir).await?;
+    let prime = prime_load(weir.mqtt, &name, &format!("{name}/lt/prime"), a.size);
+    prime_weir(&mut weir, &counters, prime).await?;
     let rss_before_idle = rss_kib(weir.pid).unwrap_or(0);
     let idle = idle_connections(weir.mqtt, a.idle_connections, &name).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -37,6 +37,43 @@ pub async fn consume_weir(
     .await
 }
 
+/// The priming load: [`PRIMING_RECORDS`] records to `topic` as fast as
+/// acknowledged, as `<name>-prime`.
+pub fn prime_load(
+    addr: std::net::SocketAddr,
+    name: &str,
+    topic: &str,
+    size: usize,
+) -> crate::mqtt::MqttLoad {
+    crate::mqtt::MqttLoad {
+        addr,
+        client_id: format!("{name}-prime"),
+        topic: topic.to_owned(),
+        size,
+        window: 100,
+        rate: None,
+        pacing: crate::cli::Pacing::Tick,
+        limit: Some(PRIMING_RECORDS),
+        tls: None,
+    }
+}
+
+/// Primes `weir` with `load` (it connects to RabbitMQ on its first batch)
+/// and waits until the consumer has every primed record.
+pub async fn prime_weir(
+    weir: &mut Weir,
+    counters: &std::sync::Arc<Counters>,
+    load: crate::mqtt::MqttLoad,
+) -> anyhow::Result<()> {
+    crate::mqtt::run_publishers(
+        vec![load],
+        std::sync::Arc::clone(counters),
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .await?;
+    wait_consumed(counters, weir).await
+}
+
 /// Waits until the consumer has seen every acknowledged record.
 pub async fn wait_consumed(counters: &Counters, weir: &mut Weir) -> anyhow::Result<()> {
     let deadline = Instant::now() + DRAIN_PATIENCE;

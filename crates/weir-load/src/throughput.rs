@@ -11,11 +11,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::child::Weir;
-use crate::cli::{Pacing, ThroughputArgs};
+use crate::cli::ThroughputArgs;
 use crate::mqtt::{connections, run_publishers, MqttLoad};
 use crate::pki::Pki;
 use crate::report::{machine_info, CpuReport, Percentiles, ThroughputReport, TimelinePoint};
-use crate::run::{egress_cycles, wait_consumed, LINGER, PRIMING_RECORDS, SAMPLE_EVERY};
+use crate::run::{egress_cycles, prime_load, prime_weir, wait_consumed, LINGER, SAMPLE_EVERY};
 use crate::sample::{hwm_kib, rss_kib, Snapshot};
 use crate::shared::{unique, Counters, Env};
 use crate::stamp::{payload_kind, unix_us_at, STAMP};
@@ -57,18 +57,10 @@ pub async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<Through
 
     // Prime: weir connects to RabbitMQ on its first batch.
     let prime = MqttLoad {
-        addr,
-        client_id: format!("{name}-prime"),
-        topic: format!("{topic_base}/prime"),
-        size: a.size,
-        window: 100,
-        rate: None,
-        pacing: Pacing::Tick,
-        limit: Some(PRIMING_RECORDS),
         tls: client_tls.clone(),
+        ..prime_load(addr, &name, &format!("{topic_base}/prime"), a.size)
     };
-    run_publishers(vec![prime], Arc::clone(&counters), CancellationToken::new()).await?;
-    wait_consumed(&counters, &mut weir).await?;
+    prime_weir(&mut weir, &counters, prime).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss_idle = rss_kib(weir.pid).unwrap_or(0);
 

@@ -22,6 +22,36 @@ use crate::metrics::Metrics;
 use crate::reload::Reloader;
 use crate::security::{tls, Watched};
 
+/// One plain-HTTP request to an admin listener, blocking (`weir top`,
+/// `weir reload`): the status code and the body. HTTP/1.0, so the body is
+/// never chunked and ends with the connection; `timeout` bounds the wait
+/// for the answer.
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    timeout: std::time::Duration,
+) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2))?;
+    s.set_read_timeout(Some(timeout))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n"
+    )?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer)?;
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other(format!("no HTTP answer from {addr}{path}")))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("no HTTP status from {addr}{path}")))?;
+    Ok((status, body.to_owned()))
+}
+
 /// Content type of the Prometheus/OpenMetrics text format.
 const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 

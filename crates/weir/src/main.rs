@@ -224,7 +224,6 @@ fn admin_addr(path: &PathBuf) -> Result<std::net::SocketAddr, ExitCode> {
 /// `weir reload`: POST /reload to the admin listener of the weir running
 /// with `path`.
 fn reload(path: &PathBuf) -> ExitCode {
-    use std::io::{Read, Write};
     let addr = match admin_addr(path) {
         Ok(a) => a,
         Err(code) => {
@@ -234,23 +233,12 @@ fn reload(path: &PathBuf) -> ExitCode {
             return code;
         }
     };
-    let exchange = || -> std::io::Result<String> {
-        let mut s = std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5))?;
-        s.set_read_timeout(Some(std::time::Duration::from_secs(60)))?;
-        write!(
-            s,
-            "POST /reload HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut answer = String::new();
-        s.read_to_string(&mut answer)?;
-        Ok(answer)
-    };
-    match exchange() {
-        Ok(answer) => {
-            let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let answer = weir::admin::request(addr, "POST", "/reload", std::time::Duration::from_secs(60));
+    match answer {
+        Ok((status, body)) => {
             print!("{body}");
-            match head.split_whitespace().nth(1) {
-                Some("200") => ExitCode::SUCCESS,
+            match status {
+                200 => ExitCode::SUCCESS,
                 _ => ExitCode::from(1),
             }
         }

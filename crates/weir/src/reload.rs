@@ -14,12 +14,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot, watch};
 use weir_core::batching::BatchLimits;
-use weir_core::queue::MultiLevelQueue;
 use weir_core::scheduler::{capacities_for, ReconfigureError, SchedulerParams};
 
 use crate::config::{self, CompressionSection, Config, ConfigError, Problem};
 use crate::intake::Intake;
-use crate::metrics::Metrics;
 use crate::scheduler::Reconfigure;
 use crate::security::Refresh;
 
@@ -74,11 +72,10 @@ struct Running {
 /// Applies reloads to the running parts.
 pub struct Reloader {
     running: tokio::sync::Mutex<Running>,
-    queues: Arc<MultiLevelQueue>,
+    /// Its queues and metrics are the ones a reload changes.
     intake: Arc<Intake>,
     scheduler: mpsc::Sender<Reconfigure>,
     compression: watch::Sender<CompressionSection>,
-    metrics: Arc<Metrics>,
     /// Certificate, key, password, ACL and token files, re-read first.
     watched: std::sync::Mutex<Vec<Arc<dyn Refresh>>>,
     /// Peering, when on: its peers change in place.
@@ -122,8 +119,6 @@ impl Reloader {
     ) -> Self {
         Reloader {
             running: tokio::sync::Mutex::new(Running { config, source }),
-            queues: Arc::clone(intake.queues()),
-            metrics: Arc::clone(intake.metrics()),
             intake,
             scheduler,
             compression,
@@ -195,7 +190,7 @@ impl Reloader {
             );
             return result;
         }
-        self.metrics.latency.reload(result.is_ok());
+        self.intake.metrics().latency.reload(result.is_ok());
         match &result {
             Ok(a) if a.keys.is_empty() => {
                 tracing::info!("config reloaded: no change");
@@ -244,12 +239,12 @@ impl Reloader {
             let _ = self.apply_peers(&new, &running.config);
             return Err(e);
         }
-        self.queues.set_capacities(&capacities_for(
+        self.intake.queues().set_capacities(&capacities_for(
             new.scheduler.scheme,
             &new.memory_capacities(),
         ));
         self.intake.set_classifier(new.classifier.clone());
-        self.metrics.latency.set_bounds(&new.classes);
+        self.intake.metrics().latency.set_bounds(&new.classes);
         // The chooser keeps what it measured unless its settings changed.
         self.compression.send_if_modified(|c| {
             let changed = *c != new.compression;

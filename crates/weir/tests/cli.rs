@@ -148,15 +148,7 @@ fn sigterm_shuts_down_cleanly_and_batches_decode() {
         "weir.toml",
         &format!("{GRPC_ONLY}\n{}\n", file_egress(&out_dir)),
     );
-    let mut child = spawn_weir(&file, Stdio::piped());
-    // Once started, weir catches SIGTERM; before that, SIGTERM would kill
-    // it outright. Wait for that, not for a time.
-    wait_until_catching_sigterm(&mut child);
-    sigterm(child.id());
-    let status = child.wait().unwrap();
-    let mut err = String::new();
-    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
-    assert!(status.success(), "exit {status}: {err}");
+    let err = stop_when_up(spawn_weir(&file, Stdio::piped()));
     assert!(err.contains("SIGTERM"), "{err}");
     assert!(err.contains("shut down cleanly"), "{err}");
 
@@ -268,7 +260,7 @@ fn run_and_log(name: &str, log: &str, env: &[(&str, &str)]) -> String {
             file_egress(&dir.join("out"))
         ),
     );
-    let mut child = Command::new(WEIR)
+    let child = Command::new(WEIR)
         .args(["run", "--config", file.to_str().unwrap()])
         .env_remove("RUST_LOG")
         .envs(env.iter().copied())
@@ -276,6 +268,14 @@ fn run_and_log(name: &str, log: &str, env: &[(&str, &str)]) -> String {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    stop_when_up(child)
+}
+
+/// Waits until weir in `child` (stderr piped) is up, stops it with
+/// SIGTERM, checks it exited cleanly, and returns its stderr. Once started,
+/// weir catches SIGTERM; before that, SIGTERM would kill it outright: the
+/// wait is for that, not for a time.
+fn stop_when_up(mut child: std::process::Child) -> String {
     wait_until_catching_sigterm(&mut child);
     sigterm(child.id());
     let status = child.wait().unwrap();

@@ -153,7 +153,7 @@ fn same_names(old: &Config, new: &Config) -> bool {
 
 /// `old` with everything a reload applies in place taken from `new`: equal
 /// to `new` exactly when nothing else changed.
-pub fn in_place(old: &Config, new: &Config) -> Config {
+fn in_place(old: &Config, new: &Config) -> Config {
     let mut c = old.clone();
     if same_names(old, new) {
         c.classes = new.classes.clone();

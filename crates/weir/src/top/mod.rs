@@ -10,8 +10,7 @@
 pub mod model;
 pub mod view;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyModifiers};
@@ -32,19 +31,10 @@ pub struct TopOptions {
 
 /// `GET /metrics` from `addr`, plain HTTP.
 pub fn fetch(addr: SocketAddr) -> std::io::Result<String> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: weir\r\n\r\n")?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    match text.split_once("\r\n\r\n") {
-        Some((head, body))
-            if head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200") =>
-        {
-            Ok(body.to_owned())
-        }
-        _ => Err(std::io::Error::other(format!(
-            "unexpected answer from http://{addr}/metrics"
+    match crate::admin::request(addr, "GET", "/metrics", Duration::from_secs(5))? {
+        (200, body) => Ok(body),
+        (status, _) => Err(std::io::Error::other(format!(
+            "http://{addr}/metrics answered {status}"
         ))),
     }
 }

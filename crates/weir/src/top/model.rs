@@ -3,8 +3,6 @@
 //! percentiles come from the histogram buckets filled in between (so they
 //! describe the last interval, not weir's whole life).
 
-use std::collections::BTreeMap;
-
 /// One series: its name, labels and value.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
@@ -307,14 +305,14 @@ pub fn frame(before: &Scrape, after: &Scrape, dt: f64) -> Frame {
     }
 }
 
-/// Groups a frame's numbers for tests and `--once` output.
-pub fn by_class(f: &Frame) -> BTreeMap<&str, &ClassRow> {
-    f.classes.iter().map(|c| (c.name.as_str(), c)).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
+
+    fn by_class(f: &Frame) -> BTreeMap<&str, &ClassRow> {
+        f.classes.iter().map(|c| (c.name.as_str(), c)).collect()
+    }
 
     fn text(accepted: u64, le_05: u64, le_2: u64, inf: u64, late: u64) -> String {
         format!(
