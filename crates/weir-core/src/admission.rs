@@ -6,23 +6,29 @@
 //! until the link has carried it. Two rules keep that wait within the
 //! tightest bound in play:
 //!
-//! - **Admission**: the egress takes another batch only while what it has
-//!   not yet had confirmed would clear the link within the *horizon*
-//!   ([`admits`]): `k` transactions of `B` bytes take about
-//!   `k T_sc + B / Th_up` (the link estimate's Eq. 1, with `T_sc` as the
-//!   estimator measures it: the part of a transaction that does not overlap
-//!   the one before).
+//! - **Just in time**: the egress asks for its next batch only once what
+//!   is committed ahead of it would clear the link within a [`lead`] (a
+//!   quarter of the *horizon*), by a [`LinkClock`] that runs each sent
+//!   batch's Eq. 1 time `T_sc + B / Th_up` (with `T_sc` as the estimator
+//!   measures it: the part of a transaction that does not overlap the one
+//!   before) one after another ([`next_offer`]). The batch is built from
+//!   the queues as they are when the link can take it, and what waits for
+//!   a confirm no longer counts: a broker's round trip and fsync overlap
+//!   the next transfer.
 //! - **Batch cap**: no single batch may take longer than the horizon on the
 //!   link ([`batch_cap`]), however late the scheduler woke and however many
 //!   tokens it found: a late wake-up does not turn into a long
 //!   non-preemptible transfer.
 //!
-//! The horizon is half the tightest bound among the classes that have
-//! traffic ([`horizon`]): half for what is already committed, half for the
-//! urgent record's own wait and transaction. With the uplink saturated by
-//! less urgent classes, a `ls` record (100 ms) then waits at most about
-//! 50 ms behind them, where a window of 8 batches of 64 KiB on a 4 Mbit/s
-//! uplink made it wait a second.
+//! The horizon is [`HORIZON_SHARE`] (35 %) of the tightest bound among the
+//! classes that have traffic ([`horizon`]). An urgent record waits at most
+//! the rest of the transaction under way, the lead and its own transaction,
+//! each within the horizon: with the uplink saturated by less urgent
+//! classes, a `ls` record (100 ms) waits at most 35 + 9 + 35 ms, where a
+//! window of 8 batches of 64 KiB on a 4 Mbit/s uplink made it wait a
+//! second. Riders (records of other classes sharing the urgent record's
+//! transaction) may fill a batch up to the cap, since the cap already keeps
+//! the transaction within the horizon.
 //!
 //! The price is throughput on links whose per-transaction time is large
 //! against the bound: batches are smaller and fewer are in flight. Three
@@ -40,9 +46,12 @@ use std::time::Duration;
 
 use crate::link_estimate::LinkEstimate;
 
-/// The share of the tightest bound that what is already committed to the
-/// link may take to clear.
-pub const HORIZON_SHARE: f64 = 0.5;
+/// The share of the tightest bound that one transaction may take on the
+/// link. An urgent record waits at most the rest of the transaction under
+/// way, the [`lead`], and its own transaction: `2 h + h/4 = 0.79` of the
+/// bound at 0.35, leaving the rest for the queue's drain, the confirm's or
+/// consumer's hop and a late wake-up.
+pub const HORIZON_SHARE: f64 = 0.35;
 
 /// No batch cap goes below this: on a link too slow for the horizon, a
 /// batch still carries a few records (and the bound cannot be met anyway).
@@ -75,12 +84,77 @@ pub fn keepable(link: &LinkEstimate, horizon: Duration) -> bool {
     link.per_transaction < horizon
 }
 
-/// Whether one more batch may be committed to the link while `batches`
-/// of `bytes` bytes are unconfirmed: always when nothing is or when the
-/// horizon cannot be kept ([`keepable`]), else only while those clear
-/// within `horizon`.
-pub fn admits(batches: usize, bytes: u64, link: &LinkEstimate, horizon: Duration) -> bool {
-    batches == 0 || !keepable(link, horizon) || drain_time(batches, bytes, link) < horizon
+/// Share of the horizon by which the egress asks for its next batch ahead
+/// of the link becoming free ([`lead`]).
+pub const LEAD_SHARE: f64 = 0.25;
+
+/// How long before the link has carried what is committed the egress asks
+/// the scheduler for the next batch: long enough for the hand-off (the
+/// scheduler's wake-up, the drain, compression) even on a busy box, so the
+/// link does not idle between transactions; short, so that a batch is built
+/// from the queues as they are when the link can take it, not a whole
+/// transaction earlier (an urgent record arriving in between would wait for
+/// that batch too).
+pub fn lead(horizon: Duration) -> Duration {
+    horizon.mul_f64(LEAD_SHARE)
+}
+
+/// The link as the egress has committed to it: when it will have carried
+/// every batch sent so far, by Eq. 1 per transaction, one after another. A
+/// publisher confirm is not link time: the broker's round trip and its
+/// fsync overlap the next transfer, so only the bytes still to cross count
+/// against an urgent record, and a slow confirm does not leave the link
+/// idle.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LinkClock {
+    clear_at: Duration,
+}
+
+impl LinkClock {
+    /// A batch of `bytes` went to the link at `now`: it starts once the
+    /// link has carried what was sent before it.
+    pub fn sent(&mut self, now: Duration, bytes: u64, link: &LinkEstimate) {
+        self.clear_at = self
+            .clear_at
+            .max(now)
+            .saturating_add(drain_time(1, bytes, link));
+    }
+
+    /// The link has carried everything sent by `now` (the last batch sent
+    /// is confirmed, or the sink's send returns only once it has): what the
+    /// estimate predicted no longer counts.
+    pub fn cleared(&mut self, now: Duration) {
+        self.clear_at = self.clear_at.min(now);
+    }
+
+    /// How long from `now` until the link has carried what was sent.
+    pub fn busy_for(&self, now: Duration) -> Duration {
+        self.clear_at.saturating_sub(now)
+    }
+}
+
+/// When the egress should ask the scheduler for its next batch, with
+/// `queued` batches of `queued_bytes` built and not yet sent: once what is
+/// committed ahead (the rest of what `clock` says is on the link, plus the
+/// queued batches' transactions) clears within [`lead`]. At `now` when that
+/// is already so, or when the horizon cannot be kept at all ([`keepable`]:
+/// then only the sink's window limits what is committed).
+pub fn next_offer(
+    now: Duration,
+    clock: &LinkClock,
+    queued: usize,
+    queued_bytes: u64,
+    link: &LinkEstimate,
+    horizon: Duration,
+) -> Duration {
+    if !keepable(link, horizon) {
+        return now;
+    }
+    let mut ahead = clock.busy_for(now);
+    if queued > 0 {
+        ahead = ahead.saturating_add(drain_time(queued, queued_bytes, link));
+    }
+    now.saturating_add(ahead.saturating_sub(lead(horizon)))
 }
 
 /// The largest batch whose own transaction fits `horizon` on `link`, but
@@ -113,15 +187,43 @@ mod tests {
     }
 
     #[test]
-    fn a_4_mbit_link_with_a_100ms_class_takes_batches_of_20_kb() {
+    fn a_4_mbit_link_with_a_100ms_class_takes_batches_of_12_kb() {
         let l = link(500_000.0, MS * 10);
         let h = horizon(MS * 100);
-        assert_eq!(h, MS * 50);
-        assert_eq!(batch_cap(&l, h), 20_000);
-        assert!(admits(0, 0, &l, h), "an idle link always takes one");
-        assert!(admits(1, 10_000, &l, h), "30 ms to clear");
-        assert!(!admits(1, 20_000, &l, h), "a full batch takes the horizon");
-        assert!(!admits(2, 20_000, &l, h), "two transactions take 60 ms");
+        assert_eq!(h, MS * 35);
+        assert_eq!(batch_cap(&l, h), 12_500);
+        assert_eq!(lead(h), MS * 35 / 4);
+    }
+
+    #[test]
+    fn the_next_batch_is_asked_for_a_lead_before_the_link_is_clear() {
+        let l = link(500_000.0, MS * 10);
+        let h = horizon(MS * 100);
+        let mut clock = LinkClock::default();
+        assert_eq!(
+            next_offer(MS * 5, &clock, 0, 0, &l, h),
+            MS * 5,
+            "an idle link: now"
+        );
+        // 10 kB: 10 ms + 20 ms on the link.
+        clock.sent(MS * 5, 10_000, &l);
+        assert_eq!(clock.busy_for(MS * 5), MS * 30);
+        assert_eq!(
+            next_offer(MS * 5, &clock, 0, 0, &l, h),
+            MS * 5 + MS * 30 - lead(h)
+        );
+        // Sent while the link is busy, a batch starts once it is clear.
+        clock.sent(MS * 20, 10_000, &l);
+        assert_eq!(clock.busy_for(MS * 20), MS * 45);
+        // A batch built and not yet sent counts too.
+        assert_eq!(
+            next_offer(MS * 20, &clock, 1, 5_000, &l, h),
+            MS * 20 + MS * 45 + MS * 20 - lead(h)
+        );
+        // Confirmed: the prediction gives way to what happened.
+        clock.cleared(MS * 40);
+        assert_eq!(clock.busy_for(MS * 40), Duration::ZERO);
+        assert_eq!(next_offer(MS * 40, &clock, 0, 0, &l, h), MS * 40);
     }
 
     #[test]
@@ -136,35 +238,51 @@ mod tests {
         let l = link(2_250_000.0, MS * 50);
         let h = horizon(MS * 100);
         assert!(!keepable(&l, h));
-        assert!(admits(7, 7 << 16, &l, h), "the window decides");
+        let mut clock = LinkClock::default();
+        clock.sent(MS, 7 << 16, &l);
+        assert_eq!(
+            next_offer(MS, &clock, 7, 7 << 16, &l, h),
+            MS,
+            "the window decides"
+        );
         assert_eq!(batch_cap(&l, h), 112_500, "one transaction's bytes");
     }
 
     proptest! {
-        /// Whatever the link, batches admitted one at a time at the cap
-        /// never leave more than the horizon plus one batch's transaction
-        /// committed ahead of the next record.
+        /// Whatever the link, with batches at the cap and a hand-off no
+        /// longer than the lead: at every offer no more than the lead is
+        /// committed ahead (an urgent record waits at most the lead and
+        /// one batch), and the link never idles between transactions.
         #[test]
-        fn what_is_committed_clears_within_the_horizon_and_one_batch(
+        fn batches_are_asked_for_just_in_time(
             bw in 10_000.0f64..1e9,
             tsc_ms in 0u64..200,
             bound_ms in 10u64..5_000,
+            handoffs in proptest::collection::vec(0.0f64..=1.0, 1..50),
         ) {
             let l = link(bw, MS * tsc_ms as u32);
             let h = horizon(MS * bound_ms as u32);
-            let cap = batch_cap(&l, h);
-            let mut batches = 0;
-            let mut bytes = 0u64;
-            while admits(batches, bytes, &l, h) && batches < 10_000 {
-                batches += 1;
-                bytes += cap as u64;
-            }
-            let one = drain_time(1, cap as u64, &l);
-            if keepable(&l, h) {
-                prop_assert!(drain_time(batches, bytes, &l) <= h + one);
+            let cap = batch_cap(&l, h) as u64;
+            let mut clock = LinkClock::default();
+            let mut now = Duration::ZERO;
+            for share in handoffs {
+                let offer = next_offer(now, &clock, 0, 0, &l, h);
+                prop_assert!(offer >= now);
+                if keepable(&l, h) {
+                    prop_assert!(clock.busy_for(offer) <= lead(h));
+                }
+                // The batch arrives within the lead and goes straight on.
+                let arrives = offer + lead(h).mul_f64(share);
+                let was_busy_until = now + clock.busy_for(now);
+                if keepable(&l, h) && now > Duration::ZERO {
+                    prop_assert!(arrives <= was_busy_until.max(offer), "the link idled");
+                }
+                clock.sent(arrives, cap, &l);
+                now = arrives;
             }
             // A batch fits the horizon, or is no more than one
             // transaction's worth (or the floor).
+            let one = drain_time(1, cap, &l);
             let fits = one <= h + MS;
             let bdp = cap as f64 <= (l.per_transaction.as_secs_f64() * bw).max(MIN_BATCH_BYTES as f64) + 1.0;
             prop_assert!(fits || bdp);

@@ -357,14 +357,28 @@ impl Scheduler {
     }
 
     /// The per-class rider budgets at the current `C_out` (none for
-    /// Native's FIFO, which has no classes to mix).
+    /// Native's FIFO, which has no classes to mix). Where a capped batch's
+    /// transaction fits the horizon, riders may fill a batch up to the cap:
+    /// the cap already keeps every transaction within it ([`admission`]).
+    /// Not for a class more urgent than the horizon's (one without traffic
+    /// in the last window): batches may be larger than its bound allows,
+    /// so its own transaction stays short.
     fn rider_budgets(&self) -> Vec<usize> {
         if !self.per_class() {
             return Vec::new();
         }
+        let horizon = self.horizon();
+        let cap = admission::batch_cap(&self.link, horizon);
+        let fits = admission::drain_time(1, cap as u64, &self.link) <= horizon;
         self.classes
             .iter()
-            .map(|(_, c)| rider_budget(c.bound, self.capacity, RIDER_FLOOR_BYTES))
+            .map(|(_, c)| {
+                let own = rider_budget(c.bound, self.capacity, RIDER_FLOOR_BYTES);
+                match fits && c.bound >= self.tightest {
+                    true => own.max(cap),
+                    false => own,
+                }
+            })
             .collect()
     }
 
@@ -461,13 +475,16 @@ impl Scheduler {
         self.cap_batches();
     }
 
-    /// Batch limits within the batch cap at the current link estimate.
+    /// Batch limits within the batch cap at the current link estimate, and
+    /// the rider budgets that follow it.
     fn cap_batches(&mut self) {
         let cap = admission::batch_cap(&self.link, self.horizon());
         self.drainer.set_limits(BatchLimits {
             max_bytes: self.params.limits.max_bytes.min(cap),
             ..self.params.limits
         });
+        let budgets = self.rider_budgets();
+        self.drainer.set_rider_budgets(&budgets);
     }
 
     /// `C_out` in force, record bytes per second.

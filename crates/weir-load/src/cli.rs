@@ -92,6 +92,11 @@ pub struct ContentionArgs {
     /// Load before measuring starts.
     #[arg(long, default_value_t = 5)]
     pub warmup: u64,
+    /// Write every measured record as CSV here (one file per scenario,
+    /// `-<busy>` added before the extension): class, then send, ingress,
+    /// batch encoded and consumed times in microseconds since the epoch.
+    #[arg(long)]
+    pub samples: Option<PathBuf>,
     #[command(flatten)]
     pub weir_config: WeirArgs,
 }

@@ -225,6 +225,9 @@ async fn scenario(
 
     let secs = last.at.duration_since(first.at).as_secs_f64();
     let (from_us, to_us) = (unix_us_at(first.at), unix_us_at(last.at));
+    if let Some(path) = &a.samples {
+        write_samples(path, busy_n, &name, &consumed.samples, from_us, to_us)?;
+    }
     let classes = CLASSES
         .iter()
         .map(|&(class, bound_ms)| {
@@ -278,6 +281,47 @@ async fn scenario(
         machine: machine_info(),
         params: a.clone(),
     })
+}
+
+/// The measured records of one scenario as CSV (`--samples`).
+fn write_samples(
+    path: &std::path::Path,
+    busy: usize,
+    name: &str,
+    samples: &[crate::amqp::Sample],
+    from_us: u64,
+    to_us: u64,
+) -> anyhow::Result<()> {
+    use std::io::Write;
+    let stem = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("samples");
+    let file = match path.extension().and_then(|e| e.to_str()) {
+        Some(ext) => path.with_file_name(format!("{stem}-{busy}.{ext}")),
+        None => path.with_file_name(format!("{stem}-{busy}")),
+    };
+    let mut out = std::io::BufWriter::new(
+        std::fs::File::create(&file).with_context(|| format!("--samples {}", file.display()))?,
+    );
+    writeln!(out, "class,send_us,ingress_us,encoded_us,consumed_us")?;
+    for s in samples
+        .iter()
+        .filter(|s| s.send_us >= from_us && s.send_us < to_us)
+    {
+        let class = s
+            .key
+            .strip_prefix(name)
+            .and_then(|k| k.split('/').nth(1))
+            .unwrap_or("");
+        writeln!(
+            out,
+            "{class},{},{},{},{}",
+            s.send_us, s.ingress_us, s.created_us, s.consumed_us
+        )?;
+    }
+    out.flush()?;
+    Ok(())
 }
 
 fn print(s: &Scenario) {

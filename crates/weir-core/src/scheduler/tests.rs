@@ -88,7 +88,7 @@ fn it_starts_by_announcing_the_initial_rates() {
     let mut s = scheduler(p, &q);
     let ev = events(&mut s);
     assert!(
-        matches!(&ev[..], [Event::Rates(r), Event::Horizon(h)] if r.len() == 3 && *h == MS * 50),
+        matches!(&ev[..], [Event::Rates(r), Event::Horizon(h)] if r.len() == 3 && *h == MS * 35),
         "{ev:?}"
     );
     assert_eq!(s.poll_timeout(), MS * 100);
@@ -453,9 +453,17 @@ proptest! {
         p.mix_classes = mix;
         p.adaptive = adaptive;
         // The largest batch whose transaction, plus an urgent record's own
-        // transaction of its rider budget, fits the `ls` bound.
+        // transaction, fits the `ls` bound. Its own transaction holds its
+        // rider budget, or, while `ls` has traffic, a batch at the cap of
+        // its horizon if that fits the horizon.
         let est = link(capacity, t_sc);
-        let own = est.transaction_secs(rider_budget(ls_bound, capacity, RIDER_FLOOR_BYTES) as f64);
+        let h = crate::admission::horizon(ls_bound);
+        let cap = crate::admission::batch_cap(&est, h);
+        let mut own_bytes = rider_budget(ls_bound, capacity, RIDER_FLOOR_BYTES);
+        if crate::admission::drain_time(1, cap as u64, &est) <= h {
+            own_bytes = own_bytes.max(cap);
+        }
+        let own = est.transaction_secs(own_bytes as f64);
         let room = ls_bound.as_secs_f64() - own - t_sc.as_secs_f64();
         prop_assume!(room > 0.002);
         p.limits.max_bytes = ((room * capacity) as usize).clamp(2048, 64 * 1024);
@@ -672,7 +680,7 @@ fn a_late_wake_up_does_not_commit_a_long_transfer() {
     q.push(record(0, 1_000_000, 200, Duration::ZERO)).unwrap();
     // The first window sees ls and lt traffic: the horizon is ls's.
     assert!(s.poll_window(MS * 100, &q, 0));
-    assert_eq!(s.horizon(), MS * 50);
+    assert_eq!(s.horizon(), MS * 35);
     // Very late: ten seconds of tokens.
     let now = Duration::from_secs(10);
     let cap = crate::admission::batch_cap(&l, s.horizon());

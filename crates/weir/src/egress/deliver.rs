@@ -10,7 +10,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use weir_core::link_estimate::LinkEstimator;
+use weir_core::admission::{next_offer, LinkClock};
+use weir_core::link_estimate::{LinkEstimate, LinkEstimator};
 use weir_core::scheduler::{Delivered, OutBatch};
 use weir_core::{ClassSet, NodeId};
 
@@ -19,6 +20,7 @@ use super::batch::EncodedBatch;
 use super::compress;
 use super::sink::{Confirm, DeliveryObserver, Sink, SinkError};
 use crate::handoff::LinkReady;
+use crate::metrics::latency::Stage;
 use crate::metrics::Metrics;
 
 /// First retry delay after a failed delivery.
@@ -69,6 +71,8 @@ struct Prepared {
     runs: Vec<(weir_core::ClassId, usize, usize)>,
     /// Failed attempts so far.
     attempts: u32,
+    /// When the egress received it from the scheduler.
+    received: Instant,
 }
 
 /// A batch sent and awaiting its confirmation.
@@ -76,6 +80,8 @@ struct InFlight {
     prepared: Prepared,
     /// When sending started (the emulated link's time included).
     started: Instant,
+    /// When the send returned.
+    sent: Instant,
     confirm: Confirm,
 }
 
@@ -127,13 +133,18 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
     // Batches to send, oldest first: retries ahead of new ones.
     let mut todo: VecDeque<Prepared> = VecDeque::new();
     let mut flight: VecDeque<InFlight> = VecDeque::with_capacity(window);
-    // Permits handed to the scheduler and not yet turned into batches.
+    // Permits handed to the scheduler and not yet turned into batches,
+    // and when the last was.
     let mut offered = 0usize;
+    let mut offered_at = Instant::now();
     let mut open = true;
     let mut backoff = RETRY_INITIAL;
     let mut retry_at: Option<Instant> = None;
     // When the link last finished a transaction.
     let mut link_free_at = Instant::now();
+    // When the link will have carried what was sent, predicted.
+    let epoch = Instant::now();
+    let mut clock = LinkClock::default();
     // The deadline passed: what is unconfirmed, and what the scheduler
     // handed over and was never taken, is undelivered.
     let lost = |todo: &VecDeque<Prepared>,
@@ -163,22 +174,21 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
     };
     loop {
         // Offer the scheduler one permit at a time, while a slot of the
-        // window is free and what is unconfirmed clears the link within
-        // the horizon: batches are built just in time for the link, and
-        // an urgent record never finds more committed ahead of it than
-        // the horizon allows (weir_core::admission).
+        // window is free, just in time: once what is committed ahead would
+        // clear the link within the lead (weir_core::admission). The batch
+        // is built from the queues as they are when the link can take it,
+        // and an urgent record never finds more than the lead and one
+        // batch committed ahead of it.
+        let mut offer_at = None;
         let committed = flight.len() + todo.len();
-        let free = window.saturating_sub(committed);
-        if open && offered == 0 && free > 0 {
-            let bytes: usize = flight
-                .iter()
-                .map(|f| f.prepared.encoded.body.len())
-                .chain(todo.iter().map(|p| p.encoded.body.len()))
-                .sum();
-            let estimate = *link.borrow();
-            if weir_core::admission::admits(committed, bytes as u64, &estimate, *horizon.borrow()) {
+        if open && offered == 0 && committed < window {
+            let at = offer_due(epoch, &clock, &todo, &link.borrow(), *horizon.borrow());
+            if at <= Instant::now() {
                 ready.add_permits(1);
                 offered = 1;
+                offered_at = Instant::now();
+            } else {
+                offer_at = Some(at);
             }
         }
         let waiting = retry_at.is_some_and(|at| at > Instant::now());
@@ -186,25 +196,65 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
             retry_at = None;
             let prepared = todo.pop_front().expect("not empty");
             let started = Instant::now();
+            let estimate = *link.borrow();
+            clock.sent(
+                started - epoch,
+                prepared.encoded.body.len() as u64,
+                &estimate,
+            );
+            // While the send is under way (the emulated link's transfer),
+            // the next batch is asked for when it is due.
+            let mut due = (open && offered == 0 && committed < window)
+                .then(|| offer_due(epoch, &clock, &todo, &estimate, *horizon.borrow()));
             // Cancel safety: a send is never raced against anything but the
-            // abort, so a publish is not left half done; on abort the batch
-            // is only logged, since the destination never confirmed it.
-            let sent = tokio::select! {
-                r = sink.send(&prepared.encoded) => r,
-                _ = abort.cancelled() => {
-                    todo.push_front(prepared);
-                    lost(&todo, &flight, &mut batches);
-                    return;
+            // abort and the timer that offers a permit (which only wakes
+            // this loop; the send future stays pinned here and is polled
+            // again), so a publish is not left half done; on abort the
+            // batch is only logged, since the destination never confirmed
+            // it.
+            let outcome = {
+                let send = sink.send(&prepared.encoded);
+                tokio::pin!(send);
+                loop {
+                    tokio::select! {
+                        r = &mut send => break Some(r),
+                        () = sleep_until_some(due), if due.is_some() => {
+                            due = None;
+                            ready.add_permits(1);
+                            offered = 1;
+                            offered_at = Instant::now();
+                        }
+                        _ = abort.cancelled() => break None,
+                    }
                 }
             };
+            let Some(sent) = outcome else {
+                todo.push_front(prepared);
+                lost(&todo, &flight, &mut batches);
+                return;
+            };
+            if sink.carried_on_send() {
+                clock.cleared(Instant::now() - epoch);
+            }
             match sent {
-                Ok(confirm) => flight.push_back(InFlight {
-                    prepared,
-                    started,
-                    confirm,
-                }),
+                Ok(confirm) => {
+                    let sent = Instant::now();
+                    if prepared.attempts == 0 {
+                        metrics
+                            .latency
+                            .stage(Stage::Prepare, started - prepared.received);
+                    }
+                    metrics.latency.stage(Stage::Send, sent - started);
+                    flight.push_back(InFlight {
+                        prepared,
+                        started,
+                        sent,
+                        confirm,
+                    })
+                }
                 Err(e) => {
                     todo.push_front(prepared);
+                    clock.cleared(Instant::now() - epoch);
                     // Nothing later was sent: the window before it stays.
                     failed(&mut todo, &mut flight, 1, &e, sink.name(), &metrics);
                     retry_at = Some(Instant::now() + backoff);
@@ -232,6 +282,11 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                         let done = flight.pop_front().expect("guarded");
                         let now = Instant::now();
                         let elapsed = now - done.started.max(link_free_at);
+                        if flight.is_empty() {
+                            // Everything sent is confirmed, so carried.
+                            clock.cleared(now - epoch);
+                        }
+                        metrics.latency.stage(Stage::Confirm, now - done.sent);
                         link_free_at = now;
                         backoff = RETRY_INITIAL;
                         confirmed(
@@ -245,6 +300,7 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                         );
                     }
                     Err(e) => {
+                        clock.cleared(Instant::now() - epoch);
                         failed(&mut todo, &mut flight, 0, &e, sink.name(), &metrics);
                         retry_at = Some(Instant::now() + backoff);
                         backoff = (backoff * 2).min(retry_max);
@@ -252,12 +308,19 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                 }
             }
             () = sleep_until_some(retry_at), if retry_at.is_some() && !todo.is_empty() => {}
+            () = sleep_until_some(offer_at), if offer_at.is_some() => {}
             b = batches.recv(), if can_receive => {
                 let Some(batch) = b else {
                     open = false;
                     continue;
                 };
                 offered = offered.saturating_sub(1);
+                let received = Instant::now();
+                metrics.latency.stage(Stage::Handoff, received - offered_at);
+                if let Some(oldest) = batch.records.iter().map(|r| r.ingress_us).min() {
+                    let age = crate::clock::unix_micros().saturating_sub(oldest);
+                    metrics.latency.stage(Stage::Queued, Duration::from_micros(age));
+                }
                 let mut encoded = encode(node, &classes, &batch);
                 let runs = batch.class_runs();
                 let raw_bytes = encoded.body.len();
@@ -284,10 +347,24 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                 } else {
                     metrics.encoded(weir_core::compression::Codec::None);
                 }
-                todo.push_back(Prepared { batch, encoded, raw_bytes, runs, attempts: 0 });
+                todo.push_back(Prepared { batch, encoded, raw_bytes, runs, attempts: 0, received });
             }
         }
     }
+}
+
+/// When to ask the scheduler for the next batch, with `todo` built and not
+/// yet sent ([`weir_core::admission::next_offer`]).
+fn offer_due(
+    epoch: Instant,
+    clock: &LinkClock,
+    todo: &VecDeque<Prepared>,
+    link: &LinkEstimate,
+    horizon: Duration,
+) -> Instant {
+    let bytes: u64 = todo.iter().map(|p| p.encoded.body.len() as u64).sum();
+    let now = Instant::now();
+    epoch + next_offer(now - epoch, clock, todo.len(), bytes, link, horizon)
 }
 
 /// Sleeps until `at`; `None` never comes.

@@ -84,6 +84,11 @@ impl<S: Sink> Sink for EmulatedLink<S> {
     fn name(&self) -> &'static str {
         self.inner.name()
     }
+
+    /// The send sleeps out the transfer before handing the batch on.
+    fn carried_on_send(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -61,6 +61,13 @@ pub trait Sink: Send + 'static {
 
     /// A short name for logs.
     fn name(&self) -> &'static str;
+
+    /// Whether [`Sink::send`] returns only once the link has carried the
+    /// batch (the emulated link); otherwise the egress predicts when it has
+    /// from the link estimate ([`weir_core::admission::LinkClock`]).
+    fn carried_on_send(&self) -> bool {
+        false
+    }
 }
 
 /// Told, right after each confirmed transaction, which records it carried:

@@ -57,6 +57,13 @@ impl LatencyHistogram {
             .unwrap_or(LATENCY_BUCKETS.len())
     }
 
+    /// Adds one observation of `us` microseconds.
+    pub fn observe(&self, us: u64) {
+        self.buckets[Self::bucket(us)].fetch_add(1, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_us.fetch_add(us, Ordering::Relaxed);
+    }
+
     /// Adds observations counted per bucket.
     fn add(&self, counts: &[u64], sum_us: u64) {
         let mut n = 0;
@@ -101,8 +108,56 @@ pub struct ResultLabel {
     pub result: String,
 }
 
+/// Where a batch spends its time on the way out (`weir_egress_stage_seconds`):
+/// the evidence for where an urgent record's wait goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// The batch's oldest record, from ingress to the egress taking the
+    /// batch (queue wait, the scheduler's drain, the hand-off).
+    Queued,
+    /// From the egress offering the scheduler a batch to receiving it.
+    Handoff,
+    /// From receiving the batch to sending it (encoding, compression,
+    /// waiting for the window or a retry).
+    Prepare,
+    /// The send itself (the emulated link's transfer time included).
+    Send,
+    /// From the send to the destination's confirmation.
+    Confirm,
+}
+
+impl Stage {
+    /// Every stage, in a batch's order.
+    pub const ALL: [Stage; 5] = [
+        Stage::Queued,
+        Stage::Handoff,
+        Stage::Prepare,
+        Stage::Send,
+        Stage::Confirm,
+    ];
+
+    /// The `stage` label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Queued => "queued",
+            Stage::Handoff => "handoff",
+            Stage::Prepare => "prepare",
+            Stage::Send => "send",
+            Stage::Confirm => "confirm",
+        }
+    }
+}
+
+/// The `stage` label of `weir_egress_stage_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabel {
+    /// [`Stage::name`].
+    pub stage: &'static str,
+}
+
 /// Latency against the bounds, and reloads.
 pub struct LatencyMetrics {
+    stages: Family<StageLabel, LatencyHistogram>,
     names: Vec<ClassLabel>,
     bounds_us: Vec<AtomicU64>,
     latency: Family<ClassLabel, LatencyHistogram>,
@@ -132,8 +187,12 @@ impl LatencyMetrics {
             late: Family::default(),
             bound: Family::default(),
             reloads: Family::default(),
+            stages: Family::default(),
         };
         m.set_bounds(classes);
+        for s in Stage::ALL {
+            let _ = m.stages.get_or_create(&StageLabel { stage: s.name() });
+        }
         for l in &m.names {
             // Every class shows from the first scrape, at zero.
             let _ = m.latency.get_or_create(l);
@@ -186,6 +245,15 @@ impl LatencyMetrics {
         }
     }
 
+    /// A batch spent `d` in `stage`.
+    pub fn stage(&self, stage: Stage, d: std::time::Duration) {
+        self.stages
+            .get_or_create(&StageLabel {
+                stage: stage.name(),
+            })
+            .observe(d.as_micros().try_into().unwrap_or(u64::MAX));
+    }
+
     /// Records of `class` confirmed later than its bound, so far.
     pub fn late_total(&self, class: ClassId) -> u64 {
         self.late.get_or_create(&self.names[class.index()]).get()
@@ -216,6 +284,11 @@ impl LatencyMetrics {
             "class_bound_seconds",
             "Each class's latency bound in force",
             self.bound.clone(),
+        );
+        registry.register(
+            "egress_stage_seconds",
+            "Time batches spend in each stage of the egress: queued (oldest record, ingress to the egress), handoff (batch asked for to received), prepare (received to sent), send, confirm",
+            self.stages.clone(),
         );
         registry.register(
             "config_reload",
