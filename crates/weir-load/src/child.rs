@@ -138,7 +138,13 @@ level = "warn"
         std::fs::write(&config_path, config)?;
         let log = dir.join("weir.log");
         let log_file = std::fs::File::create(&log)?;
-        let child = Command::new(&env.weir_bin)
+        let mut cmd = Command::new(&env.weir_bin);
+        // A session of its own at normal priority, as a service on the box
+        // runs: whatever this process's own session or priority
+        // (`contention` raises them), the scheduler sees weir as another
+        // program would.
+        crate::priority::own_session(&mut cmd);
+        let child = cmd
             .arg("run")
             .arg("--config")
             .arg(&config_path)

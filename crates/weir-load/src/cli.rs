@@ -92,6 +92,14 @@ pub struct ContentionArgs {
     /// Load before measuring starts.
     #[arg(long, default_value_t = 5)]
     pub warmup: u64,
+    /// Nice for the outside world while the scenarios run: this process
+    /// (the devices and the consumer) and RabbitMQ (the cloud), in their
+    /// sessions' autogroups and every thread, so that on this one machine
+    /// they compete with the box as little as they would from elsewhere.
+    /// weir and the busy processes run in sessions of their own at nice 0.
+    /// 0 leaves every priority alone (everything shares the CPU).
+    #[arg(long, default_value_t = -20, allow_negative_numbers = true)]
+    pub outside_nice: i32,
     /// Write every measured record as CSV here (one file per scenario,
     /// `-<busy>` added before the extension): class, then send, ingress,
     /// batch encoded and consumed times in microseconds since the epoch.

@@ -93,12 +93,14 @@ fn mix(text: &str) -> anyhow::Result<BTreeMap<String, f64>> {
     Ok(out.into_iter().map(|(c, s)| (c, s / total)).collect())
 }
 
-/// `n` processes burning a core each, as `yes > /dev/null` does.
+/// `n` processes burning a core each, as `yes > /dev/null` does, each in a
+/// session of its own at normal priority (as another program on the box).
 fn busy(n: usize) -> anyhow::Result<Vec<Child>> {
     (0..n)
         .map(|_| {
-            Command::new("yes")
-                .stdout(Stdio::null())
+            let mut cmd = Command::new("yes");
+            crate::priority::own_session(&mut cmd);
+            cmd.stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
                 .context("cannot run yes(1)")
@@ -132,6 +134,9 @@ pub async fn contention(env: &Env, a: &ContentionArgs) -> anyhow::Result<Vec<Sce
         .parse::<weir::config::Rate>()
         .with_context(|| format!("--uplink {}", a.uplink))?
         .bytes_per_sec();
+    // The devices, the consumer and RabbitMQ are not on the box: raised,
+    // they behave as if they ran elsewhere (crate::priority).
+    let _outside = (a.outside_nice != 0).then(|| crate::priority::Outside::raise(a.outside_nice));
     let mut out = Vec::new();
     for &n in &a.busy {
         let s = scenario(env, a, &shares, link, n).await?;

@@ -58,6 +58,7 @@ mod mqtt;
 mod pacer;
 mod pki;
 mod print;
+mod priority;
 mod recovery;
 mod report;
 mod run;

@@ -123,6 +123,9 @@ pub enum AppError {
         /// Every problem, under the key naming the file.
         problems: Vec<crate::config::Problem>,
     },
+    /// `node.nice` or `node.realtime_priority` could not be applied.
+    #[error(transparent)]
+    Priority(#[from] crate::priority::PriorityError),
     /// The async runtime or a signal handler could not be set up.
     #[error("cannot {what}: {source}")]
     Runtime {
@@ -643,6 +646,8 @@ pub fn run_until_signal(
 ) -> Result<(), AppError> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let workers = cfg.node.workers(cores);
+    // Before the runtime, so every thread it starts inherits it.
+    crate::priority::apply(&cfg.node.priority)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .worker_threads(workers)

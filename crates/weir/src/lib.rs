@@ -43,6 +43,7 @@ pub mod ingress;
 pub mod intake;
 pub mod metrics;
 pub mod peer;
+pub mod priority;
 pub mod reload;
 pub mod scheduler;
 pub mod security;

@@ -403,3 +403,117 @@ fn the_systemd_unit_verifies() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Starts weir on `config` in a session of its own (so that its autogroup
+/// is not the test runner's), stderr piped.
+fn spawn_in_session(config: &std::path::Path, wrapper: &[&str]) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = match wrapper.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(WEIR);
+            c
+        }
+        None => Command::new(WEIR),
+    };
+    cmd.args(["run", "--config", config.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: setsid is async-signal-safe and touches only the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    cmd.spawn().unwrap()
+}
+
+/// Field `n` (1-based, as proc(5) numbers them) of a /proc stat line.
+fn stat_field(stat: &str, n: usize) -> String {
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    rest.split_whitespace().nth(n - 3).unwrap().to_owned()
+}
+
+/// Every thread of `pid`: (nice, scheduling policy).
+fn thread_priorities(pid: u32) -> Vec<(i32, u32)> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|t| {
+            let stat = std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap();
+            (
+                stat_field(&stat, 19).parse().unwrap(),
+                stat_field(&stat, 41).parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn cpu_priority_reaches_every_thread_and_the_autogroup() {
+    let dir = tmp("cli-priority");
+    let egress = file_egress(&dir.join("out"));
+    let nice = write_config(
+        &dir,
+        "nice.toml",
+        &format!("{GRPC_ONLY}\n{egress}\n[node]\nnice = -3\n"),
+    );
+    let mut child = spawn_in_session(&nice, &[]);
+    wait_until_catching_sigterm(&mut child);
+    let threads = thread_priorities(child.id());
+    assert!(threads.len() >= 3, "{threads:?}");
+    assert!(
+        threads.iter().all(|&(n, policy)| n == -3 && policy == 0),
+        "{threads:?}"
+    );
+    let group = std::fs::read_to_string(format!("/proc/{}/autogroup", child.id()));
+    if let Ok(group) = group {
+        assert!(group.trim().ends_with("nice -3"), "{group}");
+    }
+    let err = stop_when_up(child);
+    assert!(err.contains("CPU priority applied"), "{err}");
+
+    let rr = write_config(
+        &dir,
+        "rr.toml",
+        &format!("{GRPC_ONLY}\n{egress}\n[node]\nrealtime_priority = 5\n"),
+    );
+    let mut child = spawn_in_session(&rr, &[]);
+    wait_until_catching_sigterm(&mut child);
+    let threads = thread_priorities(child.id());
+    // SCHED_RR is policy 2.
+    assert!(
+        threads.iter().all(|&(_, policy)| policy == 2),
+        "{threads:?}"
+    );
+    stop_when_up(child);
+}
+
+#[test]
+fn a_priority_the_kernel_refuses_stops_start_up_saying_what_to_grant() {
+    let dir = tmp("cli-priority-refused");
+    let config = write_config(
+        &dir,
+        "weir.toml",
+        &format!(
+            "{GRPC_ONLY}\n{}\n[node]\nrealtime_priority = 5\n",
+            file_egress(&dir.join("out"))
+        ),
+    );
+    // As nobody, without capabilities: SCHED_RR is refused.
+    let child = spawn_in_session(
+        &config,
+        &[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ],
+    );
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("node.realtime_priority = 5"), "{err}");
+    assert!(err.contains("CAP_SYS_NICE"), "{err}");
+}

@@ -76,7 +76,7 @@ pub use ingress::{
     MqttListen, MqttMode, MqttSubscribe, MqttTls, Qos0WhenFull, SubscribeQos,
 };
 pub use log::{LogConfig, LogFormat};
-pub use node::NodeConfig;
+pub use node::{CpuPriority, NodeConfig};
 pub use peering::{PeerConfig, PeeringConfig};
 pub use problems::Problem;
 pub use scheduler::{

@@ -29,6 +29,27 @@ pub(crate) struct RawNode {
     pub id: Option<u64>,
     pub name: Option<String>,
     pub worker_threads: Option<u64>,
+    pub nice: Option<i64>,
+    pub realtime_priority: Option<u64>,
+}
+
+/// What weir asks of the kernel's CPU scheduler for its threads
+/// (`node.nice`, `node.realtime_priority`; crate::priority applies it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuPriority {
+    /// Nice value for weir's threads and its session's autogroup
+    /// (-20..=19); `None`: as started.
+    pub nice: Option<i32>,
+    /// `SCHED_RR` at this priority (1..=99) for weir's threads; `None`:
+    /// the normal time-sharing policy.
+    pub realtime: Option<u8>,
+}
+
+impl CpuPriority {
+    /// Whether anything is asked for.
+    pub fn is_set(&self) -> bool {
+        self.nice.is_some() || self.realtime.is_some()
+    }
 }
 
 /// `[node]`
@@ -41,6 +62,8 @@ pub struct NodeConfig {
     /// Async worker threads; `None`: one per core, at most
     /// [`MAX_DEFAULT_WORKERS`].
     pub worker_threads: Option<usize>,
+    /// CPU priority of weir's threads; off by default.
+    pub priority: CpuPriority,
 }
 
 impl NodeConfig {
@@ -75,9 +98,30 @@ pub(crate) fn node(p: &mut Problems, raw: RawNode) -> Option<NodeConfig> {
         }
         n => n.map(|n| n as usize),
     };
+    let nice = match raw.nice {
+        Some(n) if !(-20..=19).contains(&n) => {
+            p.push(
+                "node.nice",
+                format!("{n} is not within -20..=19 (lower is more CPU for weir; leave it out to keep the priority weir was started with)"),
+            );
+            None
+        }
+        n => n.map(|n| n as i32),
+    };
+    let realtime = match raw.realtime_priority {
+        Some(n) if n == 0 || n > 99 => {
+            p.push(
+                "node.realtime_priority",
+                format!("{n} is not within 1..=99 (SCHED_RR priority; leave it out for the normal policy)"),
+            );
+            None
+        }
+        n => n.map(|n| n as u8),
+    };
     (p.len() == before).then_some(NodeConfig {
         id,
         name,
         worker_threads,
+        priority: CpuPriority { nice, realtime },
     })
 }

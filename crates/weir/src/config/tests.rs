@@ -1014,3 +1014,17 @@ fn worker_threads_default_to_one_per_core_at_most_four() {
     let ps = problems("[node]\nworker_threads = 0\n");
     assert_problem(&ps, "node.worker_threads", "not within 1..=256");
 }
+
+#[test]
+fn cpu_priority_is_off_by_default_and_checked() {
+    let c = parse("", "t").unwrap();
+    assert!(!c.node.priority.is_set());
+    let c = parse("[node]\nnice = -10\nrealtime_priority = 10\n", "t").unwrap();
+    assert_eq!(c.node.priority.nice, Some(-10));
+    assert_eq!(c.node.priority.realtime, Some(10));
+    let ps = problems("[node]\nnice = -21\nrealtime_priority = 0\n");
+    assert_problem(&ps, "node.nice", "not within -20..=19");
+    assert_problem(&ps, "node.realtime_priority", "not within 1..=99");
+    let ps = problems("[node]\nrealtime_priority = 100\n");
+    assert_problem(&ps, "node.realtime_priority", "not within 1..=99");
+}
