@@ -56,6 +56,15 @@ pub const MIN_RELATIVE_SPREAD: f64 = 0.1;
 /// than held at the anchor: four transactions of four sizes, or 3+2 of two.
 pub const MIN_DIVERSE_PAIRS: usize = 6;
 
+/// Share of the distinct-size pairs whose slope must be positive for the
+/// slope to count as measured. Where sizes are close and timing noise is
+/// large (a broker's confirms arriving in bunches, a busy box's late
+/// wake-ups), pairwise slopes scatter around zero and their median is
+/// noise: read as a line, it has given 16 MB/s and 25 kB/s for a
+/// 500 kB/s link within seconds of each other. Outliers alone (up to the
+/// ~29 % Theil–Sen ignores) leave well over this share positive.
+pub const MIN_AGREEING_SLOPES: f64 = 2.0 / 3.0;
+
 /// Share of the median transaction time attributed to `T_sc` when the
 /// anchor `T_sc` alone exceeds the observed times: an even split, since the
 /// data cannot say which way the error lies.
@@ -264,7 +273,8 @@ pub(crate) fn median(v: &mut [f64]) -> f64 {
 
 /// Theil–Sen line `y = slope * x + intercept` over the points whose `x`
 /// differ enough ([`MIN_RELATIVE_SPREAD`]); `None` with fewer than
-/// [`MIN_DIVERSE_PAIRS`] such pairs. No allocation: the pairwise slopes live
+/// [`MIN_DIVERSE_PAIRS`] such pairs, or when fewer than
+/// [`MIN_AGREEING_SLOPES`] of them rise (the slope is not measured). No allocation: the pairwise slopes live
 /// on the stack (16 KiB for a full window).
 pub(crate) fn theil_sen(xs: &[f64], ys: &[f64]) -> Option<(f64, f64)> {
     debug_assert_eq!(xs.len(), ys.len());
@@ -283,6 +293,10 @@ pub(crate) fn theil_sen(xs: &[f64], ys: &[f64]) -> Option<(f64, f64)> {
         }
     }
     if m < MIN_DIVERSE_PAIRS {
+        return None;
+    }
+    let rising = slopes[..m].iter().filter(|s| **s > 0.0).count();
+    if (rising as f64) < MIN_AGREEING_SLOPES * m as f64 {
         return None;
     }
     let slope = median(&mut slopes[..m]);
@@ -604,6 +618,29 @@ pub(crate) mod tests {
         assert_eq!(est.fit_kind(), FitKind::BandwidthOnly);
         assert_eq!(e.per_transaction, Duration::from_millis(20));
         assert!(close(e.bytes_per_sec, 2e6, 0.02), "{e:?}");
+    }
+
+    #[test]
+    fn bunched_confirms_over_close_sizes_do_not_make_a_line() {
+        // A 500 kB/s, 10 ms link carrying batches of 8-12 kB, timed from
+        // a broker that confirms in bunches: one transaction of a pair
+        // looks free, the other twice as long.
+        let mut est = LinkEstimator::new(LinkEstimate {
+            bytes_per_sec: 500_000.0,
+            per_transaction: Duration::from_millis(10),
+        })
+        .unwrap();
+        let mut mix = Mix(5);
+        for k in 0..64 {
+            let bytes = mix.range(8_000.0, 12_000.0);
+            let real = 0.010 + bytes / 500_000.0;
+            let seen = match k % 2 {
+                0 => mix.range(0.0005, 0.003),
+                _ => 2.0 * real - mix.range(0.0, 0.004),
+            };
+            est.observe(bytes as u64, Duration::from_secs_f64(seen));
+        }
+        assert_ne!(est.fit_kind(), FitKind::Full, "{:?}", est.estimate());
     }
 
     #[test]

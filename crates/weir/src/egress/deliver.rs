@@ -82,6 +82,9 @@ struct InFlight {
     started: Instant,
     /// When the send returned.
     sent: Instant,
+    /// The link's own time for it, where the sink knows it
+    /// ([`Sink::carried_on_send`]): the send's duration.
+    link_time: Option<Duration>,
     confirm: Confirm,
 }
 
@@ -245,10 +248,12 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                             .stage(Stage::Prepare, started - prepared.received);
                     }
                     metrics.latency.stage(Stage::Send, sent - started);
+                    let link_time = sink.carried_on_send().then(|| sent - started);
                     flight.push_back(InFlight {
                         prepared,
                         started,
                         sent,
+                        link_time,
                         confirm,
                     })
                 }
@@ -281,7 +286,13 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                     Ok(()) => {
                         let done = flight.pop_front().expect("guarded");
                         let now = Instant::now();
-                        let elapsed = now - done.started.max(link_free_at);
+                        // The transaction's own time: the link's where the
+                        // sink knows it, else from its start (or the last
+                        // confirmation, if later: pipelined transactions
+                        // overlap) to its confirmation.
+                        let elapsed = done
+                            .link_time
+                            .unwrap_or_else(|| now - done.started.max(link_free_at));
                         if flight.is_empty() {
                             // Everything sent is confirmed, so carried.
                             clock.cleared(now - epoch);
