@@ -260,6 +260,8 @@ pub struct Scheduler {
     own: OwnLoad,
     last_arrived: Vec<(u64, u64)>,
     link: LinkEstimate,
+    /// The link as configured: what `link` stays at without tracking.
+    prior: LinkEstimate,
     next_window: Duration,
     next_seq: u64,
     publish_peer_state: bool,
@@ -335,6 +337,7 @@ impl Scheduler {
             },
             last_arrived,
             link,
+            prior: link,
             next_seq: first_batch_seq,
             publish_peer_state: false,
             events,
@@ -446,6 +449,9 @@ impl Scheduler {
         }
         self.classes = classes;
         self.next_window = now + params.window;
+        if !params.track_uplink {
+            self.link = self.prior;
+        }
         self.params = params;
         // The bounds may have changed: all classes count until the next
         // window says which have traffic.
@@ -456,6 +462,12 @@ impl Scheduler {
         self.events.push_back(Event::Rates(rates));
         self.push_peer_state();
         Ok(())
+    }
+
+    /// The link the scheduler plans with: the estimate, or the configured
+    /// link without `track_uplink`.
+    pub fn link(&self) -> LinkEstimate {
+        self.link
     }
 
     /// The horizon in force ([`crate::admission::horizon`]).
@@ -535,8 +547,14 @@ impl Scheduler {
         moved
     }
 
-    /// The uplink estimate changed; it is used from the next window on.
+    /// The uplink estimate changed; it is used from the next window on,
+    /// unless `track_uplink` is off: then the link is the one configured
+    /// (for `C_out`, the batch cap, the rider budgets and the plans alike),
+    /// since the operator pinned it.
     pub fn handle_link_estimate(&mut self, link: LinkEstimate) {
+        if !self.params.track_uplink {
+            return;
+        }
         self.link = link;
         self.cap_batches();
     }

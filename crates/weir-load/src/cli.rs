@@ -100,6 +100,10 @@ pub struct ContentionArgs {
     /// 0 leaves every priority alone (everything shares the CPU).
     #[arg(long, default_value_t = -20, allow_negative_numbers = true)]
     pub outside_nice: i32,
+    /// Move weir into this cgroup-v1 blkio cgroup once started (its
+    /// throttles make the spool's disk slow: scripts/slow-disk.sh).
+    #[arg(long)]
+    pub blkio_cgroup: Option<PathBuf>,
     /// Write every measured record as CSV here (one file per scenario,
     /// `-<busy>` added before the extension): class, then send, ingress,
     /// batch encoded and consumed times in microseconds since the epoch.
@@ -183,6 +187,10 @@ pub struct WeirArgs {
     /// under test, never on tmpfs: a sync there costs nothing).
     #[arg(long)]
     pub spool_dir: Option<std::path::PathBuf>,
+    /// These classes (of ls, nm, lt) are `spool` and the others `memory`,
+    /// whatever `--durability` says.
+    #[arg(long, value_delimiter = ',')]
+    pub spool_classes: Vec<String>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]

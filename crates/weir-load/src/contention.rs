@@ -43,6 +43,10 @@ pub struct ClassFigures {
     pub bound_ms: u64,
     /// Records offered per second.
     pub offered_per_sec: f64,
+    /// Records weir accepted per second (for a `spool` class, written to
+    /// the spool and acknowledged: less than offered when the disk holds
+    /// the publishers back).
+    pub accepted_per_sec: f64,
     /// Records consumed per second (of those sent in the window).
     pub delivered_per_sec: f64,
     /// Publish to consumed.
@@ -66,6 +70,10 @@ pub struct Scenario {
     pub weir_rss_kib: u64,
     /// weir's resident memory with the idle connections open and no load.
     pub weir_rss_idle_kib: u64,
+    /// Spool appends and fdatasync calls per second (0 without a `spool`
+    /// class).
+    pub spool_appended_per_sec: f64,
+    pub spool_syncs_per_sec: f64,
     /// Batches confirmed per second and their mean size.
     pub batches_per_sec: f64,
     pub bytes_per_batch: f64,
@@ -165,6 +173,12 @@ async fn scenario(
     set.append(&mut weir_args.set);
     weir_args.set = set;
     let mut weir = Weir::start(env, &name, &weir_args).await?;
+    if let Some(cg) = &a.blkio_cgroup {
+        let procs = cg.join("cgroup.procs");
+        std::fs::write(&procs, weir.pid.to_string()).with_context(|| {
+            format!("--blkio-cgroup: cannot move weir into {}", procs.display())
+        })?;
+    }
     let counters = Arc::new(Counters::default());
     let consumer = crate::run::consume_weir(env, &weir, &counters).await?;
     // Prime (weir connects to RabbitMQ on its first batch), then open the
@@ -252,6 +266,10 @@ async fn scenario(
                 class: class.to_owned(),
                 bound_ms,
                 offered_per_sec: offered_rates.get(class).copied().unwrap_or(0.0),
+                accepted_per_sec: {
+                    let series = format!("weir_records_accepted_total{{class=\"{class}\"}}");
+                    (last.metrics.series(&series) - first.metrics.series(&series)) / secs
+                },
                 delivered_per_sec: mine.len() as f64 / secs,
                 end_to_end_ms: Percentiles::of(
                     mine.iter()
@@ -269,6 +287,8 @@ async fn scenario(
         .collect();
     let d = |name: &str| last.metrics.sum(name) - first.metrics.sum(name);
     let batches = d("weir_batches_confirmed_total");
+    let spool_appended_per_sec = d("weir_spool_appended_records_total") / secs;
+    let spool_syncs_per_sec = d("weir_spool_syncs_total") / secs;
     Ok(Scenario {
         kind: "contention",
         busy: busy_n,
@@ -277,6 +297,8 @@ async fn scenario(
         weir_cores: (ticks1 - ticks0) as f64 / env.clk_tck / secs,
         weir_rss_kib: rss,
         weir_rss_idle_kib: rss_idle,
+        spool_appended_per_sec,
+        spool_syncs_per_sec,
         batches_per_sec: batches / secs,
         bytes_per_batch: if batches > 0.0 {
             d("weir_egress_bytes_total") / batches
@@ -334,12 +356,19 @@ fn print(s: &Scenario) {
         "contention: {} busy, {} idle connections: weir {:.2} cores, {:.0} batches/s of {:.0} B",
         s.busy, s.idle_connections, s.weir_cores, s.batches_per_sec, s.bytes_per_batch
     );
+    if s.spool_appended_per_sec > 0.0 {
+        println!(
+            "  spool: {:.0} records/s appended, {:.1} fdatasync/s",
+            s.spool_appended_per_sec, s.spool_syncs_per_sec
+        );
+    }
     for c in &s.classes {
         println!(
-            "  {:<3} bound {:>4} ms  offered {:>6.0}/s delivered {:>6.0}/s  weir p50 {:>7.1} p99 {:>7.1} max {:>7.1} ms  late {:>6.2} %  (end to end p99 {:.1} ms)",
+            "  {:<3} bound {:>4} ms  offered {:>6.0}/s accepted {:>6.0}/s delivered {:>6.0}/s  weir p50 {:>7.1} p99 {:>7.1} max {:>7.1} ms  late {:>6.2} %  (end to end p99 {:.1} ms)",
             c.class,
             c.bound_ms,
             c.offered_per_sec,
+            c.accepted_per_sec,
             c.delivered_per_sec,
             c.weir_ms.p50,
             c.weir_ms.p99,

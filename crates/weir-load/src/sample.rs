@@ -117,6 +117,11 @@ impl Scrape {
             .map(|(_, v)| v)
             .sum()
     }
+
+    /// One series (`name{labels}` as weir writes it), 0 when absent.
+    pub fn series(&self, series: &str) -> f64 {
+        self.0.get(series).copied().unwrap_or(0.0)
+    }
 }
 
 /// Reads `/metrics` from weir's admin listener (plain HTTP/1.1 GET).

@@ -732,3 +732,28 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn without_tracking_the_configured_link_stands() {
+    let classes = ClassSet::janus_default();
+    let mut p = params(Scheme::QmOnly);
+    p.track_uplink = false;
+    let q = queues(&classes, p.scheme);
+    let configured = link(2_250_000.0, MS * 50);
+    let mut s = Scheduler::new(
+        p.clone(),
+        classes.clone(),
+        &q,
+        configured,
+        0,
+        1,
+        Duration::ZERO,
+    );
+    s.handle_link_estimate(link(2_250_000.0, MS));
+    assert_eq!(s.link(), configured);
+    // Tracking again (a reload) follows the next estimate.
+    p.track_uplink = true;
+    s.reconfigure(MS, p, classes).unwrap();
+    s.handle_link_estimate(link(2_250_000.0, MS));
+    assert_eq!(s.link().per_transaction, MS);
+}

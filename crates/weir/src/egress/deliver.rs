@@ -287,9 +287,12 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                         let done = flight.pop_front().expect("guarded");
                         let now = Instant::now();
                         // The transaction's own time: the link's where the
-                        // sink knows it, else from its start (or the last
-                        // confirmation, if later: pipelined transactions
-                        // overlap) to its confirmation.
+                        // sink knows it (an emulated link), else from its
+                        // start (or the last confirmation, if later:
+                        // pipelined transactions overlap) to its
+                        // confirmation. A broker's confirms come in bunches
+                        // after its fsyncs; on the emulated link they would
+                        // only blur what the link itself does.
                         let elapsed = done
                             .link_time
                             .unwrap_or_else(|| now - done.started.max(link_free_at));
