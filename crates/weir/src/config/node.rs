@@ -88,36 +88,30 @@ pub(crate) fn node(p: &mut Problems, raw: RawNode) -> Option<NodeConfig> {
     if name.trim().is_empty() {
         p.push("node.name", "must not be empty");
     }
-    let worker_threads = match raw.worker_threads {
-        Some(n) if n == 0 || n > MAX_WORKERS => {
-            p.push(
-                "node.worker_threads",
-                format!("{n} is not within 1..={MAX_WORKERS}; leave it out for one per core (at most {MAX_DEFAULT_WORKERS})"),
-            );
-            None
-        }
-        n => n.map(|n| n as usize),
-    };
-    let nice = match raw.nice {
-        Some(n) if !(-20..=19).contains(&n) => {
-            p.push(
-                "node.nice",
-                format!("{n} is not within -20..=19 (lower is more CPU for weir; leave it out to keep the priority weir was started with)"),
-            );
-            None
-        }
-        n => n.map(|n| n as i32),
-    };
-    let realtime = match raw.realtime_priority {
-        Some(n) if n == 0 || n > 99 => {
-            p.push(
-                "node.realtime_priority",
-                format!("{n} is not within 1..=99 (SCHED_RR priority; leave it out for the normal policy)"),
-            );
-            None
-        }
-        n => n.map(|n| n as u8),
-    };
+    let worker_threads = p
+        .within(
+            "node.worker_threads",
+            raw.worker_threads,
+            1..=MAX_WORKERS,
+            &format!("; leave it out for one per core (at most {MAX_DEFAULT_WORKERS})"),
+        )
+        .map(|n| n as usize);
+    let nice = p
+        .within(
+            "node.nice",
+            raw.nice,
+            -20..=19,
+            " (lower is more CPU for weir; leave it out to keep the priority weir was started with)",
+        )
+        .map(|n| n as i32);
+    let realtime = p
+        .within(
+            "node.realtime_priority",
+            raw.realtime_priority,
+            1..=99,
+            " (SCHED_RR priority; leave it out for the normal policy)",
+        )
+        .map(|n| n as u8);
     (p.len() == before).then_some(NodeConfig {
         id,
         name,

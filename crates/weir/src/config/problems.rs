@@ -43,6 +43,30 @@ impl Problems {
 
     /// How many problems so far; a section compares it before and after to
     /// tell whether it found any.
+    /// `value` if it lies in `range`; else records "`v` is not within
+    /// `lo..=hi`" at `path`, followed by `hint`, and gives `None`.
+    pub(crate) fn within<T: PartialOrd + Display + Copy>(
+        &mut self,
+        path: &str,
+        value: Option<T>,
+        range: std::ops::RangeInclusive<T>,
+        hint: &str,
+    ) -> Option<T> {
+        let v = value?;
+        if range.contains(&v) {
+            return Some(v);
+        }
+        self.push(
+            path,
+            format!(
+                "{v} is not within {}..={}{hint}",
+                range.start(),
+                range.end()
+            ),
+        );
+        None
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.0.len()
     }

@@ -133,6 +133,7 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
     };
     metrics.set_link(&link_prior);
     let window = sink.window().max(1);
+    let carried_on_send = sink.carried_on_send();
     // Batches to send, oldest first: retries ahead of new ones.
     let mut todo: VecDeque<Prepared> = VecDeque::new();
     let mut flight: VecDeque<InFlight> = VecDeque::with_capacity(window);
@@ -236,7 +237,7 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                 lost(&todo, &flight, &mut batches);
                 return;
             };
-            if sink.carried_on_send() {
+            if carried_on_send {
                 clock.cleared(Instant::now() - epoch);
             }
             match sent {
@@ -248,7 +249,7 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                             .stage(Stage::Prepare, started - prepared.received);
                     }
                     metrics.latency.stage(Stage::Send, sent - started);
-                    let link_time = sink.carried_on_send().then(|| sent - started);
+                    let link_time = carried_on_send.then(|| sent - started);
                     flight.push_back(InFlight {
                         prepared,
                         started,
