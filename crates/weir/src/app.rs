@@ -123,6 +123,13 @@ pub enum AppError {
         /// Every problem, under the key naming the file.
         problems: Vec<crate::config::Problem>,
     },
+    /// RabbitMQ refused the configured exchange or queue (it exists with
+    /// other settings, or the user may not declare it).
+    #[error("{}", problems.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("; "))]
+    Topology {
+        /// The problem, under the key to change.
+        problems: Vec<crate::config::Problem>,
+    },
     /// `node.nice` or `node.realtime_priority` could not be applied.
     #[error(transparent)]
     Priority(#[from] crate::priority::PriorityError),
@@ -144,6 +151,7 @@ impl AppError {
     pub fn config_problems(&self) -> Option<&[crate::config::Problem]> {
         match self {
             AppError::Security { problems }
+            | AppError::Topology { problems }
             | AppError::Peering(crate::peer::PeerError::Tls { problems }) => Some(problems),
             _ => None,
         }
@@ -352,12 +360,20 @@ impl App {
                 })?;
                 spawn_egress(sink, link, rx, ctx)
             }
-            EgressSink::Amqp(a) => spawn_egress(
-                egress::amqp::AmqpSink::new(a.clone(), cfg.node.id),
-                link,
-                rx,
-                ctx,
-            ),
+            EgressSink::Amqp(a) => {
+                let mut sink = egress::amqp::AmqpSink::new(a.clone(), cfg.node.id)
+                    .with_classes(&cfg.classes)
+                    .with_metrics(Arc::clone(&metrics.amqp));
+                // A broker that refuses the configured queue stops weir
+                // here, before anything is accepted (exit 2).
+                sink.start().await.map_err(|e| AppError::Topology {
+                    problems: vec![crate::config::Problem {
+                        path: e.key.to_owned(),
+                        message: e.message,
+                    }],
+                })?;
+                spawn_egress(sink, link, rx, ctx)
+            }
         };
 
         let scheduler_stop = peering

@@ -28,7 +28,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
-use weir::config::{AmqpEgress, ExchangeType};
+use weir::config::{AmqpEgress, ExchangeType, QueueType, UrlOrder};
 use weir::egress::amqp::{
     message_id, AmqpSink, HEADER_BATCH_SEQ, HEADER_CLASS, HEADER_NODE, HEADER_RECORDS,
 };
@@ -70,11 +70,15 @@ fn names(test: &str) -> Names {
 /// timeout itself set a short one.
 fn config(url: &str, n: &Names) -> AmqpEgress {
     AmqpEgress {
-        url: url.to_owned(),
+        urls: vec![url.to_owned()],
+        url_order: UrlOrder::InOrder,
         exchange: n.exchange.clone(),
         exchange_type: ExchangeType::Direct,
         queue: n.queue.clone(),
+        queue_type: QueueType::Classic,
+        queue_arguments: Vec::new(),
         routing_key: n.routing_key.clone(),
+        blocked_failover_after: Duration::from_secs(30),
         confirm_timeout: PATIENCE / 3,
         // Connecting has its own bound: tests that shorten confirm_timeout
         // must not make a slow connect on a loaded machine fail them.
@@ -764,4 +768,146 @@ async fn blocked_connection_waits_instead_of_failing() {
     let seen = consume_until(&channel, &n.queue, &[0, 1]).await;
     assert_eq!(counts(&seen), BTreeMap::from([(0, 1), (1, 1)]));
     cleanup(&channel, &n).await;
+}
+
+#[tokio::test]
+async fn a_lost_endpoint_fails_over_to_the_next_without_loss() {
+    logs();
+    let n = names("failover");
+    let node = node_id(10);
+    let (first, second) = (Proxy::start().await, Proxy::start().await);
+    let mut cfg = config(&first.url(), &n);
+    cfg.urls = vec![first.url(), second.url()];
+    let sink = AmqpSink::new(cfg, node);
+    let amqp = Arc::clone(sink.metrics());
+    let (tx, metrics, handle) = spawn_run(sink, node);
+    let conn = connect_test_client().await;
+    let channel = conn.create_channel().await.expect("channel");
+
+    send_batches(&tx, node, 0..5).await;
+    consume_until(&channel, &n.queue, &(0..5).collect::<Vec<_>>()).await;
+    assert_eq!(amqp.failovers_total(), 0, "the first endpoint took them");
+
+    // The node in use dies for good: the next endpoint takes over.
+    first.set(Mode::Down);
+    send_batches(&tx, node, 5..20).await;
+    drop(tx);
+    tokio::time::timeout(PATIENCE, handle)
+        .await
+        .expect("the egress loop drained through the second endpoint")
+        .expect("the egress loop did not panic");
+    let seen = consume_until(&channel, &n.queue, &(5..20).collect::<Vec<_>>()).await;
+    let got = counts(&seen);
+    assert!((5..20).all(|s| got.contains_key(&s)), "{got:?}");
+    assert_eq!(metrics.batches_confirmed.get(), 20);
+    assert_eq!(amqp.failovers_total(), 1);
+    let shown = |p: &Proxy| format!("amqp://guest@{}:{}/%2f", p.addr.ip(), p.addr.port());
+    assert_eq!(
+        (
+            amqp.endpoint_in_use(&shown(&first)),
+            amqp.endpoint_in_use(&shown(&second))
+        ),
+        (0, 1),
+        "the endpoint in use is the second"
+    );
+    cleanup(&channel, &n).await;
+}
+
+#[tokio::test]
+async fn a_lasting_block_moves_to_the_next_endpoint_and_is_measured() {
+    logs();
+    let n = names("block-failover");
+    let node = node_id(11);
+    let (first, second) = (Proxy::start().await, Proxy::start().await);
+    let mut cfg = config(&first.url(), &n);
+    cfg.urls = vec![first.url(), second.url()];
+    cfg.blocked_failover_after = Duration::from_millis(800);
+    let mut sink = AmqpSink::new(cfg, node);
+    let amqp = Arc::clone(sink.metrics());
+    deliver_retrying(&mut sink, &encoded(node, 0))
+        .await
+        .expect("delivered before the alarm");
+
+    first.inject(connection_blocked("low on disk"));
+    eventually("the block to show in the metrics", || amqp.is_blocked()).await;
+    // Held while blocked, then given up for the second endpoint: the
+    // delivery fails once (the egress loop retries it) and the retry goes
+    // through the other node.
+    match deliver(&mut sink, &encoded(node, 1)).await {
+        Err(SinkError::Unavailable(why)) => {
+            assert!(
+                why.contains("low on disk") && why.contains("blocked_failover_after"),
+                "{why}"
+            )
+        }
+        other => panic!("a lasting block must give up the endpoint, got {other:?}"),
+    }
+    assert!(!amqp.is_blocked(), "the blocked connection is gone");
+    deliver_retrying(&mut sink, &encoded(node, 1))
+        .await
+        .expect("delivered through the second endpoint");
+    assert_eq!(amqp.failovers_total(), 1);
+
+    assert_eq!(
+        amqp.blocks_total("low on disk"),
+        1,
+        "the block and its reason"
+    );
+    assert!(amqp.blocked_seconds() >= 0.8, "{}", amqp.blocked_seconds());
+    let conn = connect_test_client().await;
+    let channel = conn.create_channel().await.expect("channel");
+    let seen = consume_until(&channel, &n.queue, &[0, 1]).await;
+    assert!(counts(&seen).contains_key(&1));
+    cleanup(&channel, &n).await;
+}
+
+#[tokio::test]
+async fn nacked_batches_are_counted_and_published_again() {
+    logs();
+    let n = names("nack");
+    let node = node_id(12);
+    let mut cfg = config(URL, &n);
+    // A full queue that rejects publishes: RabbitMQ nacks them.
+    cfg.queue_arguments = vec![
+        ("x-max-length".into(), weir::config::QueueArgument::Int(2)),
+        (
+            "x-overflow".into(),
+            weir::config::QueueArgument::Str("reject-publish".into()),
+        ),
+    ];
+    cfg.max_in_flight = 1;
+    let sink = AmqpSink::new(cfg, node);
+    let amqp = Arc::clone(sink.metrics());
+    let (tx, metrics, handle) = spawn_run(sink, node);
+    send_batches(&tx, node, 0..5).await;
+    eventually("a publish to the full queue to be nacked", || {
+        amqp.nacks.get() > 0
+    })
+    .await;
+    assert_eq!(metrics.batches_confirmed.get(), 2, "two fit the queue");
+    assert_eq!(amqp.timeouts.get(), 0, "a nack is not a timeout");
+    // A consumer makes room: the nacked batches go through on a retry.
+    let conn = connect_test_client().await;
+    let channel = conn.create_channel().await.expect("channel");
+    let seen = consume_until(&channel, &n.queue, &(0..5).collect::<Vec<_>>()).await;
+    let got = counts(&seen);
+    assert!((0..5).all(|s| got.contains_key(&s)), "{got:?}");
+    drop(tx);
+    tokio::time::timeout(PATIENCE, handle)
+        .await
+        .expect("drained")
+        .expect("no panic");
+    assert_eq!(metrics.batches_confirmed.get(), 5);
+    channel
+        .queue_delete(n.queue.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .expect("delete the test queue");
+    cleanup_exchange(&channel, &n).await;
+}
+
+async fn cleanup_exchange(channel: &Channel, n: &Names) {
+    channel
+        .exchange_delete(n.exchange.as_str().into(), ExchangeDeleteOptions::default())
+        .await
+        .expect("delete the test exchange");
 }

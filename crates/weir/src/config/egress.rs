@@ -3,6 +3,7 @@
 //! (`[egress.link]`): as written, their defaults, checked, and their
 //! validation.
 
+use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use serde::Deserialize;
 use super::named::named_enum;
 use super::problems::Problems;
 use super::units::{HumanDuration, Rate, Written};
+use weir_core::NodeId;
 
 /// Files need no running server: a fresh checkout works out of the box.
 pub const EGRESS_KIND: &str = "file";
@@ -54,13 +56,13 @@ pub enum EgressSink {
 }
 
 /// `[egress]` checked, or `None` after recording why.
-pub(crate) fn egress(p: &mut Problems, raw: RawEgress) -> Option<EgressConfig> {
+pub(crate) fn egress(p: &mut Problems, raw: RawEgress, classes: &[String]) -> Option<EgressConfig> {
     let before = p.len();
     let kind = raw.kind.as_deref().unwrap_or(EGRESS_KIND);
     let file_given = raw.file.is_some();
     let amqp_given = raw.amqp.is_some();
     let file = raw.file.map(|f| file_egress(p, f));
-    let amqp = raw.amqp.map(|a| amqp_egress(p, a));
+    let amqp = raw.amqp.map(|a| amqp_egress(p, a, classes));
     let sink = match kind {
         "file" => {
             if amqp_given {
@@ -176,6 +178,11 @@ pub const AMQP_CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 /// is abandoned and retried with backoff.
 pub const AMQP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// With several endpoints, a connection RabbitMQ has blocked (memory or
+/// disk alarm) this long is given up for the next endpoint: a short alarm
+/// (a burst of memory use) is waited out where it is, a lasting one is not.
+pub const AMQP_BLOCKED_FAILOVER_AFTER: Duration = Duration::from_secs(30);
+
 /// Reconnect attempts back off up to this, so a broker outage costs a
 /// reconnect every 30 s at worst and recovery is noticed quickly.
 pub const AMQP_RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -199,10 +206,15 @@ pub const AMQP_SHORT_STRING_LIMIT: usize = 255;
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawAmqp {
     pub url: Option<String>,
+    pub urls: Option<Vec<String>>,
+    pub url_order: Option<String>,
     pub exchange: Option<String>,
     pub exchange_type: Option<String>,
     pub queue: Option<String>,
+    pub queue_type: Option<String>,
+    pub queue_arguments: Option<toml::Table>,
     pub routing_key: Option<String>,
+    pub blocked_failover_after: Option<Written<HumanDuration>>,
     pub confirm_timeout: Option<Written<HumanDuration>>,
     pub connect_timeout: Option<Written<HumanDuration>>,
     pub reconnect_backoff_max: Option<Written<HumanDuration>>,
@@ -210,18 +222,32 @@ pub(crate) struct RawAmqp {
 }
 
 /// `[egress.amqp]`
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct AmqpEgress {
-    /// `amqp://` or `amqps://` URL, credentials included.
-    pub url: String,
+    /// `amqp://` or `amqps://` URLs, credentials included: the nodes of
+    /// one RabbitMQ cluster (or brokers that share a topology), at least
+    /// one (`url` or `urls`).
+    pub urls: Vec<String>,
+    /// Which endpoint is tried first, and after a failure which next.
+    pub url_order: UrlOrder,
     /// Exchange to publish to; empty means the default exchange.
     pub exchange: String,
     /// Type the exchange is declared with.
     pub exchange_type: ExchangeType,
-    /// Queue declared and bound to the exchange.
+    /// Queue declared and bound to the exchange; empty declares none (the
+    /// operator's own bindings route, e.g. to a super stream).
     pub queue: String,
-    /// Routing key of every publish and of the binding.
+    /// The type the queue is declared with.
+    pub queue_type: QueueType,
+    /// Further `x-` arguments of the queue declaration, in key order.
+    pub queue_arguments: Vec<(String, QueueArgument)>,
+    /// Routing key of every publish and of the binding; `{node}` and
+    /// `{class}` stand for the node id and the batch's most urgent class
+    /// ([`AmqpEgress::routing_key_for`]).
     pub routing_key: String,
+    /// With several endpoints, how long a blocked connection is waited on
+    /// before moving to the next endpoint.
+    pub blocked_failover_after: Duration,
     /// How long to wait for a publisher confirm before retrying.
     pub confirm_timeout: Duration,
     /// How long connecting (TCP, AMQP handshake, channel, declarations)
@@ -232,6 +258,111 @@ pub struct AmqpEgress {
     /// Batches published and not yet confirmed, at most (1 = one round
     /// trip per batch).
     pub max_in_flight: usize,
+}
+
+named_enum! {
+    /// In which order the endpoints are tried (`egress.amqp.url_order`).
+    pub enum UrlOrder {
+        /// As listed, first to last, then round again: the first is the
+        /// preferred node.
+        InOrder = "in_order",
+        /// Shuffled once per process, so a fleet spreads over the cluster.
+        Shuffle = "shuffle",
+    }
+}
+
+named_enum! {
+    /// The RabbitMQ queue type (`egress.amqp.queue_type`, declared as the
+    /// `x-queue-type` argument).
+    pub enum QueueType {
+        /// A classic queue, on one node. Declared without `x-queue-type`,
+        /// as weir always did, so an existing queue stays equivalent.
+        Classic = "classic",
+        /// A replicated quorum queue (Raft): a confirm means a majority of
+        /// the cluster's nodes have it on disk.
+        Quorum = "quorum",
+        /// A replicated, append-only stream: consumers read from an offset
+        /// and may replay.
+        Stream = "stream",
+    }
+}
+
+/// A value of `egress.amqp.queue_arguments`: a TOML scalar, sent as the
+/// AMQP field of the same kind.
+#[derive(Debug, Clone, PartialEq)]
+pub enum QueueArgument {
+    /// A TOML integer (AMQP `l`, signed 64-bit).
+    Int(i64),
+    /// A TOML float (AMQP `d`).
+    Float(f64),
+    /// A TOML boolean (AMQP `t`).
+    Bool(bool),
+    /// A TOML string (AMQP `S`).
+    Str(String),
+}
+
+impl fmt::Display for QueueArgument {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QueueArgument::Int(v) => write!(f, "{v}"),
+            QueueArgument::Float(v) => write!(f, "{v}"),
+            QueueArgument::Bool(v) => write!(f, "{v}"),
+            QueueArgument::Str(v) => write!(f, "{v:?}"),
+        }
+    }
+}
+
+/// The placeholders a routing key may hold.
+pub const ROUTING_KEY_PLACEHOLDERS: [&str; 2] = ["{node}", "{class}"];
+
+impl AmqpEgress {
+    /// The routing key of a batch whose most urgent class is `class`, sent
+    /// by `node`: the template with `{node}` and `{class}` filled in.
+    pub fn routing_key_for(&self, node: NodeId, class: &str) -> String {
+        render_routing_key(&self.routing_key, node, class)
+    }
+
+    /// Whether the routing key differs by node or class.
+    pub fn routing_key_is_template(&self) -> bool {
+        ROUTING_KEY_PLACEHOLDERS
+            .iter()
+            .any(|p| self.routing_key.contains(p))
+    }
+
+    /// The queue's declaration arguments, `x-queue-type` first (none for
+    /// a classic queue), as `(name, value)`.
+    pub fn declared_arguments(&self) -> Vec<(String, QueueArgument)> {
+        let mut args = Vec::with_capacity(self.queue_arguments.len() + 1);
+        if self.queue_type != QueueType::Classic {
+            args.push((
+                "x-queue-type".to_owned(),
+                QueueArgument::Str(self.queue_type.to_string()),
+            ));
+        }
+        args.extend(self.queue_arguments.iter().cloned());
+        args
+    }
+
+    /// The queue's settings as written, for errors: `queue_type = "quorum",
+    /// queue_arguments = { x-max-length-bytes = 1000 }`.
+    pub fn queue_settings(&self) -> String {
+        let mut out = format!("queue_type = \"{}\"", self.queue_type);
+        if !self.queue_arguments.is_empty() {
+            let args: Vec<String> = self
+                .queue_arguments
+                .iter()
+                .map(|(k, v)| format!("{k} = {v}"))
+                .collect();
+            out.push_str(&format!(", queue_arguments = {{ {} }}", args.join(", ")));
+        }
+        out
+    }
+}
+
+fn render_routing_key(template: &str, node: NodeId, class: &str) -> String {
+    template
+        .replace("{node}", &node.to_string())
+        .replace("{class}", class)
 }
 
 named_enum! {
@@ -249,20 +380,53 @@ named_enum! {
 }
 
 /// `[egress.amqp]` checked, or `None` after recording why.
-fn amqp_egress(p: &mut Problems, raw: RawAmqp) -> Option<AmqpEgress> {
+fn amqp_egress(p: &mut Problems, raw: RawAmqp, classes: &[String]) -> Option<AmqpEgress> {
     const PATH: &str = "egress.amqp";
     let before = p.len();
-    let url = raw.url.unwrap_or_else(|| AMQP_URL.to_owned());
-    if !(url.starts_with("amqp://") || url.starts_with("amqps://")) {
-        // The URL may hold a password: show only its scheme.
-        let scheme = url.split_once("://").map_or("no scheme", |(s, _)| s);
-        p.push(
-            format!("{PATH}.url"),
-            format!(
-                "must start with amqp:// or amqps:// (found {scheme:?}), e.g. \"amqp://guest:guest@127.0.0.1:5672/%2f\""
-            ),
-        );
-    }
+    let urls = match (raw.url, raw.urls) {
+        (Some(_), Some(_)) => {
+            p.push(
+                format!("{PATH}.urls"),
+                "give url (one endpoint) or urls (several), not both",
+            );
+            Vec::new()
+        }
+        (Some(url), None) => {
+            check_url(p, &format!("{PATH}.url"), &url);
+            vec![url]
+        }
+        (None, Some(urls)) => {
+            if urls.is_empty() {
+                p.push(
+                    format!("{PATH}.urls"),
+                    "must list at least one amqp:// or amqps:// URL",
+                );
+            }
+            for (i, url) in urls.iter().enumerate() {
+                check_url(p, &format!("{PATH}.urls[{i}]"), url);
+            }
+            urls
+        }
+        (None, None) => vec![AMQP_URL.to_owned()],
+    };
+    let url_order = p.choice(
+        &format!("{PATH}.url_order"),
+        "order",
+        raw.url_order,
+        UrlOrder::InOrder,
+    );
+    let queue_type = p.choice(
+        &format!("{PATH}.queue_type"),
+        "queue type",
+        raw.queue_type,
+        QueueType::Classic,
+    );
+    let queue_arguments = queue_arguments(p, raw.queue_arguments.unwrap_or_default());
+    let blocked_failover_after = p.positive_duration(
+        &format!("{PATH}.blocked_failover_after"),
+        raw.blocked_failover_after,
+        AMQP_BLOCKED_FAILOVER_AFTER,
+    );
     let exchange = raw.exchange.unwrap_or_else(|| AMQP_EXCHANGE.to_owned());
     let exchange = short_string(p, &format!("{PATH}.exchange"), exchange, true);
     let exchange_type = p.choice(
@@ -272,11 +436,17 @@ fn amqp_egress(p: &mut Problems, raw: RawAmqp) -> Option<AmqpEgress> {
         ExchangeType::from_name(AMQP_EXCHANGE_TYPE).expect("the default is a known type"),
     );
     let queue = raw.queue.unwrap_or_else(|| AMQP_QUEUE.to_owned());
-    let queue = short_string(p, &format!("{PATH}.queue"), queue, false);
+    let queue = short_string(p, &format!("{PATH}.queue"), queue, true);
+    if queue.as_deref() == Some("") && exchange.as_deref() == Some("") {
+        p.push(
+            format!("{PATH}.queue"),
+            "must not be empty with the default exchange (exchange = \"\"), which routes by queue name; an empty queue declares none and needs a named exchange",
+        );
+    }
     let routing_key = raw
         .routing_key
         .unwrap_or_else(|| AMQP_ROUTING_KEY.to_owned());
-    let routing_key = short_string(p, &format!("{PATH}.routing_key"), routing_key, true);
+    let routing_key = routing_key_template(p, routing_key, exchange.as_deref(), classes);
     let confirm_timeout = p.positive_duration(
         &format!("{PATH}.confirm_timeout"),
         raw.confirm_timeout,
@@ -305,16 +475,123 @@ fn amqp_egress(p: &mut Problems, raw: RawAmqp) -> Option<AmqpEgress> {
         return None;
     }
     Some(AmqpEgress {
-        url,
+        urls,
+        url_order: url_order?,
         exchange: exchange?,
         exchange_type: exchange_type?,
         queue: queue?,
+        queue_type: queue_type?,
+        queue_arguments,
         routing_key: routing_key?,
+        blocked_failover_after: blocked_failover_after?,
         confirm_timeout: confirm_timeout?,
         connect_timeout: connect_timeout?,
         reconnect_backoff_max: reconnect_backoff_max?,
         max_in_flight: max_in_flight as usize,
     })
+}
+
+/// An endpoint must be an AMQP URL; it may hold a password, so a problem
+/// shows only its scheme.
+fn check_url(p: &mut Problems, path: &str, url: &str) {
+    if !(url.starts_with("amqp://") || url.starts_with("amqps://")) {
+        let scheme = url.split_once("://").map_or("no scheme", |(s, _)| s);
+        p.push(
+            path,
+            format!(
+                "must start with amqp:// or amqps:// (found {scheme:?}), e.g. \"amqp://guest:guest@127.0.0.1:5672/%2f\""
+            ),
+        );
+    }
+}
+
+/// `egress.amqp.queue_arguments`: scalars only, and not `x-queue-type`
+/// (that is `queue_type`).
+fn queue_arguments(p: &mut Problems, raw: toml::Table) -> Vec<(String, QueueArgument)> {
+    let mut out = Vec::with_capacity(raw.len());
+    for (key, value) in raw {
+        let path = format!("egress.amqp.queue_arguments.{key}");
+        if key == "x-queue-type" {
+            p.push(path, "set egress.amqp.queue_type instead");
+            continue;
+        }
+        if key.len() > AMQP_SHORT_STRING_LIMIT {
+            p.push(
+                path,
+                "the name is longer than an AMQP short string (255 bytes)",
+            );
+            continue;
+        }
+        let value = match value {
+            toml::Value::Integer(v) => QueueArgument::Int(v),
+            toml::Value::Float(v) => QueueArgument::Float(v),
+            toml::Value::Boolean(v) => QueueArgument::Bool(v),
+            toml::Value::String(v) => QueueArgument::Str(v),
+            other => {
+                p.push(
+                    path,
+                    format!(
+                        "must be an integer, float, boolean or string (found {}), as RabbitMQ's x- arguments are",
+                        other.type_str()
+                    ),
+                );
+                continue;
+            }
+        };
+        out.push((key, value));
+    }
+    out
+}
+
+/// `egress.amqp.routing_key`: `{node}` and `{class}` are the only
+/// placeholders, and the longest key it renders must fit a short string.
+fn routing_key_template(
+    p: &mut Problems,
+    template: String,
+    exchange: Option<&str>,
+    classes: &[String],
+) -> Option<String> {
+    let path = "egress.amqp.routing_key";
+    let rest = ROUTING_KEY_PLACEHOLDERS
+        .iter()
+        .fold(template.clone(), |t, x| t.replace(x, ""));
+    if rest.contains(['{', '}']) {
+        p.push(
+            path,
+            format!(
+                "{template:?} holds a brace that is not a placeholder; the placeholders are {}",
+                ROUTING_KEY_PLACEHOLDERS.join(" and ")
+            ),
+        );
+        return None;
+    }
+    let is_template = ROUTING_KEY_PLACEHOLDERS
+        .iter()
+        .any(|x| template.contains(x));
+    if is_template && exchange == Some("") {
+        p.push(
+            path,
+            "placeholders need a named exchange: with the default exchange (exchange = \"\") the routing key is the queue's name",
+        );
+        return None;
+    }
+    let longest_class = classes
+        .iter()
+        .max_by_key(|c| c.len())
+        .map_or("", String::as_str);
+    let longest = render_routing_key(&template, NodeId::MAX, longest_class);
+    if longest.len() > AMQP_SHORT_STRING_LIMIT {
+        p.push(
+            path,
+            format!(
+                "renders up to {} bytes (node id {} and class {longest_class:?}); AMQP allows at most {AMQP_SHORT_STRING_LIMIT}",
+                longest.len(),
+                NodeId::MAX
+            ),
+        );
+        return None;
+    }
+    Some(template)
 }
 
 /// A name or id that must not be empty and must fit an AMQP short

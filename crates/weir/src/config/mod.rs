@@ -69,6 +69,7 @@ use weir_core::queue::QueueCapacity;
 pub use admin::AdminConfig;
 pub use egress::{
     AmqpEgress, EgressConfig, EgressSink, ExchangeType, FileEgress, LinkEmulation, LinkPreset,
+    QueueArgument, QueueType, UrlOrder, ROUTING_KEY_PLACEHOLDERS,
 };
 pub use error::{ConfigError, Location};
 pub use ingress::{
@@ -242,7 +243,7 @@ fn validate(raw: RawConfig) -> Result<Config, Vec<Problem>> {
     let batching = scheduler::batching(&mut p, raw.batching);
     let compression = scheduler::compression(&mut p, raw.compression);
     let ingress = ingress::ingress(&mut p, raw.ingress, node_id);
-    let egress = egress::egress(&mut p, raw.egress);
+    let egress = egress::egress(&mut p, raw.egress, &classes.names);
     let spool = spool::spool(&mut p, raw.spool);
     let admin = admin::admin(&mut p, raw.admin);
     let peering = peering::peering(&mut p, raw.peering, node_id);

@@ -50,26 +50,30 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::StreamExt;
 use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
     QueueDeclareOptions,
 };
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::uri::AMQPUri;
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ConnectionStatus,
-    ExchangeKind,
+    ErrorKind, Event, ExchangeKind,
 };
 use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::Instrument;
-use weir_core::NodeId;
+use weir_core::{ClassSet, NodeId};
 
 use super::batch::EncodedBatch;
 use super::sink::{Confirm, Sink, SinkError};
-use crate::config::{AmqpEgress, ExchangeType};
+use crate::config::{AmqpEgress, ExchangeType, QueueArgument, UrlOrder};
+use crate::metrics::amqp::AmqpMetrics;
 
 /// Header: the sending node's id.
 pub const HEADER_NODE: &str = "weir-node";
@@ -94,33 +98,60 @@ pub struct AmqpSink {
     /// What to connect to, or why the configuration cannot be used.
     target: Result<Target, String>,
     supervisor: Supervisor,
+    metrics: Arc<AmqpMetrics>,
     span: tracing::Span,
 }
 
-/// The parsed destination; holds the password, so it is never printed.
-struct Target {
+/// A broker the egress may connect to.
+struct Endpoint {
+    /// Holds the password, so it is never printed.
     uri: AMQPUri,
+    /// The URL without its password.
+    shown: String,
+}
+
+/// The parsed destination.
+struct Target {
+    /// In the order they are tried (shuffled once with `url_order =
+    /// "shuffle"`).
+    endpoints: Vec<Endpoint>,
     exchange: ShortString,
     kind: ExchangeKind,
     queue: ShortString,
-    routing_key: ShortString,
+    queue_arguments: FieldTable,
+    /// The routing key of a batch, by the index of its most urgent class.
+    keys: Vec<ShortString>,
 }
 
-/// The connection, if any, and when the next attempt may start.
+/// The connection, if any, which endpoint is next, and when the next
+/// attempt may start.
 struct Supervisor {
     link: Option<Link>,
-    /// Pause after the next failure.
+    /// Pause after the next round of failures.
     backoff: Duration,
     /// No connection attempt before this instant.
     retry_at: Option<Instant>,
+    /// The endpoint in use, or tried next.
+    current: usize,
+    /// Attempts failed in a row on different endpoints since the last
+    /// pause: once every endpoint has failed, the backoff applies.
+    failed_in_round: usize,
+    /// The endpoint of the last connection made.
+    last: Option<usize>,
 }
 
 /// A connection with its confirm-mode channel and declared topology.
 struct Link {
     conn: Connection,
     channel: Channel,
+    /// Index of the endpoint it is connected to.
+    endpoint: usize,
     /// What the confirmations of this link's publishes found out.
     health: Arc<Health>,
+    /// Why RabbitMQ blocked the connection, while it does.
+    blocked: Arc<Mutex<Option<String>>>,
+    /// Stops the task that follows the connection's events.
+    _events: DropGuard,
 }
 
 /// Told by pending confirmations, read by the next send.
@@ -133,16 +164,40 @@ struct Health {
     confirmed: AtomicBool,
 }
 
+/// Why a connection attempt failed.
+enum OpenError {
+    /// The broker could not be reached or the connection failed: try the
+    /// next endpoint, back off.
+    Unavailable(String),
+    /// The broker refused a declaration (an exchange or queue exists with
+    /// other settings, or the user may not declare it): a configuration
+    /// problem that retrying does not mend.
+    Declaration(String),
+}
+
+/// RabbitMQ refused the configured topology at start-up: the message names
+/// the key, the exchange or queue, and both settings.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{key}: {message}")]
+pub struct TopologyError {
+    /// The config key to change.
+    pub key: &'static str,
+    /// What RabbitMQ said and what to do.
+    pub message: String,
+}
+
 impl AmqpSink {
-    /// A sink for `cfg`, publishing as `node`; connects on the first
-    /// [`Sink::deliver`].
+    /// A sink for `cfg`, publishing as `node`; connects on
+    /// [`AmqpSink::start`] or the first [`Sink::deliver`].
     pub fn new(cfg: AmqpEgress, node: NodeId) -> AmqpSink {
-        let broker = redacted_url(&cfg.url);
-        let span = tracing::info_span!("amqp_egress", broker = %broker, node);
-        let target = Target::new(&cfg);
+        let shown: Vec<String> = cfg.urls.iter().map(|u| redacted_url(u)).collect();
+        let span = tracing::info_span!("amqp_egress", node);
+        let target = Target::new(&cfg, node, None);
         if let Err(e) = &target {
             tracing::error!(parent: &span, error = %e, "AMQP egress cannot connect");
         }
+        let metrics = Arc::new(AmqpMetrics::default());
+        metrics.endpoints(&shown);
         AmqpSink {
             cfg,
             node,
@@ -151,14 +206,101 @@ impl AmqpSink {
                 link: None,
                 backoff: RECONNECT_INITIAL,
                 retry_at: None,
+                current: 0,
+                failed_in_round: 0,
+                last: None,
             },
+            metrics,
             span,
         }
     }
 
-    /// The broker URL without its password, for logs.
+    /// Routing keys name `classes` (`{class}` in the template; without
+    /// this, the class index).
+    pub fn with_classes(mut self, classes: &ClassSet) -> Self {
+        self.target = Target::new(&self.cfg, self.node, Some(classes));
+        self
+    }
+
+    /// Counts into `metrics` (the `/metrics` of the running weir).
+    pub fn with_metrics(mut self, metrics: Arc<AmqpMetrics>) -> Self {
+        if let Ok(t) = &self.target {
+            let shown: Vec<String> = t.endpoints.iter().map(|e| e.shown.clone()).collect();
+            metrics.endpoints(&shown);
+        }
+        self.metrics = metrics;
+        self
+    }
+
+    /// The AMQP metrics this sink counts into.
+    pub fn metrics(&self) -> &Arc<AmqpMetrics> {
+        &self.metrics
+    }
+
+    /// The broker in use, or tried next, without its password, for logs.
     pub fn broker(&self) -> String {
-        redacted_url(&self.cfg.url)
+        match &self.target {
+            Ok(t) => t.endpoints[self.supervisor.current].shown.clone(),
+            Err(_) => self
+                .cfg
+                .urls
+                .first()
+                .map_or_else(String::new, |u| redacted_url(u)),
+        }
+    }
+
+    /// Connects once at start-up, trying every endpoint, for at most
+    /// `egress.amqp.connect_timeout` in all. A broker that cannot be
+    /// reached is not an error (the egress keeps trying, and the spool or
+    /// the queues hold the records); a broker that refuses the configured
+    /// exchange or queue is: it would refuse every reconnect too.
+    pub async fn start(&mut self) -> Result<(), TopologyError> {
+        let target = match &self.target {
+            Ok(t) => t,
+            Err(e) => {
+                return Err(TopologyError {
+                    key: "egress.amqp",
+                    message: e.clone(),
+                })
+            }
+        };
+        let deadline = Instant::now() + self.cfg.connect_timeout;
+        let span = self.span.clone();
+        let sup = &mut self.supervisor;
+        for _ in 0..target.endpoints.len() {
+            let i = sup.current;
+            let attempt = Link::open(target, i, &self.cfg, self.node, &self.metrics);
+            match tokio::time::timeout_at(deadline, attempt)
+                .instrument(span.clone())
+                .await
+            {
+                Ok(Ok(link)) => {
+                    let _span = span.enter();
+                    sup.connected(link, target, &self.metrics);
+                    return Ok(());
+                }
+                Ok(Err(OpenError::Declaration(message))) => {
+                    return Err(TopologyError {
+                        key: if message.contains("exchange `") && !message.contains("queue `") {
+                            "egress.amqp.exchange_type"
+                        } else {
+                            "egress.amqp.queue_type"
+                        },
+                        message,
+                    });
+                }
+                Ok(Err(OpenError::Unavailable(why))) => {
+                    tracing::warn!(parent: &span, endpoint = %target.endpoints[i].shown, error = %why, "RabbitMQ not reachable at start-up; the egress keeps trying");
+                    sup.current = (i + 1) % target.endpoints.len();
+                }
+                Err(_) => {
+                    tracing::warn!(parent: &span, endpoint = %target.endpoints[i].shown, "no connection to RabbitMQ within egress.amqp.connect_timeout at start-up; the egress keeps trying");
+                    sup.current = (i + 1) % target.endpoints.len();
+                    break;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Whether a connection is up and no confirm on it has failed (it may
@@ -170,8 +312,7 @@ impl AmqpSink {
             .is_some_and(|l| l.alive() && !l.health.broken.load(Ordering::Relaxed))
     }
 
-    /// Whether RabbitMQ has blocked the connection (memory or disk alarm);
-    /// worth exporting as a gauge.
+    /// Whether RabbitMQ has blocked the connection (memory or disk alarm).
     pub fn is_blocked(&self) -> bool {
         self.supervisor
             .link
@@ -185,6 +326,8 @@ impl AmqpSink {
             .as_ref()
             .map_err(|e| SinkError::Unavailable(e.clone()))?;
         let sup = &mut self.supervisor;
+        let max = self.cfg.reconnect_backoff_max;
+        let n = target.endpoints.len();
         if let Some(link) = &sup.link {
             let working = link.health.confirmed.swap(false, Ordering::Relaxed);
             let broken = link.health.broken.load(Ordering::Relaxed);
@@ -195,12 +338,12 @@ impl AmqpSink {
             if broken {
                 // A confirm timed out or failed: the link is not to be
                 // trusted, even if the socket still looks open.
-                sup.link = None;
-                sup.failed(self.cfg.reconnect_backoff_max);
+                sup.drop_link(target, &self.metrics);
+                sup.failed(n, max);
             } else if !alive {
-                tracing::warn!("connection to RabbitMQ lost; reconnecting");
-                sup.link = None;
-                sup.failed(self.cfg.reconnect_backoff_max);
+                tracing::warn!(endpoint = %target.endpoints[sup.current].shown, "connection to RabbitMQ lost; reconnecting");
+                sup.drop_link(target, &self.metrics);
+                sup.failed(n, max);
             }
         }
         if sup.link.is_none() {
@@ -210,36 +353,37 @@ impl AmqpSink {
                 tokio::time::sleep_until(at).await;
             }
             let limit = self.cfg.connect_timeout;
-            match tokio::time::timeout(limit, Link::open(target, &self.cfg, self.node)).await {
-                Ok(Ok(link)) => {
-                    tracing::info!(
-                        exchange = %target.exchange,
-                        queue = %target.queue,
-                        routing_key = %target.routing_key,
-                        "connected to RabbitMQ"
-                    );
-                    sup.link = Some(link);
-                }
-                Ok(Err(e)) => {
-                    sup.failed(self.cfg.reconnect_backoff_max);
-                    return Err(SinkError::Unavailable(e));
+            let i = sup.current;
+            let shown = &target.endpoints[i].shown;
+            let attempt = Link::open(target, i, &self.cfg, self.node, &self.metrics);
+            match tokio::time::timeout(limit, attempt).await {
+                Ok(Ok(link)) => sup.connected(link, target, &self.metrics),
+                Ok(Err(OpenError::Unavailable(e) | OpenError::Declaration(e))) => {
+                    sup.failed(n, max);
+                    return Err(SinkError::Unavailable(format!("{shown}: {e}")));
                 }
                 Err(_) => {
-                    sup.failed(self.cfg.reconnect_backoff_max);
+                    sup.failed(n, max);
                     return Err(SinkError::Unavailable(format!(
-                        "connecting to RabbitMQ took longer than {limit:?} (egress.amqp.connect_timeout)"
+                        "{shown}: connecting to RabbitMQ took longer than {limit:?} (egress.amqp.connect_timeout)"
                     )));
                 }
             }
         }
         let link = sup.link.as_ref().expect("connected above");
-        match link.publish(target, self.cfg.confirm_timeout, batch).await {
+        // Moving away from a blocked node only helps with another to go to.
+        let blocked_failover = (n > 1).then_some(self.cfg.blocked_failover_after);
+        let limits = Limits {
+            confirm: self.cfg.confirm_timeout,
+            blocked_failover,
+        };
+        match link.publish(target, limits, batch, &self.metrics).await {
             Ok(confirm) => Ok(confirm),
             Err(why) => {
                 // Dropping the connection closes it (lapin sends
                 // connection.close if it is still open) without waiting.
-                sup.link = None;
-                sup.failed(self.cfg.reconnect_backoff_max);
+                sup.drop_link(target, &self.metrics);
+                sup.failed(n, max);
                 Err(SinkError::Unavailable(why))
             }
         }
@@ -276,17 +420,82 @@ impl Sink for AmqpSink {
 }
 
 impl Target {
-    fn new(cfg: &AmqpEgress) -> Result<Target, String> {
-        let mut uri: AMQPUri = cfg.url.parse().map_err(|e| {
-            format!(
-                "egress.amqp.url ({}) is not a valid AMQP URL: {e}",
-                redacted_url(&cfg.url)
-            )
-        })?;
+    fn new(cfg: &AmqpEgress, node: NodeId, classes: Option<&ClassSet>) -> Result<Target, String> {
+        let mut endpoints = cfg
+            .urls
+            .iter()
+            .enumerate()
+            .map(|(i, url)| Endpoint::new(cfg, i, url))
+            .collect::<Result<Vec<_>, _>>()?;
+        if endpoints.is_empty() {
+            return Err("egress.amqp.urls: no endpoint".to_owned());
+        }
+        if cfg.url_order == UrlOrder::Shuffle {
+            shuffle(&mut endpoints, node);
+        }
+        let short = |key: &str, value: &str| {
+            ShortString::try_new(value).map_err(|e| format!("egress.amqp.{key}: {e}"))
+        };
+        let names: Vec<String> = match classes {
+            Some(c) => c.iter().map(|(_, c)| c.name.clone()).collect(),
+            // Without the class set, the index stands for the name.
+            None => (0..=u8::MAX).map(|i| i.to_string()).collect(),
+        };
+        let keys = names
+            .iter()
+            .map(|c| short("routing_key", &cfg.routing_key_for(node, c)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut queue_arguments = FieldTable::default();
+        for (k, v) in cfg.declared_arguments() {
+            queue_arguments.insert(short("queue_arguments", &k)?, amqp_value(v));
+        }
+        Ok(Target {
+            endpoints,
+            exchange: short("exchange", &cfg.exchange)?,
+            kind: match cfg.exchange_type {
+                ExchangeType::Direct => ExchangeKind::Direct,
+                ExchangeType::Fanout => ExchangeKind::Fanout,
+                ExchangeType::Topic => ExchangeKind::Topic,
+                ExchangeType::Headers => ExchangeKind::Headers,
+            },
+            queue: short("queue", &cfg.queue)?,
+            queue_arguments,
+            keys,
+        })
+    }
+
+    /// The routing key of a batch whose most urgent class is `class`.
+    fn key(&self, class: weir_core::ClassId) -> &ShortString {
+        let i = class.index().min(self.keys.len() - 1);
+        &self.keys[i]
+    }
+
+    /// The distinct routing keys this node publishes with, for bindings.
+    fn distinct_keys(&self) -> Vec<&ShortString> {
+        let mut keys: Vec<&ShortString> = Vec::new();
+        for k in &self.keys {
+            if !keys.contains(&k) {
+                keys.push(k);
+            }
+        }
+        keys
+    }
+}
+
+impl Endpoint {
+    fn new(cfg: &AmqpEgress, i: usize, url: &str) -> Result<Endpoint, String> {
+        let key = if cfg.urls.len() == 1 {
+            "egress.amqp.url".to_owned()
+        } else {
+            format!("egress.amqp.urls[{i}]")
+        };
+        let shown = redacted_url(url);
+        let mut uri: AMQPUri = url
+            .parse()
+            .map_err(|e| format!("{key} ({shown}) is not a valid AMQP URL: {e}"))?;
         // amq-protocol-uri reads only domain hosts: an IPv6 literal would
         // silently become `localhost`.
-        let authority = cfg
-            .url
+        let authority = url
             .split_once("://")
             .map_or("", |(_, rest)| rest.split(['/', '?']).next().unwrap_or(""));
         if authority
@@ -295,8 +504,7 @@ impl Target {
             .is_some_and(|h| h.starts_with('['))
         {
             return Err(format!(
-                "egress.amqp.url ({}): IPv6 address literals are not supported by the AMQP client (it would connect to localhost); use a host name",
-                redacted_url(&cfg.url)
+                "{key} ({shown}): IPv6 address literals are not supported by the AMQP client (it would connect to localhost); use a host name"
             ));
         }
         // Bound the TCP connect inside lapin's I/O thread too, so an
@@ -309,54 +517,151 @@ impl Target {
                     .unwrap_or(u64::MAX),
             );
         }
-        let short = |key: &str, value: &str| {
-            ShortString::try_new(value).map_err(|e| format!("egress.amqp.{key}: {e}"))
-        };
-        Ok(Target {
-            uri,
-            exchange: short("exchange", &cfg.exchange)?,
-            kind: match cfg.exchange_type {
-                ExchangeType::Direct => ExchangeKind::Direct,
-                ExchangeType::Fanout => ExchangeKind::Fanout,
-                ExchangeType::Topic => ExchangeKind::Topic,
-                ExchangeType::Headers => ExchangeKind::Headers,
-            },
-            queue: short("queue", &cfg.queue)?,
-            routing_key: short("routing_key", &cfg.routing_key)?,
-        })
+        Ok(Endpoint { uri, shown })
+    }
+}
+
+/// Shuffles the endpoints, seeded by the node id and the clock, so a fleet
+/// started together still spreads over the cluster.
+fn shuffle(endpoints: &mut [Endpoint], node: NodeId) {
+    let mut x = node ^ crate::clock::unix_micros() ^ 0x9e37_79b9_7f4a_7c15;
+    for i in (1..endpoints.len()).rev() {
+        // xorshift64
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let j = (x % (i as u64 + 1)) as usize;
+        endpoints.swap(i, j);
+    }
+}
+
+/// A queue argument as the AMQP field of its kind.
+fn amqp_value(v: QueueArgument) -> AMQPValue {
+    match v {
+        QueueArgument::Int(i) => AMQPValue::LongLongInt(i),
+        QueueArgument::Float(f) => AMQPValue::Double(f),
+        QueueArgument::Bool(b) => AMQPValue::Boolean(b),
+        QueueArgument::Str(s) => AMQPValue::LongString(s.into()),
     }
 }
 
 impl Supervisor {
-    /// A connection attempt or the link failed: pause before the next one.
-    fn failed(&mut self, max: Duration) {
-        self.retry_at = Some(Instant::now() + self.backoff);
-        self.backoff = (self.backoff * 2).min(max);
+    /// A connection attempt or the link failed: the next attempt goes to
+    /// the next endpoint, at once while some endpoint of this round is
+    /// untried, after a backoff once every one has failed.
+    fn failed(&mut self, endpoints: usize, max: Duration) {
+        self.current = (self.current + 1) % endpoints;
+        self.failed_in_round += 1;
+        if self.failed_in_round >= endpoints {
+            self.failed_in_round = 0;
+            self.retry_at = Some(Instant::now() + self.backoff);
+            self.backoff = (self.backoff * 2).min(max);
+        } else {
+            self.retry_at = None;
+        }
     }
 
     /// The broker answered a publish: the link works, reset the backoff.
     fn working(&mut self) {
         self.backoff = RECONNECT_INITIAL;
         self.retry_at = None;
+        self.failed_in_round = 0;
+    }
+
+    /// A connection is up.
+    fn connected(&mut self, link: Link, target: &Target, metrics: &AmqpMetrics) {
+        let i = link.endpoint;
+        let failover = self.last.is_some_and(|last| last != i);
+        tracing::info!(
+            endpoint = %target.endpoints[i].shown,
+            exchange = %target.exchange,
+            queue = %target.queue,
+            routing_key = %target.key(weir_core::ClassId(0)),
+            failover,
+            "connected to RabbitMQ"
+        );
+        metrics.connected(&target.endpoints[i].shown, failover);
+        self.last = Some(i);
+        self.current = i;
+        self.link = Some(link);
+    }
+
+    /// Drops the connection (lapin closes it without waiting).
+    fn drop_link(&mut self, target: &Target, metrics: &AmqpMetrics) {
+        if let Some(link) = self.link.take() {
+            metrics.disconnected(&target.endpoints[link.endpoint].shown);
+        }
     }
 }
 
+/// A declaration error: the broker's words, and whether it is one that a
+/// retry cannot mend (PRECONDITION_FAILED, ACCESS_REFUSED).
+fn declaration_error(e: &lapin::Error, what: String) -> OpenError {
+    let fatal = matches!(
+        e.kind(),
+        ErrorKind::ProtocolError(err) if matches!(
+            err.kind(),
+            AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED | AMQPSoftError::ACCESSREFUSED)
+        )
+    );
+    let message = format!("{what}: {e}");
+    if fatal {
+        OpenError::Declaration(message)
+    } else {
+        OpenError::Unavailable(message)
+    }
+}
+
+/// How long a publish and its confirm may take.
+#[derive(Clone, Copy)]
+struct Limits {
+    /// Without a block: `confirm_timeout`.
+    confirm: Duration,
+    /// With a block: give up this long into it (with another endpoint to
+    /// go to), else wait.
+    blocked_failover: Option<Duration>,
+}
+
 impl Link {
-    /// Connects, opens a confirm-mode channel and declares the topology.
-    async fn open(target: &Target, cfg: &AmqpEgress, node: NodeId) -> Result<Link, String> {
+    /// Connects to endpoint `i`, opens a confirm-mode channel and declares
+    /// the topology.
+    async fn open(
+        target: &Target,
+        i: usize,
+        cfg: &AmqpEgress,
+        node: NodeId,
+        metrics: &Arc<AmqpMetrics>,
+    ) -> Result<Link, OpenError> {
         let props = ConnectionProperties::default()
             .with_connection_name(LongString::from(format!("weir node {node}")));
-        let conn = Connection::connect_uri(target.uri.clone(), props)
+        let conn = Connection::connect_uri(target.endpoints[i].uri.clone(), props)
             .await
-            .map_err(|e| format!("connecting to RabbitMQ: {e}"))?;
+            .map_err(|e| OpenError::Unavailable(format!("connecting to RabbitMQ: {e}")))?;
+        // Follow blocked/unblocked from the start: RabbitMQ blocks a
+        // connection at its first publish under an alarm.
+        let blocked = Arc::new(Mutex::new(None));
+        let stop = CancellationToken::new();
+        tokio::spawn(follow_events(
+            conn.events_listener(),
+            Arc::clone(&blocked),
+            Arc::clone(metrics),
+            stop.clone(),
+        ));
         let channel = conn
             .create_channel()
             .await
-            .map_err(|e| format!("opening a channel: {e}"))?;
+            .map_err(|e| OpenError::Unavailable(format!("opening a channel: {e}")))?;
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await
-            .map_err(|e| format!("enabling publisher confirms: {e}"))?;
+            .map_err(|e| OpenError::Unavailable(format!("enabling publisher confirms: {e}")))?;
+        let refused = |e: lapin::Error, what: String| {
+            let err = declaration_error(&e, what);
+            if matches!(err, OpenError::Declaration(_)) {
+                metrics.declare_failures.inc();
+            }
+            err
+        };
         // The default exchange ("") exists already and cannot be declared
         // or bound to; it routes by queue name.
         if !cfg.exchange.is_empty() {
@@ -372,46 +677,59 @@ impl Link {
                 )
                 .await
                 .map_err(|e| {
-                    format!(
-                        "declaring durable {} exchange `{}` (egress.amqp.exchange; an existing exchange of another type or durability is refused): {e}",
-                        cfg.exchange_type, cfg.exchange
-                    )
+                    refused(e, format!(
+                        "declaring durable {} exchange `{}` (egress.amqp.exchange_type = \"{}\"; an exchange of that name that exists with another type or durability is refused)",
+                        cfg.exchange_type, cfg.exchange, cfg.exchange_type
+                    ))
                 })?;
         }
-        channel
-            .queue_declare(
-                target.queue.clone(),
-                QueueDeclareOptions::durable(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|e| {
-                format!(
-                    "declaring durable queue `{}` (egress.amqp.queue; an existing queue with other arguments is refused): {e}",
-                    cfg.queue
-                )
-            })?;
-        if !cfg.exchange.is_empty() {
+        // An empty queue name declares nothing: the operator's bindings
+        // route (a `mandatory` return shows when none matches).
+        if !cfg.queue.is_empty() {
             channel
-                .queue_bind(
+                .queue_declare(
                     target.queue.clone(),
-                    target.exchange.clone(),
-                    target.routing_key.clone(),
-                    QueueBindOptions::default(),
-                    FieldTable::default(),
+                    QueueDeclareOptions::durable(),
+                    target.queue_arguments.clone(),
                 )
                 .await
                 .map_err(|e| {
-                    format!(
-                        "binding queue `{}` to exchange `{}` with routing key `{}`: {e}",
-                        cfg.queue, cfg.exchange, cfg.routing_key
-                    )
+                    refused(e, format!(
+                        "declaring durable queue `{}` with {} (egress.amqp.queue_type, egress.amqp.queue_arguments): RabbitMQ holds a queue of that name with other settings; it says",
+                        cfg.queue,
+                        cfg.queue_settings()
+                    ))
                 })?;
+            if !cfg.exchange.is_empty() {
+                for key in target.distinct_keys() {
+                    channel
+                        .queue_bind(
+                            target.queue.clone(),
+                            target.exchange.clone(),
+                            key.clone(),
+                            QueueBindOptions::default(),
+                            FieldTable::default(),
+                        )
+                        .await
+                        .map_err(|e| {
+                            refused(
+                                e,
+                                format!(
+                                    "binding queue `{}` to exchange `{}` with routing key `{key}`",
+                                    cfg.queue, cfg.exchange
+                                ),
+                            )
+                        })?;
+                }
+            }
         }
         Ok(Link {
             conn,
             channel,
+            endpoint: i,
             health: Arc::default(),
+            blocked,
+            _events: stop.drop_guard(),
         })
     }
 
@@ -424,13 +742,20 @@ impl Link {
     async fn publish(
         &self,
         target: &Target,
-        limit: Duration,
+        limits: Limits,
         batch: &EncodedBatch,
+        metrics: &Arc<AmqpMetrics>,
     ) -> Result<Confirm, String> {
-        let status = self.conn.status().clone();
+        let watch = Watch {
+            status: self.conn.status().clone(),
+            blocked: Arc::clone(&self.blocked),
+            limits,
+            metrics: Arc::clone(metrics),
+        };
+        let routing_key = target.key(batch.class).clone();
         let publish = self.channel.basic_publish(
             target.exchange.clone(),
-            target.routing_key.clone(),
+            routing_key.clone(),
             BasicPublishOptions {
                 mandatory: true,
                 immediate: false,
@@ -440,15 +765,16 @@ impl Link {
         );
         // Resolves once lapin has written the frames (it holds them while
         // the connection is blocked).
-        let confirm = within(&status, limit, "publish", publish)
+        let confirm = watch
+            .within("publish", publish)
             .await?
             .map_err(|e| format!("publishing batch {}: {e}", batch.seq))?;
         let health = Arc::clone(&self.health);
         let seq = batch.seq;
         let exchange = target.exchange.clone();
-        let routing_key = target.routing_key.clone();
+        let metrics = Arc::clone(metrics);
         Ok(Box::pin(async move {
-            let confirmation = match within(&status, limit, "publisher confirm", confirm).await {
+            let confirmation = match watch.within("publisher confirm", confirm).await {
                 Ok(Ok(c)) => c,
                 Ok(Err(e)) => {
                     health.broken.store(true, Ordering::Relaxed);
@@ -467,14 +793,24 @@ impl Link {
                     Ok(())
                 }
                 Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+                    metrics.returns.inc();
+                    tracing::error!(
+                        batch = seq,
+                        exchange = %exchange,
+                        routing_key = %routing_key,
+                        "RabbitMQ returned a batch as unroutable: no queue is bound to the exchange for this routing key; the batch is held and retried"
+                    );
                     Err(SinkError::Refused(format!(
                         "RabbitMQ returned batch {seq} ({} {}): no queue is bound to exchange `{exchange}` with routing key `{routing_key}`; bind one or fix egress.amqp.routing_key",
                         returned.reply_code, returned.reply_text,
                     )))
                 }
-                Confirmation::Nack(None) => Err(SinkError::Refused(format!(
-                    "RabbitMQ nacked batch {seq} (it could not store it)"
-                ))),
+                Confirmation::Nack(None) => {
+                    metrics.nacks.inc();
+                    Err(SinkError::Refused(format!(
+                        "RabbitMQ nacked batch {seq} (it could not store it; for a quorum queue, no majority, or x-overflow = reject-publish on a full queue)"
+                    )))
+                }
                 Confirmation::NotRequested => {
                     health.broken.store(true, Ordering::Relaxed);
                     Err(SinkError::Unavailable(
@@ -486,49 +822,107 @@ impl Link {
     }
 }
 
-/// Awaits `fut` for at most `limit`, except that time spent while RabbitMQ
-/// blocks the connection does not count: a blocked broker is waited for
-/// (back-pressure), a silent one is given up on.
-async fn within<F: Future>(
-    status: &ConnectionStatus,
-    limit: Duration,
-    what: &str,
-    fut: F,
-) -> Result<F::Output, String> {
-    let mut fut = std::pin::pin!(fut);
-    let mut deadline = Instant::now() + limit;
-    let mut blocked_since: Option<Instant> = None;
+/// Follows a connection's events until it closes or `stop` fires: the
+/// broker's block and its reason, into `blocked` and the metrics.
+async fn follow_events(
+    events: impl futures::Stream<Item = Event> + Send + 'static,
+    blocked: Arc<Mutex<Option<String>>>,
+    metrics: Arc<AmqpMetrics>,
+    stop: CancellationToken,
+) {
+    let mut events = std::pin::pin!(events);
     loop {
-        // Cancel safety: `fut` is pinned outside the loop and polled by
-        // reference, so the timer winning loses nothing; the timer is
-        // rebuilt from `deadline` on every turn.
-        tokio::select! {
-            out = &mut fut => {
-                if let Some(since) = blocked_since {
-                    tracing::info!(blocked_for = ?since.elapsed(), "RabbitMQ unblocked the connection");
-                }
-                return Ok(out);
+        let event = tokio::select! {
+            e = events.next() => e,
+            () = stop.cancelled() => None,
+        };
+        match event {
+            Some(Event::ConnectionBlocked(reason)) => {
+                tracing::warn!(reason = %reason, "RabbitMQ blocked the connection (a resource alarm); publishing waits until it unblocks");
+                metrics.blocked(&reason);
+                *blocked.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);
             }
-            () = tokio::time::sleep_until(deadline) => {}
+            Some(Event::ConnectionUnblocked) => {
+                metrics.unblocked();
+                *blocked.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            }
+            Some(_) => {}
+            None => break,
         }
-        let now = Instant::now();
-        if status.blocked() {
-            if blocked_since.is_none() {
-                tracing::warn!(
-                    "RabbitMQ blocked the connection (memory or disk alarm); holding the batch until it unblocks"
-                );
-                blocked_since = Some(now);
+    }
+    if blocked
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+        .is_some()
+    {
+        metrics.unblocked();
+    }
+}
+
+/// What a wait on the broker watches: the connection's block, and the
+/// limits.
+#[derive(Clone)]
+struct Watch {
+    status: ConnectionStatus,
+    blocked: Arc<Mutex<Option<String>>>,
+    limits: Limits,
+    metrics: Arc<AmqpMetrics>,
+}
+
+impl Watch {
+    /// Awaits `fut` for at most the confirm timeout, except that time
+    /// spent while RabbitMQ blocks the connection does not count: a
+    /// blocked broker is waited for (back-pressure), up to
+    /// `blocked_failover` when another endpoint could take over; a silent
+    /// one is given up on.
+    async fn within<F: Future>(&self, what: &str, fut: F) -> Result<F::Output, String> {
+        let limit = self.limits.confirm;
+        let mut fut = std::pin::pin!(fut);
+        let mut deadline = Instant::now() + limit;
+        let mut blocked_since: Option<Instant> = None;
+        let tick = limit.min(Duration::from_secs(1));
+        loop {
+            // Cancel safety: `fut` is pinned outside the loop and polled by
+            // reference, so the timer winning loses nothing.
+            tokio::select! {
+                out = &mut fut => {
+                    if let Some(since) = blocked_since {
+                        tracing::info!(blocked_for = ?since.elapsed(), "RabbitMQ unblocked the connection");
+                    }
+                    return Ok(out);
+                }
+                () = tokio::time::sleep_until(deadline.min(Instant::now() + tick)) => {}
             }
-            deadline = now + limit;
-        } else if let Some(since) = blocked_since.take() {
-            // Unblocked since the last check: the broker has only just
-            // resumed reading, so it gets a whole period again.
-            tracing::info!(blocked_for = ?since.elapsed(), "RabbitMQ unblocked the connection");
-            deadline = now + limit;
-        } else {
-            return Err(format!(
-                "no {what} from RabbitMQ within {limit:?} (egress.amqp.confirm_timeout)"
-            ));
+            let now = Instant::now();
+            if self.status.blocked() {
+                let since = *blocked_since.get_or_insert(now);
+                if let Some(after) = self.limits.blocked_failover {
+                    if now - since >= after {
+                        let reason = self
+                            .blocked
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .clone()
+                            .unwrap_or_else(|| "no reason given".to_owned());
+                        return Err(format!(
+                            "RabbitMQ has blocked the connection for {:?} ({reason}); moving to the next endpoint (egress.amqp.blocked_failover_after)",
+                            now - since
+                        ));
+                    }
+                }
+                deadline = now + limit;
+            } else if let Some(since) = blocked_since.take() {
+                // Unblocked since the last check: the broker has only just
+                // resumed reading, so it gets a whole period again.
+                tracing::info!(blocked_for = ?since.elapsed(), "RabbitMQ unblocked the connection");
+                deadline = now + limit;
+            } else if now >= deadline {
+                self.metrics.timeouts.inc();
+                return Err(format!(
+                    "no {what} from RabbitMQ within {limit:?} (egress.amqp.confirm_timeout)"
+                ));
+            }
         }
     }
 }
@@ -624,19 +1018,23 @@ mod tests {
     #[test]
     fn ipv6_literal_hosts_are_refused_not_rewritten() {
         let mut cfg = config("amqp://weir:hunter2@[::1]:5672/%2f");
-        let err = Target::new(&cfg).err().expect("refused");
+        let err = Target::new(&cfg, 1, None).err().expect("refused");
         assert!(err.contains("IPv6") && !err.contains("hunter2"), "{err}");
-        cfg.url = "amqp://weir:hunter2@rabbit.example:5672/%2f".into();
-        assert!(Target::new(&cfg).is_ok());
+        cfg.urls = vec!["amqp://weir:hunter2@rabbit.example:5672/%2f".into()];
+        assert!(Target::new(&cfg, 1, None).is_ok());
     }
 
     fn config(url: &str) -> AmqpEgress {
         AmqpEgress {
-            url: url.into(),
+            urls: vec![url.into()],
+            url_order: UrlOrder::InOrder,
             exchange: "weir".into(),
             exchange_type: ExchangeType::Direct,
             queue: "weir.batches".into(),
+            queue_type: crate::config::QueueType::Classic,
+            queue_arguments: Vec::new(),
             routing_key: "weir.batches".into(),
+            blocked_failover_after: Duration::from_secs(30),
             confirm_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(1),
             reconnect_backoff_max: Duration::from_secs(1),

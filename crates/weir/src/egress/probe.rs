@@ -138,7 +138,7 @@ pub async fn probe_link(cfg: &Config, small: u64, large: u64) -> Result<ProbeRep
         }
         (EgressSink::Amqp(a), None) => {
             probe_with(
-                super::amqp::AmqpSink::new(a.clone(), node),
+                super::amqp::AmqpSink::new(a.clone(), node).with_classes(&cfg.classes),
                 node,
                 small,
                 large,
@@ -147,7 +147,10 @@ pub async fn probe_link(cfg: &Config, small: u64, large: u64) -> Result<ProbeRep
         }
         (EgressSink::Amqp(a), Some(p)) => {
             probe_with(
-                EmulatedLink::new(p, super::amqp::AmqpSink::new(a.clone(), node)),
+                EmulatedLink::new(
+                    p,
+                    super::amqp::AmqpSink::new(a.clone(), node).with_classes(&cfg.classes),
+                ),
                 node,
                 small,
                 large,

@@ -6,6 +6,7 @@
 //! recorder for what happened. [`peer`] holds peering's own family
 //! (`weir_peer_*`); [`labels`] the label sets both use.
 
+pub mod amqp;
 pub mod labels;
 pub mod latency;
 pub mod peer;
@@ -64,6 +65,8 @@ pub struct Metrics {
     pub security: SecurityMetrics,
     /// Latency against each class's bound, and config reloads.
     pub latency: LatencyMetrics,
+    /// The AMQP egress (`weir_egress_amqp_*`).
+    pub amqp: std::sync::Arc<amqp::AmqpMetrics>,
     /// Run before each rendering, to bring gauges up to date.
     refresh: std::sync::Mutex<Vec<Refresh>>,
 }
@@ -109,6 +112,7 @@ impl Metrics {
             spool: SpoolMetrics::new(classes),
             security: SecurityMetrics::default(),
             latency: LatencyMetrics::new(classes),
+            amqp: std::sync::Arc::default(),
             refresh: std::sync::Mutex::new(Vec::new()),
             registry: Registry::with_prefix("weir"),
         };
@@ -206,6 +210,8 @@ impl Metrics {
         m.spool.register(&mut m.registry);
         m.security.register(&mut m.registry);
         m.latency.register(&mut m.registry);
+        m.amqp.register(&mut m.registry);
+        m.on_render(|m| m.amqp.refresh());
         m
     }
 
