@@ -45,6 +45,7 @@ pub mod buffer_sizing;
 pub mod class;
 pub mod classify;
 pub mod compression;
+pub mod dedupe;
 pub mod drain;
 pub mod gate;
 pub mod janus;

@@ -35,6 +35,7 @@ pub mod admin;
 pub mod app;
 pub mod clock;
 pub mod config;
+pub mod consume;
 pub mod egress;
 #[doc(hidden)]
 pub mod fuzzing;

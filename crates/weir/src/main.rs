@@ -93,6 +93,59 @@ enum Command {
         #[arg(long, default_value_t = 256 * 1024)]
         large: u64,
     },
+    /// Read weir's batches from a RabbitMQ queue or stream and hand each
+    /// record on once, as JSON lines (stdout, or --output), deduplicated by
+    /// (origin, seq); messages are acknowledged only after their records
+    /// are written (and, with --state, the state stored). With --output
+    /// and --state a restart, even after kill -9, hands no record on
+    /// twice. The format: docs/consuming.md.
+    Consume {
+        /// A weir config whose [egress.amqp] gives the URL (the first of
+        /// urls), the queue and whether it is a stream; the options below
+        /// override it.
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// The broker, e.g. amqp://guest:guest@127.0.0.1:5672/%2f.
+        #[arg(long)]
+        url: Option<String>,
+        /// The queue or stream to read.
+        #[arg(long)]
+        queue: Option<String>,
+        /// The queue is a stream (x-queue-type = stream): read from an
+        /// offset.
+        #[arg(long)]
+        stream: bool,
+        /// Where a stream starts without a stored offset: first, last, next
+        /// or a number.
+        #[arg(long, default_value = "first")]
+        offset: weir::consume::StartOffset,
+        /// Append JSON lines to this file instead of stdout.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// Keep the deduplication state, the output's committed length and
+        /// a stream's offset in this file, to resume where it stopped.
+        #[arg(long)]
+        state: Option<PathBuf>,
+        /// Messages delivered and not yet acknowledged, at most.
+        #[arg(long, default_value_t = 64)]
+        prefetch: u16,
+        /// How payloads are written.
+        #[arg(long, value_enum, default_value = "base64")]
+        payload: weir::consume::PayloadFormat,
+        /// Exit once no message has come for this long (e.g. 5s).
+        #[arg(long)]
+        idle_exit: Option<humantime::Duration>,
+        /// Exit once this many records have been handed on.
+        #[arg(long)]
+        max_records: Option<u64>,
+        /// Gaps in each origin's sequence numbers remembered at once;
+        /// older records are handed on, counted as unverified.
+        #[arg(long, default_value_t = weir_core::dedupe::DEFAULT_MAX_RANGES)]
+        window: usize,
+        /// Refuse batches that decode to more than this many bytes.
+        #[arg(long, default_value_t = weir_proto::codec::DEFAULT_MAX_DECODED)]
+        max_size: usize,
+    },
     /// Print the records of a batch (a batch file, or an AMQP message body
     /// on stdin with `-`).
     Decode {
@@ -157,6 +210,112 @@ fn decode(file: &std::path::Path, encoding: Option<String>, max_size: usize) -> 
         )?;
     }
     Ok(())
+}
+
+/// `weir consume`: the options, with the config's `[egress.amqp]` where
+/// one is given.
+fn consume(cmd: Command) -> ExitCode {
+    let Command::Consume {
+        config,
+        url,
+        queue,
+        stream,
+        offset,
+        output,
+        state,
+        prefetch,
+        payload,
+        idle_exit,
+        max_records,
+        window,
+        max_size,
+    } = cmd
+    else {
+        unreachable!("called for consume only")
+    };
+    let amqp = match &config {
+        Some(path) => match load(Some(path)) {
+            Ok(cfg) => match cfg.egress.sink {
+                config::EgressSink::Amqp(a) => Some(a),
+                config::EgressSink::File(_) => {
+                    eprintln!(
+                        "weir consume: {} has egress.kind = \"file\"; give an AMQP config or --url and --queue",
+                        path.display()
+                    );
+                    return ExitCode::from(EXIT_BAD_CONFIG);
+                }
+            },
+            Err(e) => {
+                report(Some(path), &e);
+                return ExitCode::from(EXIT_BAD_CONFIG);
+            }
+        },
+        None => None,
+    };
+    let url = url
+        .or_else(|| amqp.as_ref().and_then(|a| a.urls.first().cloned()))
+        .unwrap_or_else(|| config::AMQP_URL.to_owned());
+    let queue = queue
+        .or_else(|| amqp.as_ref().map(|a| a.queue.clone()))
+        .unwrap_or_else(|| config::AMQP_QUEUE.to_owned());
+    if queue.is_empty() {
+        eprintln!(
+            "weir consume: the config declares no queue (queue = \"\"); name one with --queue"
+        );
+        return ExitCode::from(EXIT_BAD_CONFIG);
+    }
+    let stream = stream
+        || amqp
+            .as_ref()
+            .is_some_and(|a| a.queue_type == config::QueueType::Stream);
+    let opts = weir::consume::ConsumeOptions {
+        url,
+        queue,
+        stream,
+        offset,
+        output,
+        state,
+        prefetch,
+        payload,
+        idle_exit: idle_exit.map(Into::into),
+        max_records,
+        window,
+        max_size,
+    };
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("weir consume: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_RUNTIME);
+        }
+    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    let result = rt.block_on(async {
+        let signals = stop.clone();
+        tokio::spawn(async move {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+            }
+            signals.cancel();
+        });
+        weir::consume::run(opts, stop).await
+    });
+    match result {
+        Ok(r) => {
+            eprintln!(
+                "weir consume: {} messages, {} records handed on, {} duplicates dropped, {} unverified, {} undecodable",
+                r.messages, r.records, r.duplicates, r.unverified, r.undecodable
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("weir consume: {e:#}");
+            ExitCode::from(EXIT_RUNTIME)
+        }
+    }
 }
 
 /// `weir top`.
@@ -352,6 +511,7 @@ fn main() -> ExitCode {
             }
         },
         Command::Reload { config } => reload(&config),
+        cmd @ Command::Consume { .. } => consume(cmd),
         Command::Completions { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(shell, &mut Cli::command(), "weir", &mut std::io::stdout());

@@ -1028,3 +1028,100 @@ fn cpu_priority_is_off_by_default_and_checked() {
     let ps = problems("[node]\nrealtime_priority = 100\n");
     assert_problem(&ps, "node.realtime_priority", "not within 1..=99");
 }
+
+#[test]
+fn amqp_endpoints_queue_types_and_routing_templates() {
+    let ok = parse(
+        r#"
+[[class]]
+name = "ls"
+bound = "100ms"
+[[class]]
+name = "lt"
+bound = "1s"
+[egress]
+kind = "amqp"
+[egress.amqp]
+urls = ["amqp://a:b@rabbit-1:5672/%2f", "amqps://a:b@rabbit-2:5671/%2f"]
+url_order = "shuffle"
+exchange = "weir"
+exchange_type = "topic"
+queue = ""
+queue_type = "quorum"
+queue_arguments = { x-max-length-bytes = 1000000, x-delivery-limit = 5, x-overflow = "reject-publish" }
+routing_key = "weir.{node}.{class}"
+blocked_failover_after = "5s"
+"#,
+        "amqp",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let EgressSink::Amqp(a) = ok.egress.sink else {
+        panic!("amqp egress")
+    };
+    assert_eq!(a.urls.len(), 2);
+    assert_eq!(a.url_order, UrlOrder::Shuffle);
+    assert_eq!(a.queue_type, QueueType::Quorum);
+    assert_eq!(a.routing_key_for(7, "ls"), "weir.7.ls");
+    assert!(a.routing_key_is_template());
+    assert_eq!(a.blocked_failover_after, Duration::from_secs(5));
+    let args = a.declared_arguments();
+    assert_eq!(
+        args[0],
+        (
+            "x-queue-type".to_owned(),
+            QueueArgument::Str("quorum".into())
+        )
+    );
+    assert!(args.contains(&("x-delivery-limit".to_owned(), QueueArgument::Int(5))));
+    assert!(a.queue_settings().contains("queue_type = \"quorum\""));
+
+    // A classic queue is declared as weir always did, without x-queue-type.
+    let plain = parse("[egress]\nkind = \"amqp\"\n[egress.amqp]\n", "plain").unwrap();
+    let EgressSink::Amqp(p) = plain.egress.sink else {
+        panic!("amqp egress")
+    };
+    assert_eq!(p.urls, vec![crate::config::AMQP_URL.to_owned()]);
+    assert!(p.declared_arguments().is_empty());
+
+    let ps = problems(
+        r#"
+[egress]
+kind = "amqp"
+[egress.amqp]
+url = "amqp://x:secret@h/%2f"
+urls = ["amqp://x:secret@h/%2f"]
+queue_type = "mirrored"
+url_order = "random"
+queue_arguments = { x-queue-type = "quorum", x-nested = { a = 1 } }
+routing_key = "weir.{host}"
+"#,
+    );
+    assert_problem(&ps, "egress.amqp.urls", "not both");
+    assert_problem(&ps, "egress.amqp.queue_type", "\"mirrored\"");
+    assert_problem(&ps, "egress.amqp.url_order", "\"random\"");
+    assert_problem(
+        &ps,
+        "egress.amqp.queue_arguments.x-queue-type",
+        "queue_type",
+    );
+    assert_problem(&ps, "egress.amqp.queue_arguments.x-nested", "table");
+    assert_problem(
+        &ps,
+        "egress.amqp.routing_key",
+        "placeholders are {node} and {class}",
+    );
+    assert!(!ps.iter().any(|p| p.message.contains("secret")));
+
+    let ps = problems(
+        "[egress]\nkind = \"amqp\"\n[egress.amqp]\nurls = [\"http://h\"]\nexchange = \"\"\nqueue = \"\"\nrouting_key = \"{class}\"\n",
+    );
+    assert_problem(&ps, "egress.amqp.urls[0]", "must start with amqp://");
+    assert_problem(&ps, "egress.amqp.queue", "default exchange");
+    assert_problem(&ps, "egress.amqp.routing_key", "named exchange");
+    let long = "x".repeat(240);
+    let ps = problems(&format!(
+        "[egress]\nkind = \"amqp\"\n[egress.amqp]\nurls = []\nrouting_key = \"{long}.{{node}}\"\n"
+    ));
+    assert_problem(&ps, "egress.amqp.urls", "at least one");
+    assert_problem(&ps, "egress.amqp.routing_key", "renders up to");
+}

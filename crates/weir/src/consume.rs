@@ -1,0 +1,528 @@
+//! `weir consume`: reads weir's batches from a RabbitMQ queue or stream,
+//! hands each record on once (JSON lines on stdout or into a file), and
+//! acknowledges the batches only after that.
+//!
+//! # Once, across restarts
+//! Records are deduplicated by `(origin, seq)` ([`weir_core::dedupe`]).
+//! With `--state`, a commit (every `prefetch / 2` messages, or when no
+//! message is waiting) writes the output and, with `--output`, syncs it;
+//! then writes the state file (the deduplication ranges, the output's
+//! length, a stream's offset) by rename; then acknowledges the messages.
+//! A restart truncates the output to the length the state names (lines
+//! after it were never committed: their messages come again), resumes a
+//! stream after the stored offset, and drops what the stored ranges have
+//! seen. So, into a file, every record is handed on exactly once even
+//! across `kill -9`; to stdout, lines written after the last commit may
+//! repeat after a crash.
+//!
+//! The format of a line is in `docs/consuming.md`.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use base64::Engine;
+use futures::StreamExt;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Connection, ConnectionProperties};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+use weir_core::dedupe::{Dedupe, DedupeCounts, OriginSeen, Verdict};
+
+/// Where a stream is read from when no state says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartOffset {
+    /// The first message the stream holds.
+    First,
+    /// The last chunk written.
+    Last,
+    /// Only what is written from now on.
+    Next,
+    /// This offset.
+    At(u64),
+}
+
+impl std::str::FromStr for StartOffset {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "first" => Ok(StartOffset::First),
+            "last" => Ok(StartOffset::Last),
+            "next" => Ok(StartOffset::Next),
+            n => n.parse().map(StartOffset::At).map_err(|_| {
+                format!("{s:?} is not first, last, next or an offset (a whole number)")
+            }),
+        }
+    }
+}
+
+/// How payloads are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PayloadFormat {
+    /// `"payload"`: standard base64, for any bytes.
+    Base64,
+    /// `"payload"`: the bytes as a UTF-8 string (invalid sequences are
+    /// replaced by U+FFFD).
+    Text,
+}
+
+/// What `weir consume` does.
+#[derive(Debug, Clone)]
+pub struct ConsumeOptions {
+    /// `amqp://` or `amqps://` URL.
+    pub url: String,
+    /// Queue or stream to read.
+    pub queue: String,
+    /// The queue is a stream: read from an offset (`x-stream-offset`).
+    pub stream: bool,
+    /// Where a stream starts when the state has no offset.
+    pub offset: StartOffset,
+    /// Output file (appended to); stdout without it.
+    pub output: Option<PathBuf>,
+    /// State file: deduplication ranges, the output's committed length, a
+    /// stream's offset.
+    pub state: Option<PathBuf>,
+    /// Messages delivered and not yet acknowledged, at most.
+    pub prefetch: u16,
+    /// How payloads are written.
+    pub payload: PayloadFormat,
+    /// Stop once no message has come for this long.
+    pub idle_exit: Option<Duration>,
+    /// Stop once this many records have been handed on (after the message
+    /// that reaches it).
+    pub max_records: Option<u64>,
+    /// Gaps remembered per origin (`weir_core::dedupe`).
+    pub window: usize,
+    /// Largest decoded batch accepted.
+    pub max_size: usize,
+}
+
+/// What a run did (also in the state file, summed over runs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsumeReport {
+    /// Messages (batches) read.
+    pub messages: u64,
+    /// Records handed on.
+    pub records: u64,
+    /// Records dropped as duplicates.
+    pub duplicates: u64,
+    /// Records handed on that were older than the remembered window.
+    pub unverified: u64,
+    /// Messages that were not weir batches (rejected, or skipped on a
+    /// stream).
+    pub undecodable: u64,
+}
+
+/// The state file.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct State {
+    /// Bytes of the output file that are committed.
+    output_len: Option<u64>,
+    /// The last stream offset committed.
+    stream_offset: Option<u64>,
+    /// Totals over every run.
+    report: ConsumeReport,
+    /// Per origin: the floor and the seen runs `[start, end)`.
+    origins: Vec<StoredOrigin>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct StoredOrigin {
+    origin: u64,
+    floor: u64,
+    ranges: Vec<[u64; 2]>,
+}
+
+/// One line of output.
+#[derive(Serialize)]
+struct Line<'a> {
+    origin: u64,
+    seq: u64,
+    class: &'a str,
+    key: std::borrow::Cow<'a, str>,
+    ingress_us: u64,
+    /// The node whose batch carried it (differs from `origin` when a peer
+    /// carried it).
+    node: u64,
+    payload: std::borrow::Cow<'a, str>,
+}
+
+/// Where lines go, and how many bytes of a file are written.
+enum Output {
+    Stdout(BufWriter<std::io::Stdout>),
+    File { out: BufWriter<File>, len: u64 },
+}
+
+impl Output {
+    fn open(path: Option<&Path>, committed: Option<u64>) -> anyhow::Result<Output> {
+        let Some(path) = path else {
+            return Ok(Output::Stdout(BufWriter::new(std::io::stdout())));
+        };
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("opening the output {}", path.display()))?;
+        let mut len = file.metadata()?.len();
+        if let Some(committed) = committed {
+            if len < committed {
+                bail!(
+                    "the output {} holds {len} bytes but the state says {committed} were committed: it was changed or replaced; move the state file away to start over",
+                    path.display()
+                );
+            }
+            if len > committed {
+                // Lines written after the last commit: their messages were
+                // not acknowledged and come again.
+                file.set_len(committed)
+                    .with_context(|| format!("truncating {}", path.display()))?;
+                len = committed;
+            }
+        }
+        Ok(Output::File {
+            out: BufWriter::with_capacity(1 << 16, file),
+            len,
+        })
+    }
+
+    fn write_line(&mut self, line: &[u8]) -> std::io::Result<()> {
+        match self {
+            Output::Stdout(o) => {
+                o.write_all(line)?;
+                o.write_all(b"\n")
+            }
+            Output::File { out, len } => {
+                out.write_all(line)?;
+                out.write_all(b"\n")?;
+                *len += line.len() as u64 + 1;
+                Ok(())
+            }
+        }
+    }
+
+    /// Flushes (and for a file, syncs); the committed length.
+    fn commit(&mut self) -> std::io::Result<Option<u64>> {
+        match self {
+            Output::Stdout(o) => o.flush().map(|()| None),
+            Output::File { out, len } => {
+                out.flush()?;
+                out.get_ref().sync_data()?;
+                Ok(Some(*len))
+            }
+        }
+    }
+}
+
+/// Reads the state file, if it exists.
+fn load_state(path: &Path) -> anyhow::Result<Option<State>> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .with_context(|| format!("reading the state {}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading the state {}", path.display())),
+    }
+}
+
+/// Writes the state file by rename, synced.
+fn store_state(path: &Path, state: &State) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let mut f = File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
+    serde_json::to_writer(&mut f, state)?;
+    f.sync_data()?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming onto {}", path.display()))?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Consumes until `stop` fires, `idle_exit` passes with nothing to read, or
+/// `max_records` are handed on; commits what it read, and returns what it
+/// did in this run.
+pub async fn run(opts: ConsumeOptions, stop: CancellationToken) -> anyhow::Result<ConsumeReport> {
+    let stored = match &opts.state {
+        Some(p) => load_state(p)?,
+        None => None,
+    };
+    if stored.is_some() && opts.output.is_none() && opts.state.is_some() {
+        eprintln!("weir consume: resuming to stdout: lines written after the last commit before a crash may repeat; use --output for exactly once");
+    }
+    let mut dedupe = Dedupe::new(opts.window);
+    let mut totals = ConsumeReport::default();
+    let mut stream_offset = None;
+    let mut committed_len = None;
+    if let Some(s) = stored {
+        dedupe.restore(
+            s.origins.into_iter().map(|o| {
+                (
+                    o.origin,
+                    OriginSeen {
+                        floor: o.floor,
+                        ranges: o.ranges.into_iter().map(|[a, b]| (a, b)).collect(),
+                    },
+                )
+            }),
+            DedupeCounts::default(),
+        );
+        totals = s.report;
+        stream_offset = s.stream_offset;
+        committed_len = s.output_len;
+    }
+    let output = Output::open(opts.output.as_deref(), committed_len)?;
+
+    let shown = crate::egress::amqp::redacted_url(&opts.url);
+    let conn = Connection::connect(&opts.url, ConnectionProperties::default())
+        .await
+        .with_context(|| format!("connecting to {shown}"))?;
+    let channel = conn.create_channel().await?;
+    channel
+        .basic_qos(opts.prefetch.max(1), BasicQosOptions::default())
+        .await?;
+    let mut args = FieldTable::default();
+    if opts.stream {
+        let start = match (stream_offset, opts.offset) {
+            (Some(o), _) => AMQPValue::LongLongInt(o.saturating_add(1) as i64),
+            (None, StartOffset::First) => AMQPValue::LongString("first".into()),
+            (None, StartOffset::Last) => AMQPValue::LongString("last".into()),
+            (None, StartOffset::Next) => AMQPValue::LongString("next".into()),
+            (None, StartOffset::At(o)) => AMQPValue::LongLongInt(o as i64),
+        };
+        args.insert("x-stream-offset".into(), start);
+    }
+    let mut consumer = channel
+        .basic_consume(
+            opts.queue.as_str().into(),
+            format!("weir consume {}", std::process::id()).into(),
+            BasicConsumeOptions::default(),
+            args,
+        )
+        .await
+        .with_context(|| {
+            format!(
+                "consuming from `{}` on {shown}{}",
+                opts.queue,
+                if opts.stream {
+                    " (a stream)"
+                } else {
+                    " (for a stream, pass --stream)"
+                }
+            )
+        })?;
+
+    let mut c = Commits {
+        output,
+        dedupe,
+        totals,
+        run: ConsumeReport::default(),
+        stream_offset,
+        pending: None,
+        pending_count: 0,
+        state: opts.state.clone(),
+    };
+    let commit_every = usize::from(opts.prefetch.max(2) / 2);
+    let mut idle_since = tokio::time::Instant::now();
+    let engine = base64::engine::general_purpose::STANDARD;
+    let mut line = Vec::with_capacity(512);
+    loop {
+        let limit_reached = opts.max_records.is_some_and(|m| c.run.records >= m);
+        if limit_reached {
+            break;
+        }
+        let next = tokio::select! {
+            () = stop.cancelled() => break,
+            d = tokio::time::timeout(Duration::from_millis(100), consumer.next()) => d,
+        };
+        let delivery = match next {
+            Err(_) => {
+                // Nothing waiting: commit what was read.
+                c.commit(&channel).await?;
+                if opts
+                    .idle_exit
+                    .is_some_and(|idle| idle_since.elapsed() >= idle)
+                {
+                    break;
+                }
+                continue;
+            }
+            Ok(None) => bail!("the broker closed the consumer"),
+            Ok(Some(d)) => d.context("receiving")?,
+        };
+        idle_since = tokio::time::Instant::now();
+        c.run.messages += 1;
+        let offset = delivery
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(|h| h.inner().get("x-stream-offset").cloned())
+            .and_then(|v| match v {
+                AMQPValue::LongLongInt(o) => u64::try_from(o).ok(),
+                _ => None,
+            });
+        let encoding = delivery
+            .properties
+            .content_encoding()
+            .as_ref()
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+        let tag = delivery.delivery_tag;
+        let batch = match weir_proto::decode_batch(&delivery.data, &encoding, opts.max_size) {
+            Ok(b) => b,
+            Err(e) => {
+                c.run.undecodable += 1;
+                eprintln!(
+                    "weir consume: message {tag} is not a weir batch ({e}); {}",
+                    if opts.stream {
+                        "skipped"
+                    } else {
+                        "rejected (to the dead-letter exchange, if the queue has one)"
+                    }
+                );
+                if opts.stream {
+                    c.pending = Some(tag);
+                    c.pending_count += 1;
+                } else {
+                    // Ack what came before it first: a reject is not
+                    // "multiple".
+                    c.commit(&channel).await?;
+                    channel
+                        .basic_reject(tag, BasicRejectOptions { requeue: false })
+                        .await?;
+                }
+                if offset.is_some() {
+                    c.stream_offset = offset;
+                }
+                continue;
+            }
+        };
+        for r in &batch.records {
+            match c.dedupe.admit(r.origin, r.seq) {
+                Verdict::Duplicate => {
+                    c.run.duplicates += 1;
+                    continue;
+                }
+                Verdict::Unverified => c.run.unverified += 1,
+                Verdict::New => {}
+            }
+            c.run.records += 1;
+            let payload = match opts.payload {
+                PayloadFormat::Base64 => engine.encode(&r.payload).into(),
+                PayloadFormat::Text => String::from_utf8_lossy(&r.payload),
+            };
+            line.clear();
+            serde_json::to_writer(
+                &mut line,
+                &Line {
+                    origin: r.origin,
+                    seq: r.seq,
+                    class: &r.class,
+                    key: std::borrow::Cow::Borrowed(r.key.as_str()),
+                    ingress_us: r.ingress_us,
+                    node: batch.node,
+                    payload,
+                },
+            )?;
+            c.output.write_line(&line).context("writing the output")?;
+        }
+        if offset.is_some() {
+            c.stream_offset = offset;
+        }
+        c.pending = Some(tag);
+        c.pending_count += 1;
+        if c.pending_count >= commit_every {
+            c.commit(&channel).await?;
+        }
+    }
+    c.commit(&channel).await?;
+    let _ = conn.close(200, "weir consume done".into()).await;
+    Ok(c.run)
+}
+
+/// What is read and not yet committed, and how to commit it.
+struct Commits {
+    output: Output,
+    dedupe: Dedupe,
+    /// Totals of earlier runs (from the state).
+    totals: ConsumeReport,
+    /// This run's.
+    run: ConsumeReport,
+    stream_offset: Option<u64>,
+    /// The last delivery tag not acknowledged.
+    pending: Option<u64>,
+    pending_count: usize,
+    state: Option<PathBuf>,
+}
+
+impl Commits {
+    /// Output, then state, then acknowledgements: a crash between two
+    /// steps re-reads messages, never loses or repeats a record.
+    async fn commit(&mut self, channel: &lapin::Channel) -> anyhow::Result<()> {
+        let Some(tag) = self.pending.take() else {
+            return Ok(());
+        };
+        let len = self.output.commit().context("writing the output")?;
+        if let Some(path) = &self.state {
+            let mut report = self.totals;
+            add(&mut report, &self.run);
+            let state = State {
+                output_len: len,
+                stream_offset: self.stream_offset,
+                report,
+                origins: self
+                    .dedupe
+                    .origins()
+                    .map(|(origin, s)| StoredOrigin {
+                        origin,
+                        floor: s.floor,
+                        ranges: s.ranges.iter().map(|(&a, &b)| [a, b]).collect(),
+                    })
+                    .collect(),
+            };
+            store_state(path, &state)?;
+        }
+        channel
+            .basic_ack(tag, BasicAckOptions { multiple: true })
+            .await
+            .context("acknowledging")?;
+        self.pending_count = 0;
+        Ok(())
+    }
+}
+
+fn add(total: &mut ConsumeReport, run: &ConsumeReport) {
+    total.messages += run.messages;
+    total.records += run.records;
+    total.duplicates += run.duplicates;
+    total.unverified += run.unverified;
+    total.undecodable += run.undecodable;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_parse_as_written() {
+        assert_eq!("first".parse(), Ok(StartOffset::First));
+        assert_eq!("next".parse(), Ok(StartOffset::Next));
+        assert_eq!("42".parse(), Ok(StartOffset::At(42)));
+        assert!("soon".parse::<StartOffset>().is_err());
+    }
+
+    #[test]
+    fn a_restart_truncates_uncommitted_lines_and_refuses_a_shorter_file() {
+        let dir = std::env::temp_dir().join(format!("weir-consume-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("out.jsonl");
+        std::fs::write(&path, b"committed\nnot committed\n").unwrap();
+        let out = Output::open(Some(&path), Some(10)).unwrap();
+        drop(out);
+        assert_eq!(std::fs::read(&path).unwrap(), b"committed\n");
+        let err = Output::open(Some(&path), Some(100)).err().expect("refused");
+        assert!(err.to_string().contains("was changed or replaced"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
