@@ -12,12 +12,12 @@ use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::Pacing;
+use crate::cli::{Pacing, QueueTypeArg};
 use crate::pacer::{Pacer, MAX_BURST};
 use crate::report::Integrity;
 use crate::shared::{on_thread, Counters};
@@ -100,6 +100,7 @@ impl Consumer {
     pub async fn start(
         url: String,
         queue: String,
+        queue_type: QueueTypeArg,
         body: Body,
         counters: Arc<Counters>,
     ) -> anyhow::Result<Consumer> {
@@ -108,7 +109,16 @@ impl Consumer {
         let done = Box::pin(on_thread("load-con", {
             let stop = stop.clone();
             move || async move {
-                let out = consume(url, queue, body, Arc::clone(&counters), stop, ready_tx).await;
+                let out = consume(
+                    url,
+                    queue,
+                    queue_type,
+                    body,
+                    Arc::clone(&counters),
+                    stop,
+                    ready_tx,
+                )
+                .await;
                 if let Err(e) = &out {
                     *counters.consumer_failed.lock().expect("not poisoned") =
                         Some(format!("{e:#}"));
@@ -135,9 +145,11 @@ impl Consumer {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 pub async fn consume(
     url: String,
     queue: String,
+    queue_type: QueueTypeArg,
     body: Body,
     counters: Arc<Counters>,
     stop: CancellationToken,
@@ -148,19 +160,34 @@ pub async fn consume(
         .with_context(|| format!("RabbitMQ at {url} (run scripts/services.sh)"))?;
     let ch = conn.create_channel().await?;
     ch.basic_qos(PREFETCH, BasicQosOptions::default()).await?;
+    // Declared as weir declares it (equivalent, so either may go first).
+    let mut declared = FieldTable::default();
+    let mut consume_args = FieldTable::default();
+    if queue_type != QueueTypeArg::Classic {
+        declared.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString(queue_type.name().into()),
+        );
+    }
+    if queue_type == QueueTypeArg::Stream {
+        consume_args.insert(
+            "x-stream-offset".into(),
+            AMQPValue::LongString("first".into()),
+        );
+    }
     ch.queue_declare(
         queue.as_str().into(),
         QueueDeclareOptions::durable(),
-        FieldTable::default(),
+        declared,
     )
     .await
-    .with_context(|| format!("declaring queue {queue}"))?;
+    .with_context(|| format!("declaring {} queue {queue}", queue_type.name()))?;
     let mut consumer = ch
         .basic_consume(
             queue.as_str().into(),
             "weir-load".into(),
             BasicConsumeOptions::default(),
-            FieldTable::default(),
+            consume_args,
         )
         .await?;
     let _ = ready.send(());

@@ -125,9 +125,10 @@ enabled = false
 kind = "amqp"
 
 [egress.amqp]
-url = "{url}"
+{urls}
 exchange = "{exchange}"
 queue = "{queue}"
+queue_type = "{queue_type}"
 routing_key = "{name}"
 
 [admin]
@@ -138,7 +139,14 @@ level = "warn"
 "#,
             bytes = batch.max_batch_bytes,
             records = batch.max_batch_records,
-            url = env.amqp,
+            urls = if env.amqp_urls.is_empty() {
+                format!("url = \"{}\"", env.amqp)
+            } else {
+                let quoted: Vec<String> =
+                    env.amqp_urls.iter().map(|u| format!("\"{u}\"")).collect();
+                format!("urls = [{}]", quoted.join(", "))
+            },
+            queue_type = env.queue_type.name(),
             d_ls = durability("ls"),
             d_nm = durability("nm"),
             d_lt = durability("lt"),

@@ -21,6 +21,15 @@ pub struct Cli {
     /// RabbitMQ to relay to and consume from.
     #[arg(long, global = true, default_value = AMQP_URL)]
     pub amqp: String,
+    /// weir publishes to these RabbitMQ nodes instead (egress.amqp.urls,
+    /// comma-separated), e.g. scripts/rabbitmq-cluster.sh's
+    /// 127.0.0.1:5701-5703; the consumer still reads from --amqp.
+    #[arg(long, global = true, value_delimiter = ',')]
+    pub amqp_urls: Vec<String>,
+    /// The type of the queue weir declares and the consumer reads
+    /// (egress.amqp.queue_type).
+    #[arg(long, global = true, value_enum, default_value_t = QueueTypeArg::Classic)]
+    pub queue_type: QueueTypeArg,
     /// Also write the figures as JSON to this file.
     #[arg(long, global = true)]
     pub json: Option<PathBuf>,
@@ -191,6 +200,24 @@ pub struct WeirArgs {
     /// whatever `--durability` says.
     #[arg(long, value_delimiter = ',')]
     pub spool_classes: Vec<String>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueTypeArg {
+    Classic,
+    Quorum,
+    Stream,
+}
+
+impl QueueTypeArg {
+    pub fn name(self) -> &'static str {
+        match self {
+            QueueTypeArg::Classic => "classic",
+            QueueTypeArg::Quorum => "quorum",
+            QueueTypeArg::Stream => "stream",
+        }
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -207,6 +207,7 @@ async fn latency_direct_on(
     let consumer = Consumer::start(
         env.amqp.clone(),
         queue.clone(),
+        crate::cli::QueueTypeArg::Classic,
         Body::Raw,
         Arc::clone(&counters),
     )

@@ -93,6 +93,8 @@ fn main() -> anyhow::Result<()> {
     let env = Env {
         weir_bin,
         amqp: cli.amqp.clone(),
+        amqp_urls: cli.amqp_urls.clone(),
+        queue_type: cli.queue_type,
         keep: cli.keep,
         clk_tck: clk_tck(),
     };

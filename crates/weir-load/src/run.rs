@@ -31,6 +31,7 @@ pub async fn consume_weir(
     crate::amqp::Consumer::start(
         env.amqp.clone(),
         weir.queue.clone(),
+        env.queue_type,
         crate::amqp::Body::WeirBatch,
         std::sync::Arc::clone(counters),
     )

@@ -74,13 +74,24 @@ fn thread_ticks(pid: &str) -> BTreeMap<String, u64> {
     out
 }
 
-/// The RabbitMQ node's pid (the `beam.smp` process), if it runs here.
-fn beam_pid() -> Option<u32> {
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-        let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
-        (comm.trim() == "beam.smp").then_some(pid)
-    })
+/// CPU ticks of every RabbitMQ node running here (each a `beam.smp`
+/// process): a cluster on one machine (scripts/rabbitmq-cluster.sh) counts
+/// whole, and an idle node beside it adds next to nothing.
+fn beam_ticks() -> u64 {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    procs
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+            if comm.trim() != "beam.smp" {
+                return None;
+            }
+            stat_ticks(&format!("/proc/{pid}/stat"))
+        })
+        .sum()
 }
 
 /// The unit of `/proc/stat`, fixed by the kernel ABI.
@@ -202,9 +213,7 @@ impl Snapshot {
             consumed,
             messages,
             weir_threads: weir.map_or_else(BTreeMap::new, |w| thread_ticks(&w.pid.to_string())),
-            beam: beam_pid()
-                .and_then(|p| stat_ticks(&format!("/proc/{p}/stat")))
-                .unwrap_or(0),
+            beam: beam_ticks(),
             tool_threads: thread_ticks("self"),
             machine: machine_ticks(),
             metrics,

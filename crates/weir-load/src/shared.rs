@@ -17,6 +17,10 @@ pub const DRAIN_PATIENCE: Duration = Duration::from_secs(60);
 pub struct Env {
     pub weir_bin: PathBuf,
     pub amqp: String,
+    /// What weir publishes to, when not `amqp`.
+    pub amqp_urls: Vec<String>,
+    /// The queue type weir declares and the consumer reads.
+    pub queue_type: crate::cli::QueueTypeArg,
     pub keep: bool,
     pub clk_tck: f64,
 }
