@@ -17,6 +17,17 @@
 //! - `message_id` `<node>-<batch seq>`, `timestamp` (seconds),
 //!   `app_id` `weir`, `delivery_mode` 2 (persistent).
 //!
+//! # Endpoints
+//! `egress.amqp.urls` lists the nodes of a cluster. One connection at a
+//! time; when it is lost, an attempt fails, or a block outlasts
+//! `blocked_failover_after`, the next endpoint is tried at once, and the
+//! reconnect backoff applies only once every endpoint has failed in a row
+//! (`Supervisor`). `url_order = "shuffle"` shuffles the list once.
+//! [`AmqpSink::start`] connects once before weir accepts anything, so that
+//! a broker refusing the configured queue (`PRECONDITION_FAILED`: another
+//! type or arguments) stops start-up with a [`TopologyError`] instead of a
+//! reconnect loop.
+//!
 //! # Failures, reconnects and duplicates
 //! lapin's own recovery stays off (it does not recover reliably): this sink
 //! supervises its connection. Any connection or channel error, or a publish
@@ -31,16 +42,19 @@
 //! record's `(origin, seq)` (or by `message_id`).
 //!
 //! A `basic.return` (the batch was routed to no queue) or a `basic.nack`
-//! fails the delivery with [`SinkError::Refused`]; the channel stays up and
-//! the batch is retried as it is, so an unbound routing key stalls the
-//! egress (visible in the log) instead of silently dropping batches.
+//! fails the delivery with [`SinkError::Refused`], counted apart
+//! (`weir_egress_amqp_returns_total`, `_nacks_total`, `_timeouts_total`);
+//! the channel stays up and the batch is retried as it is after a backoff,
+//! so an unbound routing key stalls the egress (an error naming the
+//! exchange and key) instead of silently dropping batches.
 //!
 //! # Blocked connections
 //! Under a memory or disk alarm RabbitMQ sends `connection.blocked` and stops
 //! reading from publishing connections. lapin 4 records it in
-//! `Connection::status().blocked()` (also reported as
-//! `Event::ConnectionBlocked` on `Connection::events_listener`) and stops
-//! writing to the socket until `connection.unblocked`. While the connection
+//! `Connection::status().blocked()` and stops writing to the socket until
+//! `connection.unblocked`; a task per connection follows
+//! `Connection::events_listener` for the broker's reason and keeps the
+//! `weir_egress_amqp_blocked*` metrics. While the connection
 //! is blocked, publish and confirm waits do not time out: `deliver` simply
 //! waits, and since deliveries are serial and the scheduler hands batches
 //! over a bounded channel, the wait back-pressures the class queues and
