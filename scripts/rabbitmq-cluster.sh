@@ -48,8 +48,16 @@ start_node() {
   p=$(port_of "$n")
   port_open "$p" && return 0
   mkdir -p "$base/$n/log" "$base/$n/mnesia"
-  # shellcheck disable=SC2046
-  (env $(env_of "$n") "$server" >"$base/$n/console.log" 2>&1 &)
+  # The node outlives this script: it must not inherit descriptors beyond
+  # stdio (a caller's lock file or pipe would stay held or open).
+  (
+    for fd in /proc/self/fd/*; do
+      fd=${fd##*/}
+      [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-" 2>/dev/null
+    done
+    # shellcheck disable=SC2046
+    env $(env_of "$n") "$server" >"$base/$n/console.log" 2>&1 </dev/null &
+  )
 }
 
 await_node() {

@@ -911,3 +911,36 @@ async fn cleanup_exchange(channel: &Channel, n: &Names) {
         .await
         .expect("delete the test exchange");
 }
+
+#[tokio::test]
+async fn a_nack_moves_publishing_to_a_new_channel() {
+    logs();
+    let n = names("nack-channel");
+    let node = node_id(13);
+    let mut cfg = config(URL, &n);
+    cfg.queue_arguments = vec![
+        ("x-max-length".into(), weir::config::QueueArgument::Int(1)),
+        (
+            "x-overflow".into(),
+            weir::config::QueueArgument::Str("reject-publish".into()),
+        ),
+    ];
+    let mut sink = AmqpSink::new(cfg, node);
+    deliver_retrying(&mut sink, &encoded(node, 0))
+        .await
+        .expect("the first fits");
+    let before = sink.channel_id().expect("connected");
+    match deliver(&mut sink, &encoded(node, 1)).await {
+        Err(SinkError::Refused(why)) => assert!(why.contains("nacked"), "{why}"),
+        other => panic!("a full reject-publish queue nacks, got {other:?}"),
+    }
+    // The retry goes out on a fresh channel of the same connection (a
+    // channel refused while a quorum queue changed leader stays refused).
+    let _ = deliver(&mut sink, &encoded(node, 1)).await;
+    let after = sink.channel_id().expect("still connected");
+    assert_ne!(before, after, "a new channel after the nack");
+    assert_eq!(sink.metrics().failovers_total(), 0, "the same connection");
+    let conn = connect_test_client().await;
+    let channel = conn.create_channel().await.expect("channel");
+    cleanup(&channel, &n).await;
+}

@@ -58,6 +58,10 @@ struct ClusterGuard;
 
 impl Drop for ClusterGuard {
     fn drop(&mut self) {
+        // WEIR_KEEP_CLUSTER=1 leaves it running, to look at after a failure.
+        if std::env::var_os("WEIR_KEEP_CLUSTER").is_some() {
+            return;
+        }
         let _ = Command::new("bash").arg(SCRIPT).arg("stop").status();
     }
 }

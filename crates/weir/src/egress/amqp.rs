@@ -176,6 +176,11 @@ struct Health {
     /// A confirm arrived since the last send: the broker works, reset the
     /// reconnect backoff.
     confirmed: AtomicBool,
+    /// A publish was nacked: publish the next on a new channel. A channel
+    /// that published to a quorum queue while its leader was changing can
+    /// go on being refused after the new leader is up (RabbitMQ 3.10's
+    /// channel keeps the queue's old leader); a new channel asks afresh.
+    nacked: AtomicBool,
 }
 
 /// Why a connection attempt failed.
@@ -326,6 +331,11 @@ impl AmqpSink {
             .is_some_and(|l| l.alive() && !l.health.broken.load(Ordering::Relaxed))
     }
 
+    /// The number of the channel publishes go on, while connected.
+    pub fn channel_id(&self) -> Option<u16> {
+        self.supervisor.link.as_ref().map(|l| l.channel.id())
+    }
+
     /// Whether RabbitMQ has blocked the connection (memory or disk alarm).
     pub fn is_blocked(&self) -> bool {
         self.supervisor
@@ -346,6 +356,7 @@ impl AmqpSink {
             let working = link.health.confirmed.swap(false, Ordering::Relaxed);
             let broken = link.health.broken.load(Ordering::Relaxed);
             let alive = link.alive();
+            let nacked = link.health.nacked.swap(false, Ordering::Relaxed);
             if working {
                 sup.working();
             }
@@ -358,6 +369,16 @@ impl AmqpSink {
                 tracing::warn!(endpoint = %target.endpoints[sup.current].shown, "connection to RabbitMQ lost; reconnecting");
                 sup.drop_link(target, &self.metrics);
                 sup.failed(n, max);
+            } else if nacked {
+                let renewed = match sup.link.as_mut() {
+                    Some(link) => link.renew_channel().await,
+                    None => Ok(()),
+                };
+                if let Err(e) = renewed {
+                    tracing::warn!(error = %e, "cannot open a new channel after a nack; reconnecting");
+                    sup.drop_link(target, &self.metrics);
+                    sup.failed(n, max);
+                }
             }
         }
         if sup.link.is_none() {
@@ -751,6 +772,25 @@ impl Link {
         self.conn.status().connected() && self.channel.status().connected()
     }
 
+    /// Replaces the channel with a new confirm-mode one (the topology is
+    /// declared already). Confirms pending on the old one are lost to it:
+    /// the egress publishes those batches again.
+    async fn renew_channel(&mut self) -> Result<(), String> {
+        let channel = self
+            .conn
+            .create_channel()
+            .await
+            .map_err(|e| format!("opening a channel: {e}"))?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| format!("enabling publisher confirms: {e}"))?;
+        let old = std::mem::replace(&mut self.channel, channel);
+        // Closing it fails the confirms still pending on it.
+        let _ = old.close(200, "renewed after a nack".into()).await;
+        Ok(())
+    }
+
     /// Publishes one batch; returns once lapin has written it, with the
     /// future of its confirm.
     async fn publish(
@@ -821,6 +861,7 @@ impl Link {
                 }
                 Confirmation::Nack(None) => {
                     metrics.nacks.inc();
+                    health.nacked.store(true, Ordering::Relaxed);
                     Err(SinkError::Refused(format!(
                         "RabbitMQ nacked batch {seq} (it could not store it; for a quorum queue, no majority, or x-overflow = reject-publish on a full queue)"
                     )))
