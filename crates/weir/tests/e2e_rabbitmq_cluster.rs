@@ -9,7 +9,9 @@
 //! 2. a memory alarm (`rabbitmqctl set_vm_memory_high_watermark`): weir
 //!    stops publishing, the devices feel back-pressure (PUBACKs stop),
 //!    `/metrics` shows the block and the broker's reason, nothing is lost,
-//!    and publishing resumes when the alarm clears.
+//!    and publishing resumes when the alarm clears;
+//! 3. the same alarm with `durability = "spool"` classes: the spool takes
+//!    the records (PUBACKs go on while RabbitMQ blocks), nothing is lost.
 //!
 //! One test, in a binary of its own: the alarm blocks the whole cluster.
 
@@ -68,7 +70,7 @@ impl Drop for ClusterGuard {
 
 /// weir with the three nodes as endpoints, a quorum queue, MQTT and the
 /// admin listener on free ports; `classes` holds extra class keys.
-fn config(name: &str, node: u64, classes: &str) -> weir::config::Config {
+fn config(name: &str, node: u64, classes: &str, extra: &str) -> weir::config::Config {
     let urls: Vec<String> = NODES
         .iter()
         .map(|(_, p)| format!("\"{}\"", url(*p)))
@@ -78,7 +80,7 @@ fn config(name: &str, node: u64, classes: &str) -> weir::config::Config {
          [[class]]\nname = \"ls\"\nbound = \"100ms\"\n{classes}\n[[class]]\nname = \"lt\"\nbound = \"1s\"\n{classes}\n\
          [classify]\ndefault_class = \"lt\"\n[[classify.route]]\nmqtt = \"ls/#\"\nclass = \"ls\"\n\
          [ingress.mqtt]\nlisten = \"127.0.0.1:0\"\n[ingress.grpc]\nenabled = false\n\
-         [admin]\nlisten = \"127.0.0.1:0\"\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n{extra}\n\
          [egress]\nkind = \"amqp\"\n[egress.amqp]\nurls = [{}]\nexchange = \"{name}.x\"\nqueue = \"{name}.q\"\nrouting_key = \"{name}\"\nqueue_type = \"quorum\"\nconfirm_timeout = \"3s\"\nconnect_timeout = \"3s\"\nreconnect_backoff_max = \"1s\"\n",
         urls.join(", ")
     );
@@ -166,7 +168,7 @@ async fn a_cluster_node_lost_and_a_memory_alarm_lose_nothing() {
 
     // ---- 1. The node in use stops. ----
     let name = unique("cluster-failover");
-    let app = App::start(config(&name, 41, ""))
+    let app = App::start(config(&name, 41, "", ""))
         .await
         .expect("weir starts");
     let admin = app.admin_addr.unwrap();
@@ -235,7 +237,7 @@ async fn a_cluster_node_lost_and_a_memory_alarm_lose_nothing() {
 
     // ---- 2. A memory alarm under load. ----
     let name = unique("cluster-alarm");
-    let app = App::start(config(&name, 42, "capacity_records = 400"))
+    let app = App::start(config(&name, 42, "capacity_records = 400", ""))
         .await
         .expect("weir starts");
     let admin = app.admin_addr.unwrap();
@@ -311,4 +313,58 @@ async fn a_cluster_node_lost_and_a_memory_alarm_lose_nothing() {
     eprintln!(
         "ALARM: device held at {stalled} of {M} PUBACKs; alarm held {held:?}; weir blocked {blocked_for:.1} s; lost 0; {summary}"
     );
+
+    // ---- 3. The same alarm with spooled classes: the spool absorbs it. ----
+    let name = unique("cluster-alarm-spool");
+    let spool = tmp(&format!("{name}-spool"));
+    let app = App::start(config(
+        &name,
+        43,
+        "capacity_records = 400\ndurability = \"spool\"",
+        &format!("[spool]\ndir = \"{}\"", spool.display()),
+    ))
+    .await
+    .expect("weir starts");
+    let admin = app.admin_addr.unwrap();
+    let acked = Arc::new(AtomicUsize::new(0));
+    let device = load(
+        app.mqtt_addr.unwrap().port(),
+        &name,
+        M,
+        Duration::from_millis(25),
+        Arc::clone(&acked),
+    );
+    while acked.load(Ordering::Relaxed) < M / 5 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cluster(&["ctl", "a", "set_vm_memory_high_watermark", "0.000001"]);
+    let alarm_at = Instant::now();
+    while metric(&metrics(admin).await, "weir_egress_amqp_blocked") != 1.0 {
+        assert!(alarm_at.elapsed() < PATIENCE, "never blocked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Blocked, and the device is still acknowledged: the records go to
+    // disk, not into the full queues.
+    let at_block = acked.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let text = metrics(admin).await;
+    assert_eq!(
+        metric(&text, "weir_egress_amqp_blocked"),
+        1.0,
+        "still blocked"
+    );
+    let during = acked.load(Ordering::Relaxed) - at_block;
+    assert!(
+        during >= 1000,
+        "the spool kept acknowledging while RabbitMQ blocked ({during} PUBACKs in 2 s)"
+    );
+    cluster(&["ctl", "a", "set_vm_memory_high_watermark", "0.4"]);
+    tokio::time::timeout(PATIENCE, device)
+        .await
+        .expect("every record acknowledged")
+        .expect("the device did not panic");
+    let _ = app.shutdown(PATIENCE).await;
+    let (payloads, _, summary) = consume_all(5701, &format!("{name}.q"), &name);
+    assert_eq!(payloads, expected(&name, M), "nothing lost: {summary}");
+    eprintln!("ALARM WITH SPOOL: {during} PUBACKs in the 2 s blocked; lost 0; {summary}");
 }
