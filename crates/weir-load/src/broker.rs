@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::BrokerArgs;
-use crate::mqtt::{connections, run_publishers};
+use crate::mqtt::{connections, run_publishers, KEEP_ALIVE_SECS};
 use crate::report::{machine_info, MachineInfo};
 use crate::shared::{on_thread, unique, Counters};
 use crate::stamp::{payload_kind, STAMP};
@@ -47,15 +47,17 @@ pub async fn broker(a: &BrokerArgs, clk_tck: f64) -> anyhow::Result<BrokerReport
     let pid = a.pid.or_else(|| only_process("mosquitto"));
     let counters = Arc::new(Counters::default());
     let stop_sub = CancellationToken::new();
-    let subscriber = on_thread("load-sub", {
-        let (counters, stop, addr, id, filter) = (
-            Arc::clone(&counters),
-            stop_sub.clone(),
-            a.addr,
-            format!("{name}-sub"),
-            format!("{name}/#"),
-        );
-        move || subscribe(addr, id, filter, counters, stop)
+    let subscriber = (!a.no_subscriber).then(|| {
+        on_thread("load-sub", {
+            let (counters, stop, addr, id, filter) = (
+                Arc::clone(&counters),
+                stop_sub.clone(),
+                a.addr,
+                format!("{name}-sub"),
+                format!("{name}/#"),
+            );
+            move || subscribe(addr, id, filter, counters, stop)
+        })
     });
     // The subscription is in place before the first publish.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -71,11 +73,13 @@ pub async fn broker(a: &BrokerArgs, clk_tck: f64) -> anyhow::Result<BrokerReport
     // Let the subscriber catch up, then stop it.
     let sent = counters.sent.load(Ordering::Relaxed);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while counters.consumed.load(Ordering::Relaxed) < sent && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    if let Some(subscriber) = subscriber {
+        while counters.consumed.load(Ordering::Relaxed) < sent && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        stop_sub.cancel();
+        subscriber.await?;
     }
-    stop_sub.cancel();
-    subscriber.await?;
     let secs = last.0.duration_since(first.0).as_secs_f64();
     let acked = (last.1 .0 - first.1 .0) as f64;
     let delivered = (last.1 .1 - first.1 .1) as f64;
@@ -149,7 +153,9 @@ async fn subscribe(
     stream.set_nodelay(true)?;
     let mut out = BytesMut::with_capacity(64 * 1024);
     let mut connect = v4::Connect::new(client_id);
-    connect.keep_alive = 0;
+    // Long, not 0 (rumqttd refuses 0): the drain at the end may be silent
+    // for a while, and no PINGREQ is sent.
+    connect.keep_alive = KEEP_ALIVE_SECS;
     v4::Packet::Connect(connect).write(&mut out, usize::MAX)?;
     let mut sub = v4::Subscribe::new(filter, QoS::AtLeastOnce);
     // Packet id 0 is a protocol error for SUBSCRIBE.

@@ -170,6 +170,11 @@ pub struct BrokerArgs {
     /// Unacknowledged QoS 1 publishes allowed per connection.
     #[arg(long, default_value_t = 1000)]
     pub window: usize,
+    /// No subscriber: for a relay (weir with file egress, `weir run`
+    /// started by you, --pid its pid) that takes no subscriptions; only
+    /// PUBACKs are counted.
+    #[arg(long)]
+    pub no_subscriber: bool,
 }
 
 /// Knobs of the generated weir config.

@@ -118,6 +118,9 @@ pub async fn tls_handshake(
         .context("TLS handshake with weir")
 }
 
+/// Keep-alive of every load connection, in seconds.
+pub const KEEP_ALIVE_SECS: u16 = 600;
+
 /// CONNECT as `client_id`, and wait for a successful CONNACK; what was read
 /// past it.
 pub async fn mqtt_connect<S: AsyncRead + AsyncWrite + Unpin>(
@@ -126,8 +129,9 @@ pub async fn mqtt_connect<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> anyhow::Result<BytesMut> {
     let mut out = BytesMut::with_capacity(1024);
     let mut connect = v4::Connect::new(client_id.to_owned());
-    // No keep alive: the drain at the end may be silent for a while.
-    connect.keep_alive = 0;
+    // Long, not 0 (rumqttd refuses 0): the drain at the end may be silent
+    // for a while, and no PINGREQ is sent.
+    connect.keep_alive = KEEP_ALIVE_SECS;
     v4::Packet::Connect(connect).write(&mut out, usize::MAX)?;
     stream.write_all(&out).await?;
     out.clear();
