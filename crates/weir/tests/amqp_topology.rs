@@ -420,3 +420,36 @@ async fn the_routing_key_template_spreads_classes_over_queues() {
         .unwrap();
     let _ = conn.close(200, "done".into()).await;
 }
+
+#[tokio::test]
+async fn an_exchange_of_another_type_stops_start_up_naming_exchange_type() {
+    let name = unique("mismatch-exchange");
+    let exchange = format!("{name}.x");
+    let conn = connect_test_client().await;
+    let ch = conn.create_channel().await.unwrap();
+    ch.exchange_declare(
+        exchange.as_str().into(),
+        lapin::ExchangeKind::Fanout,
+        ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    let dir = tmp(&name);
+    let config = write_config(&dir, "weir.toml", &relay_config(35, &egress(&name, "")));
+    let (code, err) = tokio::task::spawn_blocking(move || run_to_exit(&config))
+        .await
+        .unwrap();
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("egress.amqp.exchange_type:") && err.contains(&format!("`{exchange}`")),
+        "{err}"
+    );
+    ch.exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+        .await
+        .unwrap();
+    let _ = conn.close(200, "done".into()).await;
+}

@@ -191,7 +191,12 @@ enum OpenError {
     /// The broker refused a declaration (an exchange or queue exists with
     /// other settings, or the user may not declare it): a configuration
     /// problem that retrying does not mend.
-    Declaration(String),
+    Declaration {
+        /// The config key to change.
+        key: &'static str,
+        /// What was declared and what RabbitMQ said.
+        message: String,
+    },
 }
 
 /// RabbitMQ refused the configured topology at start-up: the message names
@@ -298,15 +303,8 @@ impl AmqpSink {
                     sup.connected(link, target, &self.metrics);
                     return Ok(());
                 }
-                Ok(Err(OpenError::Declaration(message))) => {
-                    return Err(TopologyError {
-                        key: if message.contains("exchange `") && !message.contains("queue `") {
-                            "egress.amqp.exchange_type"
-                        } else {
-                            "egress.amqp.queue_type"
-                        },
-                        message,
-                    });
+                Ok(Err(OpenError::Declaration { key, message })) => {
+                    return Err(TopologyError { key, message });
                 }
                 Ok(Err(OpenError::Unavailable(why))) => {
                     tracing::warn!(parent: &span, endpoint = %target.endpoints[i].shown, error = %why, "RabbitMQ not reachable at start-up; the egress keeps trying");
@@ -393,7 +391,7 @@ impl AmqpSink {
             let attempt = Link::open(target, i, &self.cfg, self.node, &self.metrics);
             match tokio::time::timeout(limit, attempt).await {
                 Ok(Ok(link)) => sup.connected(link, target, &self.metrics),
-                Ok(Err(OpenError::Unavailable(e) | OpenError::Declaration(e))) => {
+                Ok(Err(OpenError::Unavailable(e) | OpenError::Declaration { message: e, .. })) => {
                     sup.failed(n, max);
                     return Err(SinkError::Unavailable(format!("{shown}: {e}")));
                 }
@@ -631,7 +629,7 @@ impl Supervisor {
 
 /// A declaration error: the broker's words, and whether it is one that a
 /// retry cannot mend (PRECONDITION_FAILED, ACCESS_REFUSED).
-fn declaration_error(e: &lapin::Error, what: String) -> OpenError {
+fn declaration_error(e: &lapin::Error, key: &'static str, what: String) -> OpenError {
     let fatal = matches!(
         e.kind(),
         ErrorKind::ProtocolError(err) if matches!(
@@ -641,7 +639,7 @@ fn declaration_error(e: &lapin::Error, what: String) -> OpenError {
     );
     let message = format!("{what}: {e}");
     if fatal {
-        OpenError::Declaration(message)
+        OpenError::Declaration { key, message }
     } else {
         OpenError::Unavailable(message)
     }
@@ -690,9 +688,9 @@ impl Link {
             .confirm_select(ConfirmSelectOptions::default())
             .await
             .map_err(|e| OpenError::Unavailable(format!("enabling publisher confirms: {e}")))?;
-        let refused = |e: lapin::Error, what: String| {
-            let err = declaration_error(&e, what);
-            if matches!(err, OpenError::Declaration(_)) {
+        let refused = |e: lapin::Error, key: &'static str, what: String| {
+            let err = declaration_error(&e, key, what);
+            if matches!(err, OpenError::Declaration { .. }) {
                 metrics.declare_failures.inc();
             }
             err
@@ -712,7 +710,7 @@ impl Link {
                 )
                 .await
                 .map_err(|e| {
-                    refused(e, format!(
+                    refused(e, "egress.amqp.exchange_type", format!(
                         "declaring durable {} exchange `{}` (egress.amqp.exchange_type = \"{}\"; an exchange of that name that exists with another type or durability is refused)",
                         cfg.exchange_type, cfg.exchange, cfg.exchange_type
                     ))
@@ -729,8 +727,8 @@ impl Link {
                 )
                 .await
                 .map_err(|e| {
-                    refused(e, format!(
-                        "declaring durable queue `{}` with {} (egress.amqp.queue_type, egress.amqp.queue_arguments): RabbitMQ holds a queue of that name with other settings; it says",
+                    refused(e, "egress.amqp.queue_type", format!(
+                        "declaring durable queue `{}` with {} (egress.amqp.queue_type, egress.amqp.queue_arguments) was refused: a queue of that name exists with other settings, or the user may not declare it; RabbitMQ says",
                         cfg.queue,
                         cfg.queue_settings()
                     ))
@@ -749,6 +747,7 @@ impl Link {
                         .map_err(|e| {
                             refused(
                                 e,
+                                "egress.amqp.routing_key",
                                 format!(
                                     "binding queue `{}` to exchange `{}` with routing key `{key}`",
                                     cfg.queue, cfg.exchange
