@@ -99,53 +99,7 @@ enum Command {
     /// are written (and, with --state, the state stored). With --output
     /// and --state a restart, even after kill -9, hands no record on
     /// twice. The format: docs/consuming.md.
-    Consume {
-        /// A weir config whose [egress.amqp] gives the URL (the first of
-        /// urls), the queue and whether it is a stream; the options below
-        /// override it.
-        #[arg(short, long)]
-        config: Option<PathBuf>,
-        /// The broker, e.g. amqp://guest:guest@127.0.0.1:5672/%2f.
-        #[arg(long)]
-        url: Option<String>,
-        /// The queue or stream to read.
-        #[arg(long)]
-        queue: Option<String>,
-        /// The queue is a stream (x-queue-type = stream): read from an
-        /// offset.
-        #[arg(long)]
-        stream: bool,
-        /// Where a stream starts without a stored offset: first, last, next
-        /// or a number.
-        #[arg(long, default_value = "first")]
-        offset: weir::consume::StartOffset,
-        /// Append JSON lines to this file instead of stdout.
-        #[arg(short, long)]
-        output: Option<PathBuf>,
-        /// Keep the deduplication state, the output's committed length and
-        /// a stream's offset in this file, to resume where it stopped.
-        #[arg(long)]
-        state: Option<PathBuf>,
-        /// Messages delivered and not yet acknowledged, at most.
-        #[arg(long, default_value_t = 64)]
-        prefetch: u16,
-        /// How payloads are written.
-        #[arg(long, value_enum, default_value = "base64")]
-        payload: weir::consume::PayloadFormat,
-        /// Exit once no message has come for this long (e.g. 5s).
-        #[arg(long)]
-        idle_exit: Option<humantime::Duration>,
-        /// Exit once this many records have been handed on.
-        #[arg(long)]
-        max_records: Option<u64>,
-        /// Gaps in each origin's sequence numbers remembered at once;
-        /// older records are handed on, counted as unverified.
-        #[arg(long, default_value_t = weir_core::dedupe::DEFAULT_MAX_RANGES)]
-        window: usize,
-        /// Refuse batches that decode to more than this many bytes.
-        #[arg(long, default_value_t = weir_proto::codec::DEFAULT_MAX_DECODED)]
-        max_size: usize,
-    },
+    Consume(ConsumeArgs),
     /// Print the records of a batch (a batch file, or an AMQP message body
     /// on stdin with `-`).
     Decode {
@@ -162,6 +116,56 @@ enum Command {
         #[arg(long, default_value_t = weir_proto::codec::DEFAULT_MAX_DECODED)]
         max_size: usize,
     },
+}
+
+/// `weir consume`'s options.
+#[derive(clap::Args)]
+struct ConsumeArgs {
+    /// A weir config whose [egress.amqp] gives the URL (the first of
+    /// urls), the queue and whether it is a stream; the options below
+    /// override it.
+    #[arg(short, long)]
+    config: Option<PathBuf>,
+    /// The broker, e.g. amqp://guest:guest@127.0.0.1:5672/%2f.
+    #[arg(long)]
+    url: Option<String>,
+    /// The queue or stream to read.
+    #[arg(long)]
+    queue: Option<String>,
+    /// The queue is a stream (x-queue-type = stream): read from an
+    /// offset.
+    #[arg(long)]
+    stream: bool,
+    /// Where a stream starts without a stored offset: first, last, next
+    /// or a number.
+    #[arg(long, default_value = "first")]
+    offset: weir::consume::StartOffset,
+    /// Append JSON lines to this file instead of stdout.
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// Keep the deduplication state, the output's committed length and
+    /// a stream's offset in this file, to resume where it stopped.
+    #[arg(long)]
+    state: Option<PathBuf>,
+    /// Messages delivered and not yet acknowledged, at most.
+    #[arg(long, default_value_t = 64)]
+    prefetch: u16,
+    /// How payloads are written.
+    #[arg(long, value_enum, default_value = "base64")]
+    payload: weir::consume::PayloadFormat,
+    /// Exit once no message has come for this long (e.g. 5s).
+    #[arg(long)]
+    idle_exit: Option<humantime::Duration>,
+    /// Exit once this many records have been handed on.
+    #[arg(long)]
+    max_records: Option<u64>,
+    /// Gaps in each origin's sequence numbers remembered at once;
+    /// older records are handed on, counted as unverified.
+    #[arg(long, default_value_t = weir_core::dedupe::DEFAULT_MAX_RANGES)]
+    window: usize,
+    /// Refuse batches that decode to more than this many bytes.
+    #[arg(long, default_value_t = weir_proto::codec::DEFAULT_MAX_DECODED)]
+    max_size: usize,
 }
 
 fn decode(file: &std::path::Path, encoding: Option<String>, max_size: usize) -> anyhow::Result<()> {
@@ -214,8 +218,8 @@ fn decode(file: &std::path::Path, encoding: Option<String>, max_size: usize) -> 
 
 /// `weir consume`: the options, with the config's `[egress.amqp]` where
 /// one is given.
-fn consume(cmd: Command) -> ExitCode {
-    let Command::Consume {
+fn consume(args: ConsumeArgs) -> ExitCode {
+    let ConsumeArgs {
         config,
         url,
         queue,
@@ -229,10 +233,7 @@ fn consume(cmd: Command) -> ExitCode {
         max_records,
         window,
         max_size,
-    } = cmd
-    else {
-        unreachable!("called for consume only")
-    };
+    } = args;
     let amqp = match &config {
         Some(path) => match load(Some(path)) {
             Ok(cfg) => match cfg.egress.sink {
@@ -511,7 +512,7 @@ fn main() -> ExitCode {
             }
         },
         Command::Reload { config } => reload(&config),
-        cmd @ Command::Consume { .. } => consume(cmd),
+        Command::Consume(args) => consume(args),
         Command::Completions { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(shell, &mut Cli::command(), "weir", &mut std::io::stdout());

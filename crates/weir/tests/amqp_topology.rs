@@ -146,6 +146,21 @@ fn consume(args: &[&str]) -> String {
     err
 }
 
+/// `weir consume` of `queue` on the test broker into `out` until idle for
+/// `idle`; stderr.
+fn consume_queue(queue: &str, out: &Path, idle: &str) -> String {
+    consume(&[
+        "--url",
+        AMQP_URL,
+        "--queue",
+        queue,
+        "--output",
+        out.to_str().unwrap(),
+        "--idle-exit",
+        idle,
+    ])
+}
+
 /// The `(origin, seq)` of every line of a `weir consume` output, counted.
 fn lines(path: &Path) -> BTreeMap<(u64, u64), usize> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -175,16 +190,7 @@ async fn a_quorum_queue_takes_every_record() {
     let _ = app.shutdown(PATIENCE).await;
 
     let out = tmp(&name).join("out.jsonl");
-    let err = consume(&[
-        "--url",
-        AMQP_URL,
-        "--queue",
-        &queue,
-        "--output",
-        out.to_str().unwrap(),
-        "--idle-exit",
-        "2s",
-    ]);
+    let err = consume_queue(&queue, &out, "2s");
     let seen = lines(&out);
     assert_eq!(seen.len(), 200, "every record: {err}");
     assert!(seen.values().all(|&c| c == 1));
@@ -328,16 +334,7 @@ async fn duplicates_are_dropped_and_reported() {
         .unwrap();
     }
     let out = tmp(&name).join("out.jsonl");
-    let err = consume(&[
-        "--url",
-        AMQP_URL,
-        "--queue",
-        &queue,
-        "--output",
-        out.to_str().unwrap(),
-        "--idle-exit",
-        "1s",
-    ]);
+    let err = consume_queue(&queue, &out, "1s");
     assert_eq!(lines(&out).len(), 10);
     assert!(
         err.contains("10 records handed on, 10 duplicates dropped, 0 unverified, 1 undecodable"),
@@ -396,16 +393,7 @@ async fn the_routing_key_template_spreads_classes_over_queues() {
     for class in ["ls", "lt"] {
         let q = format!("{name}.{class}");
         let out = tmp(&name).join(format!("{class}.jsonl"));
-        consume(&[
-            "--url",
-            AMQP_URL,
-            "--queue",
-            &q,
-            "--output",
-            out.to_str().unwrap(),
-            "--idle-exit",
-            "1s",
-        ]);
+        consume_queue(&q, &out, "1s");
         let text = std::fs::read_to_string(&out).unwrap();
         assert_eq!(text.lines().count(), 50, "{class}: half the records");
         assert!(

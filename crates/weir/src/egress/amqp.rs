@@ -361,12 +361,10 @@ impl AmqpSink {
             if broken {
                 // A confirm timed out or failed: the link is not to be
                 // trusted, even if the socket still looks open.
-                sup.drop_link(target, &self.metrics);
-                sup.failed(n, max);
+                sup.give_up(target, &self.metrics, max);
             } else if !alive {
                 tracing::warn!(endpoint = %target.endpoints[sup.current].shown, "connection to RabbitMQ lost; reconnecting");
-                sup.drop_link(target, &self.metrics);
-                sup.failed(n, max);
+                sup.give_up(target, &self.metrics, max);
             } else if nacked {
                 let renewed = match sup.link.as_mut() {
                     Some(link) => link.renew_channel().await,
@@ -374,8 +372,7 @@ impl AmqpSink {
                 };
                 if let Err(e) = renewed {
                     tracing::warn!(error = %e, "cannot open a new channel after a nack; reconnecting");
-                    sup.drop_link(target, &self.metrics);
-                    sup.failed(n, max);
+                    sup.give_up(target, &self.metrics, max);
                 }
             }
         }
@@ -415,8 +412,7 @@ impl AmqpSink {
             Err(why) => {
                 // Dropping the connection closes it (lapin sends
                 // connection.close if it is still open) without waiting.
-                sup.drop_link(target, &self.metrics);
-                sup.failed(n, max);
+                sup.give_up(target, &self.metrics, max);
                 Err(SinkError::Unavailable(why))
             }
         }
@@ -619,11 +615,13 @@ impl Supervisor {
         self.link = Some(link);
     }
 
-    /// Drops the connection (lapin closes it without waiting).
-    fn drop_link(&mut self, target: &Target, metrics: &AmqpMetrics) {
+    /// The link failed: drop the connection (lapin closes it without
+    /// waiting) and move on to the next endpoint ([`Supervisor::failed`]).
+    fn give_up(&mut self, target: &Target, metrics: &AmqpMetrics, max: Duration) {
         if let Some(link) = self.link.take() {
             metrics.disconnected(&target.endpoints[link.endpoint].shown);
         }
+        self.failed(target.endpoints.len(), max);
     }
 }
 
