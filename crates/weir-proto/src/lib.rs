@@ -8,16 +8,21 @@
 //!   message bodies and batch files, and [`codec::compress`] /
 //!   [`codec::decompress`] for their `identity`, `gzip` and `zstd`
 //!   encodings (decoding capped against compression bombs).
+//! - [`writer`]: [`writer::encode_records`], the same body from borrowed
+//!   records (the egress's hot path), aligned for direct I/O.
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for gRPC reflection.
 
 pub mod codec;
 
 pub mod pb;
 
+pub mod writer;
+
 pub use codec::{
     compress, decode_batch, decompress, encode_batch, CompressError, DecodeError, Encoding,
     CONTENT_TYPE,
 };
+pub use writer::{encode_records, RecordRef, BODY_ALIGN};
 
 /// Encoded `FileDescriptorSet` of every weir proto, for server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

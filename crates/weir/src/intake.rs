@@ -204,26 +204,38 @@ impl Intake {
 
     /// A new record from MQTT `topic`, classified by topic filter.
     pub fn mqtt_record(&self, topic: Bytes, payload: Bytes) -> Record {
+        self.mqtt_record_at(topic, payload, unix_micros())
+    }
+
+    /// [`mqtt_record`](Self::mqtt_record) that arrived at `ingress_us`
+    /// (microseconds since the Unix epoch): the listener reads the clock
+    /// once per read, not once per record.
+    pub fn mqtt_record_at(&self, topic: Bytes, payload: Bytes, ingress_us: u64) -> Record {
         let classifier = self.classifier.load();
         let class = std::str::from_utf8(&topic)
             .map(|t| classifier.classify_mqtt(t))
             .unwrap_or(classifier.default_class());
-        self.stamp(class, topic, payload)
+        self.stamp(class, topic, payload, ingress_us)
     }
 
     /// A new record from gRPC stream `stream`, classified by stream name.
     pub fn grpc_record(&self, stream: &str, payload: Bytes) -> Record {
         let class = self.classifier.load().classify_grpc(stream);
-        self.stamp(class, Bytes::copy_from_slice(stream.as_bytes()), payload)
+        self.stamp(
+            class,
+            Bytes::copy_from_slice(stream.as_bytes()),
+            payload,
+            unix_micros(),
+        )
     }
 
-    fn stamp(&self, class: ClassId, key: Bytes, payload: Bytes) -> Record {
+    fn stamp(&self, class: ClassId, key: Bytes, payload: Bytes, ingress_us: u64) -> Record {
         Record {
             key,
             class,
             origin: self.node,
             seq: self.next_seq.next(),
-            ingress_us: unix_micros(),
+            ingress_us,
             payload,
             spool: None,
         }

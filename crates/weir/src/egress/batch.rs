@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use weir_core::scheduler::OutBatch;
 use weir_core::{ClassId, ClassSet, NodeId};
-use weir_proto::{pb, Encoding};
+use weir_proto::{Encoding, RecordRef};
 
 use crate::clock::unix_micros;
 
@@ -27,31 +27,26 @@ pub struct EncodedBatch {
 
 /// Encodes records into a `weir.v1.Batch` body (identity encoding; [`run`](crate::egress::run)
 /// then compresses it when the chooser says it pays).
+///
+/// The body is written straight from the records (no intermediate
+/// `pb::Batch`) and starts on a [`weir_proto::BODY_ALIGN`] boundary.
 pub fn encode(node: NodeId, classes: &ClassSet, batch: &OutBatch) -> EncodedBatch {
-    let pb = pb::Batch {
-        padding: Default::default(),
-        node,
-        batch_seq: batch.seq,
-        created_us: unix_micros(),
-        records: batch
-            .records
-            .iter()
-            .map(|r| pb::Record {
-                key: String::from_utf8_lossy(&r.key).into_owned(),
-                class: classes.get(r.class).name.clone(),
-                origin: r.origin,
-                seq: r.seq,
-                ingress_us: r.ingress_us,
-                payload: r.payload.clone(),
-            })
-            .collect(),
-    };
+    let body = weir_proto::encode_records(node, batch.seq, unix_micros(), &batch.records, |r| {
+        RecordRef {
+            key: &r.key,
+            class: &classes.get(r.class).name,
+            origin: r.origin,
+            seq: r.seq,
+            ingress_us: r.ingress_us,
+            payload: &r.payload,
+        }
+    });
     EncodedBatch {
         seq: batch.seq,
         class: batch.class,
         records: batch.records.len(),
         node,
-        body: weir_proto::encode_batch(&pb),
+        body,
         encoding: Encoding::Identity,
     }
 }

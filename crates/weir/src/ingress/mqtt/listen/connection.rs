@@ -20,6 +20,7 @@ use tracing::{debug, info, warn};
 use weir_core::gate::{Admitted, Credentials, Gate, Refused};
 use weir_core::Record;
 
+use crate::clock::unix_micros;
 use crate::config::Qos0WhenFull;
 use crate::intake::{Accepted, EnqueueError, Intake};
 use crate::spool::Ticket;
@@ -37,6 +38,20 @@ pub(super) const CLOSE_LINGER: Duration = Duration::from_secs(1);
 /// Spare buffer capacity per socket read: many typical publishes per
 /// syscall.
 pub(super) const READ_CHUNK: usize = 16 * 1024;
+
+/// Largest room made for one read of a busy client.
+pub(super) const MAX_READ_CHUNK: usize = 256 * 1024;
+
+/// The room for the next read, after a read of `n` bytes into `room`.
+fn next_read_chunk(chunk: usize, n: usize, room: usize) -> usize {
+    if n >= room {
+        (chunk * 2).min(MAX_READ_CHUNK)
+    } else if n < chunk / 4 {
+        (chunk / 2).max(READ_CHUNK)
+    } else {
+        chunk
+    }
+}
 
 /// The parts of the config a connection needs.
 #[derive(Debug, Clone, Copy)]
@@ -167,6 +182,17 @@ pub(super) struct Connection<S> {
     pub(super) id: u64,
     /// Bytes read and not yet decoded.
     pub(super) inbuf: BytesMut,
+    /// Room made in `inbuf` before each read: [`READ_CHUNK`], doubled
+    /// (up to [`MAX_READ_CHUNK`]) while reads fill it, halved back while
+    /// they do not, so a busy client costs few reads and an idle one
+    /// holds little memory.
+    pub(super) read_chunk: usize,
+    /// When the last read returned bytes: every packet completed by it
+    /// arrived then (its records' ingress time, the keep-alive clock), one
+    /// clock read per read rather than per packet.
+    pub(super) read_at: Instant,
+    /// `read_at` in microseconds since the Unix epoch.
+    pub(super) read_at_us: u64,
     /// Replies not yet written.
     pub(super) out: BytesMut,
     /// `None` until CONNECT.
@@ -256,6 +282,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             client_id: None,
             shutdown,
             inbuf: BytesMut::with_capacity(READ_CHUNK),
+            read_chunk: READ_CHUNK,
+            read_at: Instant::now(),
+            read_at_us: unix_micros(),
             out: BytesMut::new(),
             version: None,
             keep_alive: None,
@@ -611,7 +640,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         } = publish;
         match qos {
             QoS::AtMostOnce => {
-                let record = self.ingress.mqtt_record(topic, payload);
+                let record = self.ingress.mqtt_record_at(topic, payload, self.read_at_us);
                 match self.settings.qos0_when_full {
                     // No acknowledgement to hold: a spooled record's
                     // ticket is simply dropped.
@@ -658,7 +687,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                         return Ok(());
                     }
                 }
-                let record = self.ingress.mqtt_record(topic, payload);
+                let record = self.ingress.mqtt_record_at(topic, payload, self.read_at_us);
                 let ticket = self.enqueue(record).await?;
                 if let Some(f) = print {
                     self.session.accepted(pkid, f, ticket.clone());
@@ -674,7 +703,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                             ProtocolError::ReceiveMaximum(self.settings.max_inflight).into()
                         );
                     }
-                    let record = self.ingress.mqtt_record(topic, payload);
+                    let record = self.ingress.mqtt_record_at(topic, payload, self.read_at_us);
                     ticket = self.enqueue(record).await?;
                     self.session.awaiting_rel.insert(pkid);
                 }
@@ -718,7 +747,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             }
         };
         // The client could not be heard while weir was not reading it.
-        self.heard();
+        self.heard_at(Instant::now());
         queued.map(Accepted::ticket).map_err(Ending::from)
     }
 
@@ -769,7 +798,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     /// A packet arrived: restart the keep-alive clock (MQTT allows 1.5
     /// times the keep alive between packets).
     fn heard(&mut self) {
-        self.deadline = self.keep_alive.map(|k| Instant::now() + k * 3 / 2);
+        self.heard_at(self.read_at);
+    }
+
+    fn heard_at(&mut self, at: Instant) {
+        self.deadline = self.keep_alive.map(|k| at + k * 3 / 2);
     }
 
     /// Sends the queued replies, then reads more bytes from the client (or
@@ -779,7 +812,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         // before waiting on the client, which may be waiting on them.
         self.release_held();
         self.flush().await?;
-        self.inbuf.reserve(READ_CHUNK);
+        self.inbuf.reserve(self.read_chunk);
+        let room = self.inbuf.capacity() - self.inbuf.len();
         let deadline = self.deadline;
         let wake = {
             let expiry = async {
@@ -818,7 +852,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             }),
             Wake::Read(Ok(0)) if self.inbuf.is_empty() => Err(Ending::Eof),
             Wake::Read(Ok(0)) => Err(ProtocolError::Truncated.into()),
-            Wake::Read(Ok(_)) => Ok(()),
+            Wake::Read(Ok(n)) => {
+                self.read_at = Instant::now();
+                self.read_at_us = unix_micros();
+                self.read_chunk = next_read_chunk(self.read_chunk, n, room);
+                Ok(())
+            }
             Wake::Read(Err(e)) => Err(Ending::Io(e)),
         }
     }
@@ -856,5 +895,27 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                 break;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_read_room_grows_while_reads_fill_it_and_shrinks_back() {
+        let mut chunk = READ_CHUNK;
+        // A busy client fills every read: the room doubles to the cap.
+        for _ in 0..10 {
+            chunk = next_read_chunk(chunk, chunk, chunk);
+        }
+        assert_eq!(chunk, MAX_READ_CHUNK);
+        // Half-full reads keep it.
+        assert_eq!(next_read_chunk(chunk, chunk / 2, chunk), chunk);
+        // Small reads halve it, never below the first size.
+        for _ in 0..10 {
+            chunk = next_read_chunk(chunk, 100, chunk);
+        }
+        assert_eq!(chunk, READ_CHUNK);
     }
 }
