@@ -96,7 +96,8 @@ pub fn encode_records<'a, T>(
     records: &'a [T],
     view: impl Fn(&'a T) -> RecordRef<'a>,
 ) -> Bytes {
-    let mut total = varint_field_len(node) + varint_field_len(batch_seq) + varint_field_len(created_us);
+    let mut total =
+        varint_field_len(node) + varint_field_len(batch_seq) + varint_field_len(created_us);
     for t in records {
         let r = view(t);
         // A record with every field at its default still takes its tag and
