@@ -7,14 +7,20 @@
 #   mosquitto     Debian's Mosquitto 2.0, in memory, one QoS 1 subscriber
 #   rumqttd       rumqttd 0.20.0 (cargo install, pinned), one QoS 1 subscriber
 #   weir-file     weir, file egress (no subscriber: weir takes none)
+#   weir-grpc     the same weir fed over gRPC (PublishStream, 4 streams x
+#                 1000 in flight) instead of MQTT
 #   weir-amqp     weir into a durable classic RabbitMQ queue, memory mode
 #   weir-spool    the same with every class durability = "spool"
 #
-# for each record size. Every measurement is a JSON line in
-# $OUT/results.jsonl ({"system", "size", "report"}) and a row of the table
-# printed at the end. Usage:
+# for each record size at full rate, then each system paced at --rate
+# (50,000 records/s) with --paced-size (256 B) bytes: PUBLISH-to-PUBACK
+# percentiles at a load every system carries. Every measurement is a JSON
+# line in $OUT/results.jsonl ({"system", "size", "mode", "report"}); the
+# table (markdown) and chart are `weir-lab peers` of it, written to
+# $OUT/peers.json and $OUT/peers.svg. Usage:
 #
 #   scripts/peer-bench.sh [--seconds 10] [--sizes 256,1024,16384] [--out DIR] [--systems a,b]
+#                         [--rate 50000] [--paced-size 256]   (--rate 0: no paced runs)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -22,7 +28,9 @@ repo=$(cd "$here/.." && pwd)
 seconds=10
 sizes=256,1024,16384
 out=${TMPDIR:-/tmp}/weir-peer-bench
-systems=mosquitto,rumqttd,weir-file,weir-amqp,weir-spool
+systems=mosquitto,rumqttd,weir-file,weir-grpc,weir-amqp,weir-spool
+rate=50000
+paced_size=256
 rumqttd_version=0.20.0
 rumqttd_root=${RUMQTTD_ROOT:-$HOME/.cache/weir-peer-bench/rumqttd-$rumqttd_version}
 while [ $# -gt 0 ]; do
@@ -31,7 +39,9 @@ while [ $# -gt 0 ]; do
     --sizes) sizes=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --systems) systems=$2; shift 2 ;;
-    *) echo "usage: $0 [--seconds N] [--sizes 256,1024] [--out DIR] [--systems mosquitto,rumqttd,weir-file,weir-amqp,weir-spool]" >&2; exit 2 ;;
+    --rate) rate=$2; shift 2 ;;
+    --paced-size) paced_size=$2; shift 2 ;;
+    *) echo "usage: $0 [--seconds N] [--sizes 256,1024] [--out DIR] [--systems mosquitto,rumqttd,weir-file,weir-grpc,weir-amqp,weir-spool] [--rate 50000] [--paced-size 256]" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$out"
@@ -44,24 +54,26 @@ if [[ ,$systems, == *,rumqttd,* ]] && [ ! -x "$rumqttd_root/bin/rumqttd" ]; then
   # Not --locked: its lock file pins metrics 0.22.1, which current rustc refuses.
   cargo install rumqttd --version "$rumqttd_version" --root "$rumqttd_root" >"$out/rumqttd-install.log" 2>&1
 fi
-(cd "$repo" && cargo build --release -q -p weir -p weir-load)
+(cd "$repo" && cargo build --release -q -p weir -p weir-load -p weir-lab)
 load=$repo/target/release/weir-load
 weir=$repo/target/release/weir
+lab=$repo/target/release/weir-lab
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 wait_port() { for _ in $(seq 1 100); do port_open "$1" && return 0; sleep 0.1; done; echo "nothing on port $1" >&2; return 1; }
 
-# record SYSTEM SIZE JSON-FILE: one line of results.jsonl.
+# record SYSTEM SIZE JSON-FILE: one line of results.jsonl ($mode: full or paced).
 record() {
-  jq -c --arg system "$1" --argjson size "$2" '{system: $system, size: $size, report: .}' "$3" >>"$results"
+  jq -c --arg system "$1" --argjson size "$2" --arg mode "$mode" \
+    '{system: $system, size: $size, mode: $mode, report: .}' "$3" >>"$results"
 }
 
 # run_broker SYSTEM SIZE PORT PID [--no-subscriber]
 run_broker() {
   local system=$1 size=$2 port=$3 pid=$4; shift 4
-  "$load" --json "$out/$system-$size.json" broker --addr "127.0.0.1:$port" --pid "$pid" \
-    --size "$size" --seconds "$seconds" "$@" >"$out/$system-$size.txt" 2>&1
-  record "$system" "$size" "$out/$system-$size.json"
+  "$load" --json "$out/$system-$size-$mode.json" broker --addr "127.0.0.1:$port" --pid "$pid" \
+    --size "$size" --seconds "$seconds" "${pacing[@]}" "$@" >"$out/$system-$size-$mode.txt" 2>&1
+  record "$system" "$size" "$out/$system-$size-$mode.json"
 }
 
 cat >"$out/mosquitto.conf" <<EOF
@@ -110,11 +122,17 @@ level = "warn"
 EOF
 
 cleaned=0
+sed -e 's/^listen = "127.0.0.1:18830"/listen = "127.0.0.1:18835"/' \
+    -e 's/^enabled = false/enabled = true\nlisten = "127.0.0.1:18840"\nmax_message_size = "1MiB"/' \
+    "$out/weir-file.toml" >"$out/weir-grpc.toml"
+
 IFS=, read -ra size_list <<<"$sizes"
 IFS=, read -ra system_list <<<"$systems"
-for size in "${size_list[@]}"; do
-  for system in "${system_list[@]}"; do
-    echo "peer-bench: $system, $size B"
+
+# measure SYSTEM SIZE: one measurement with $mode and ${pacing[@]}.
+measure() {
+    local system=$1 size=$2
+    echo "peer-bench: $system, $size B, $mode"
     case $system in
       mosquitto)
         mosquitto -c "$out/mosquitto.conf" >"$out/mosquitto.log" 2>&1 &
@@ -126,36 +144,57 @@ for size in "${size_list[@]}"; do
         pid=$!; wait_port 18831
         run_broker rumqttd "$size" 18831 "$(pgrep -P "$pid" -x rumqttd || echo "$pid")"
         kill "$pid" 2>/dev/null; pkill -x rumqttd || true; wait "$pid" 2>/dev/null || true ;;
-      weir-file)
-        rm -rf "$out/weir-file-out"
-        # ext4 without a journal (this VM's root) skips inodes freed in the
-        # last 30 s when it allocates one, reading each: a create right
-        # after deleting thousands of batch files costs many times its
-        # usual CPU. Let the last clean-up age first.
-        while [ $(( $(date +%s) - cleaned )) -lt 35 ]; do sleep 1; done
-        "$weir" run --config "$out/weir-file.toml" >"$out/weir-file.log" 2>&1 &
-        pid=$!; wait_port 18830
-        run_broker weir-file "$size" 18830 "$pid" --no-subscriber
-        kill "$pid"; wait "$pid" 2>/dev/null || true
-        rm -rf "$out/weir-file-out"; cleaned=$(date +%s) ;;
+      weir-file|weir-grpc)
+        # Each run writes into its own directory, all deleted at the end:
+        # ext4 without a journal (this VM's root) skips, reading each,
+        # every inode freed in the last 60-360 s when it allocates one, so
+        # a create after deleting thousands of batch files costs many times
+        # its usual CPU. Only when the disk runs short are they deleted
+        # early, and the next run waits the window out.
+        dir=$out/batches/$system-$size-$mode
+        if [ "$(df --output=avail -k "$out" | tail -1)" -lt $((12 << 20)) ]; then
+          echo "peer-bench: less than 12 GiB free, deleting earlier batch files and waiting 6 min"
+          rm -rf "$out/batches"; sleep 360
+        fi
+        mkdir -p "$dir"
+        sed "s#^dir = .*#dir = \"$dir\"#" "$out/$system.toml" >"$out/$system-run.toml"
+        "$weir" run --config "$out/$system-run.toml" >"$out/$system.log" 2>&1 &
+        pid=$!
+        if [ "$system" = weir-file ]; then
+          wait_port 18830
+          run_broker weir-file "$size" 18830 "$pid" --no-subscriber
+        else
+          wait_port 18840
+          "$load" --json "$out/$system-$size-$mode.json" grpc --addr 127.0.0.1:18840 --pid "$pid" \
+            --size "$size" --seconds "$seconds" "${pacing[@]}" >"$out/$system-$size-$mode.txt" 2>&1
+          record "$system" "$size" "$out/$system-$size-$mode.json"
+        fi
+        kill "$pid"; wait "$pid" 2>/dev/null || true ;;
       weir-amqp)
-        "$load" --json "$out/$system-$size.json" throughput --size "$size" --seconds "$seconds" >"$out/$system-$size.txt" 2>&1
-        record "$system" "$size" "$out/$system-$size.json" ;;
+        "$load" --json "$out/$system-$size-$mode.json" throughput --size "$size" --seconds "$seconds" \
+          "${pacing[@]}" >"$out/$system-$size-$mode.txt" 2>&1
+        record "$system" "$size" "$out/$system-$size-$mode.json" ;;
       weir-spool)
-        "$load" --json "$out/$system-$size.json" throughput --size "$size" --seconds "$seconds" \
-          --durability spool --spool-dir "$out" >"$out/$system-$size.txt" 2>&1
-        record "$system" "$size" "$out/$system-$size.json" ;;
+        "$load" --json "$out/$system-$size-$mode.json" throughput --size "$size" --seconds "$seconds" \
+          "${pacing[@]}" --durability spool --spool-dir "$out" >"$out/$system-$size-$mode.txt" 2>&1
+        record "$system" "$size" "$out/$system-$size-$mode.json" ;;
       *) echo "peer-bench: unknown system $system" >&2; exit 2 ;;
     esac
-  done
-done
+}
 
-# The table: acknowledged records/s, and the system's CPU per record.
-echo
-printf '%-11s %6s %12s %12s\n' system size "acked/s" "us/record"
-jq -r '
-  [ .system, (.size|tostring),
-    ((.report.acked_per_sec // .report.acked_per_sec_mean // .report.records_per_sec // 0) | floor | tostring),
-    ((.report.broker_us_per_record // .report.cpu.weir_us_per_record // 0) * 100 | floor / 100 | tostring) ]
-  | @tsv' "$results" | while IFS=$'\t' read -r s z a u; do printf '%-11s %6s %12s %12s\n' "$s" "$z" "$a" "$u"; done
-echo "peer-bench: JSON lines in $results"
+mode=full
+pacing=()
+for size in "${size_list[@]}"; do
+  for system in "${system_list[@]}"; do measure "$system" "$size"; done
+done
+if [ "$rate" != 0 ]; then
+  mode=paced-$rate
+  pacing=(--rate "$rate")
+  for system in "${system_list[@]}"; do measure "$system" "$paced_size"; done
+fi
+
+rm -rf "$out/batches"
+
+# The table and the chart.
+"$lab" --out "$out" peers --input "$results"
+echo "peer-bench: JSON lines in $results, chart in $out/peers.svg"

@@ -18,12 +18,14 @@
 //!   this process, every scheme (Tables IV, V, Fig. 6).
 //! - `relay`: a job through weir's own `App` (scheduler, batch plans, file
 //!   egress behind the emulated link).
+//! - `peers`: the chart of a peer benchmark (`scripts/peer-bench.sh`).
 //! - `report`: tables, JSON files, SVG plots, progress bars.
 
 mod batching;
 mod compression;
 mod janus;
 mod link;
+mod peers;
 mod relay;
 mod report;
 
@@ -61,6 +63,9 @@ enum Experiment {
     /// uplinks, every scheme; latency, violations, throughput (Tables IV,
     /// V, Fig. 6).
     Janus(janus::Args),
+    /// The table and chart of a peer benchmark (`scripts/peer-bench.sh`):
+    /// records/s per system and size, p99 to PUBACK when paced.
+    Peers(peers::Args),
 }
 
 impl Experiment {
@@ -69,6 +74,7 @@ impl Experiment {
             Experiment::Batching(_) => "batching",
             Experiment::Compression(_) => "compression",
             Experiment::Janus(_) => "janus",
+            Experiment::Peers(_) => "peers",
         }
     }
 }
@@ -104,6 +110,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Experiment::Batching(a) => batching::run(a).await,
             Experiment::Compression(a) => compression::run(a).await,
             Experiment::Janus(a) => janus::run(a).await,
+            Experiment::Peers(a) => peers::run(a).await,
         }
     })?;
     print!("{table}");

@@ -19,7 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::BrokerArgs;
 use crate::mqtt::{connections, run_publishers, KEEP_ALIVE_SECS};
-use crate::report::{machine_info, MachineInfo};
+use crate::report::{machine_info, MachineInfo, Percentiles};
+use crate::sample::hwm_kib;
 use crate::shared::{on_thread, unique, Counters};
 use crate::stamp::{payload_kind, STAMP};
 
@@ -29,7 +30,8 @@ pub struct BrokerReport {
     pub kind: &'static str,
     pub machine: MachineInfo,
     pub payload: &'static str,
-    pub params: BrokerArgs,
+    /// The command line (`BrokerArgs` or `GrpcArgs`).
+    pub params: serde_json::Value,
     /// PUBACKs the publishers received per second.
     pub acked_per_sec: f64,
     /// Records the subscriber received per second.
@@ -38,6 +40,14 @@ pub struct BrokerReport {
     pub broker_cores: Option<f64>,
     /// The broker's CPU per acknowledged record, in microseconds.
     pub broker_us_per_record: Option<f64>,
+    /// The broker's peak resident memory (VmHWM) at the end, KiB.
+    pub broker_peak_rss_kib: Option<u64>,
+    /// PUBLISH to PUBACK over the measured part, at the publisher.
+    pub ack_latency_ms: Percentiles,
+    /// Cores this tool used over the measured part (publishers and
+    /// subscriber): well under one means the load generator was not the
+    /// limit.
+    pub load_cores: f64,
 }
 
 pub async fn broker(a: &BrokerArgs, clk_tck: f64) -> anyhow::Result<BrokerReport> {
@@ -61,13 +71,18 @@ pub async fn broker(a: &BrokerArgs, clk_tck: f64) -> anyhow::Result<BrokerReport
     });
     // The subscription is in place before the first publish.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let loads = connections(a.addr, &name, &name, a.connections, a.size, a.window, None);
+    let loads = connections(
+        a.addr,
+        &name,
+        &name,
+        a.connections,
+        a.size,
+        a.window,
+        a.rate,
+    );
     let stop = CancellationToken::new();
     let publishers = tokio::spawn(run_publishers(loads, Arc::clone(&counters), stop.clone()));
-    tokio::time::sleep(Duration::from_secs(a.warmup)).await;
-    let first = (Instant::now(), counters.get(), pid.and_then(cpu_ticks));
-    tokio::time::sleep(Duration::from_secs(a.seconds)).await;
-    let last = (Instant::now(), counters.get(), pid.and_then(cpu_ticks));
+    let m = measure(pid, &counters, a.warmup, a.seconds, clk_tck).await;
     stop.cancel();
     publishers.await.context("publisher thread")??;
     // Let the subscriber catch up, then stop it.
@@ -80,30 +95,94 @@ pub async fn broker(a: &BrokerArgs, clk_tck: f64) -> anyhow::Result<BrokerReport
         stop_sub.cancel();
         subscriber.await?;
     }
+    Ok(m.report("broker", serde_json::to_value(a)?, &counters))
+}
+
+/// The measured part of a run: acknowledgements, deliveries and CPU
+/// between its two ends.
+pub struct Measured {
+    secs: f64,
+    acked: f64,
+    delivered: f64,
+    cores: Option<f64>,
+    load_cores: f64,
+    peak_rss_kib: Option<u64>,
+}
+
+/// Waits out `warmup`, then measures `seconds` of the running load: the
+/// counters, the CPU of process `pid` and of this tool, and `pid`'s peak
+/// memory; PUBACK times are kept over exactly that part.
+pub async fn measure(
+    pid: Option<u32>,
+    counters: &Counters,
+    warmup: u64,
+    seconds: u64,
+    clk_tck: f64,
+) -> Measured {
+    let me = std::process::id();
+    tokio::time::sleep(Duration::from_secs(warmup)).await;
+    counters.measure(true);
+    let first = (
+        Instant::now(),
+        counters.get(),
+        pid.and_then(cpu_ticks),
+        cpu_ticks(me),
+    );
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let last = (
+        Instant::now(),
+        counters.get(),
+        pid.and_then(cpu_ticks),
+        cpu_ticks(me),
+    );
+    counters.measure(false);
     let secs = last.0.duration_since(first.0).as_secs_f64();
-    let acked = (last.1 .0 - first.1 .0) as f64;
-    let delivered = (last.1 .1 - first.1 .1) as f64;
-    let cores = match (first.2, last.2) {
+    let per_sec = |f: Option<u64>, l: Option<u64>| match (f, l) {
         (Some(f), Some(l)) => Some((l - f) as f64 / clk_tck / secs),
         _ => None,
     };
-    Ok(BrokerReport {
-        kind: "broker",
-        machine: machine_info(),
-        payload: payload_kind(),
-        params: a.clone(),
-        acked_per_sec: acked / secs,
-        delivered_per_sec: delivered / secs,
-        broker_cores: cores,
-        broker_us_per_record: cores.map(|c| c * secs / acked.max(1.0) * 1e6),
-    })
+    Measured {
+        secs,
+        acked: (last.1 .0 - first.1 .0) as f64,
+        delivered: (last.1 .1 - first.1 .1) as f64,
+        cores: per_sec(first.2, last.2),
+        load_cores: per_sec(first.3, last.3).unwrap_or(0.0),
+        peak_rss_kib: pid.and_then(hwm_kib),
+    }
+}
+
+impl Measured {
+    /// The report, once the publishers have stopped (their PUBACK times
+    /// are in `counters`).
+    pub fn report(
+        &self,
+        kind: &'static str,
+        params: serde_json::Value,
+        counters: &Counters,
+    ) -> BrokerReport {
+        BrokerReport {
+            kind,
+            machine: machine_info(),
+            payload: payload_kind(),
+            params,
+            acked_per_sec: self.acked / self.secs,
+            delivered_per_sec: self.delivered / self.secs,
+            broker_cores: self.cores,
+            broker_us_per_record: self
+                .cores
+                .map(|c| c * self.secs / self.acked.max(1.0) * 1e6),
+            broker_peak_rss_kib: self.peak_rss_kib,
+            ack_latency_ms: Percentiles::of(counters.take_ack_latencies()),
+            load_cores: self.load_cores,
+        }
+    }
 }
 
 pub fn print_broker(r: &BrokerReport) {
     let p = &r.params;
     println!(
-        "broker {}: {} MQTT connection(s) x window {}, {}-byte records, QoS 1, one QoS 1 subscriber; {} s measured after {} s warm-up",
-        p.addr, p.connections, p.window, p.size, p.seconds, p.warmup
+        "{} {}: {} connection(s) x window {}, {}-byte records; {} s measured after {} s warm-up",
+        r.kind, p["addr"], p["connections"], p["window"], p["size"], p["seconds"], p["warmup"]
     );
     println!("  PUBACKs/s at publisher      {:>10.0}", r.acked_per_sec);
     println!(
@@ -116,6 +195,18 @@ pub fn print_broker(r: &BrokerReport) {
         }
         _ => println!("  broker CPU                  (process not found; pass --pid)"),
     }
+    if let Some(kib) = r.broker_peak_rss_kib {
+        println!(
+            "  broker peak RSS             {:>10.1} MiB",
+            kib as f64 / 1024.0
+        );
+    }
+    let l = &r.ack_latency_ms;
+    println!(
+        "  PUBLISH to PUBACK (ms)      p50 {:.2}  p99 {:.2}  max {:.2}  ({} samples)",
+        l.p50, l.p99, l.max, l.n
+    );
+    println!("  load generator CPU          {:>10.2} cores", r.load_cores);
 }
 
 /// The pid of the one process named `name`, if exactly one runs.

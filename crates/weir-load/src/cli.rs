@@ -54,6 +54,9 @@ pub enum Cmd {
     /// The same MQTT QoS 1 load at another broker (e.g. Mosquitto), with
     /// one QoS 1 subscriber: the figure weir is compared with.
     Broker(BrokerArgs),
+    /// weir's gRPC ingress (PublishStream, raw bytes) under the same load
+    /// shape, against a weir you started (`--pid` its pid).
+    Grpc(GrpcArgs),
     /// MQTT QoS 1 over TLS against plain TCP through the same weir,
     /// alternated, and new TLS connections per second.
     Tls(TlsArgs),
@@ -175,6 +178,39 @@ pub struct BrokerArgs {
     /// PUBACKs are counted.
     #[arg(long)]
     pub no_subscriber: bool,
+    /// Total publish rate (records/s), spread over the connections;
+    /// unlimited (as fast as acknowledged) unless given.
+    #[arg(long)]
+    pub rate: Option<f64>,
+}
+
+/// `weir-load grpc`.
+#[derive(clap::Args, Clone, Debug, Serialize)]
+pub struct GrpcArgs {
+    /// weir's gRPC ingress address.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    pub addr: std::net::SocketAddr,
+    /// weir's process id, to report its CPU and peak memory.
+    #[arg(long)]
+    pub pid: Option<u32>,
+    /// Length of the measured, steady part.
+    #[arg(long, default_value_t = 15)]
+    pub seconds: u64,
+    /// Load before measuring starts.
+    #[arg(long, default_value_t = 3)]
+    pub warmup: u64,
+    /// PublishStream calls in parallel, each on its own HTTP/2 connection.
+    #[arg(long, default_value_t = 4)]
+    pub streams: usize,
+    /// Payload bytes per record (at least 16).
+    #[arg(long, default_value_t = 256)]
+    pub size: usize,
+    /// Unacknowledged requests allowed per stream.
+    #[arg(long, default_value_t = 1000)]
+    pub window: usize,
+    /// Total request rate (records/s); unlimited unless given.
+    #[arg(long)]
+    pub rate: Option<f64>,
 }
 
 /// Knobs of the generated weir config.

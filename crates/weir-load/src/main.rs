@@ -41,6 +41,8 @@
 //! - `contention`: the class bounds with busy processes beside weir.
 //! - `throughput`, `latency`: the two runs; `run`: the steps they share.
 //! - `child`: the weir child process and its generated config.
+//! - `broker`: the same MQTT load at another broker or a weir you started;
+//!   `grpc`: that load shape over weir's gRPC ingress.
 //! - `mqtt`: the MQTT publisher; `amqp`: the consumer, the direct
 //!   publisher and the clean-up of queues; `pacer`: paced sends.
 //! - `stamp`: the payload (stamp and filler) and its clock.
@@ -53,6 +55,7 @@ mod broker;
 mod child;
 mod cli;
 mod contention;
+mod grpc;
 mod latency;
 mod mqtt;
 mod pacer;
@@ -129,6 +132,11 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Broker(a) => {
             let r = rt.block_on(crate::broker::broker(a, env.clk_tck))?;
+            crate::broker::print_broker(&r);
+            serde_json::to_string_pretty(&r)?
+        }
+        Cmd::Grpc(a) => {
+            let r = rt.block_on(crate::grpc::grpc(a, env.clk_tck))?;
             crate::broker::print_broker(&r);
             serde_json::to_string_pretty(&r)?
         }

@@ -4,7 +4,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, ensure, Context};
@@ -19,6 +19,9 @@ use crate::cli::Pacing;
 use crate::pacer::{Pacer, MAX_BURST};
 use crate::shared::{on_thread, Counters, DRAIN_PATIENCE};
 use crate::stamp::stamped;
+
+/// PUBLISH-to-PUBACK times are kept for one packet id in this many.
+pub const LATENCY_EVERY: u16 = 8;
 
 /// One publishing connection.
 pub struct MqttLoad {
@@ -176,39 +179,69 @@ where
     let mut out = BytesMut::with_capacity(64 * 1024);
     let window = Arc::new(Semaphore::new(load.window));
     let done = CancellationToken::new();
+    // When each packet id was last written, microseconds since `base`: one
+    // clock read per write and per read, not per record.
+    let base = std::time::Instant::now();
+    let sent_at: Arc<Vec<AtomicU64>> =
+        Arc::new((0..=u16::MAX).map(|_| AtomicU64::new(0)).collect());
 
     let reader = {
-        let (window, counters, done) = (Arc::clone(&window), Arc::clone(&counters), done.clone());
+        let (window, counters, done, sent_at) = (
+            Arc::clone(&window),
+            Arc::clone(&counters),
+            done.clone(),
+            Arc::clone(&sent_at),
+        );
         async move {
-            loop {
-                let mut acks = 0;
+            let mut latencies = Vec::new();
+            let result = async {
                 loop {
-                    match v4::Packet::read(&mut inbuf, usize::MAX) {
-                        Ok(v4::Packet::PubAck(_)) => acks += 1,
-                        Ok(other) => bail!("unexpected packet from weir: {other:?}"),
-                        Err(mqttbytes::Error::InsufficientBytes(_)) => break,
-                        Err(e) => bail!("bad packet from weir: {e}"),
-                    }
-                }
-                if acks > 0 {
-                    counters.acked.fetch_add(acks as u64, Ordering::Relaxed);
-                    window.add_permits(acks);
-                }
-                // Cancel safety: `read_buf` is cancel safe (nothing is
-                // read unless it returns); `done` only waits.
-                tokio::select! {
-                    n = rd.read_buf(&mut inbuf) => {
-                        if n? == 0 {
-                            // After our DISCONNECT weir closes: expected.
-                            if done.is_cancelled() {
-                                return Ok(());
+                    let mut acks = 0;
+                    let measuring = counters.measuring.load(Ordering::Relaxed);
+                    let now_us = base.elapsed().as_micros() as u64;
+                    loop {
+                        match v4::Packet::read(&mut inbuf, usize::MAX) {
+                            Ok(v4::Packet::PubAck(ack)) => {
+                                acks += 1;
+                                // One PUBACK in LATENCY_EVERY (by packet id,
+                                // so unbiased): long full-rate runs stay small.
+                                if measuring && ack.pkid % LATENCY_EVERY == 0 {
+                                    let at = sent_at[usize::from(ack.pkid)].load(Ordering::Relaxed);
+                                    latencies.push(now_us.saturating_sub(at));
+                                }
                             }
-                            bail!("weir closed the MQTT connection");
+                            Ok(other) => bail!("unexpected packet from weir: {other:?}"),
+                            Err(mqttbytes::Error::InsufficientBytes(_)) => break,
+                            Err(e) => bail!("bad packet from weir: {e}"),
                         }
                     }
-                    _ = done.cancelled() => return Ok(()),
+                    if acks > 0 {
+                        counters.acked.fetch_add(acks as u64, Ordering::Relaxed);
+                        window.add_permits(acks);
+                    }
+                    // Cancel safety: `read_buf` is cancel safe (nothing is
+                    // read unless it returns); `done` only waits.
+                    tokio::select! {
+                        n = rd.read_buf(&mut inbuf) => {
+                            if n? == 0 {
+                                // After our DISCONNECT weir closes: expected.
+                                if done.is_cancelled() {
+                                    return Ok(());
+                                }
+                                bail!("weir closed the MQTT connection");
+                            }
+                        }
+                        _ = done.cancelled() => return Ok(()),
+                    }
                 }
             }
+            .await;
+            counters
+                .ack_latency_us
+                .lock()
+                .expect("not poisoned")
+                .append(&mut latencies);
+            result
         }
     };
 
@@ -248,8 +281,10 @@ where
                     Err(_) => break,
                 }
             }
+            let now_us = base.elapsed().as_micros() as u64;
             for _ in 0..n {
                 pkid = if pkid == u16::MAX { 1 } else { pkid + 1 };
+                sent_at[usize::from(pkid)].store(now_us, Ordering::Relaxed);
                 let seq = counters.sent.fetch_add(1, Ordering::Relaxed);
                 let publish = v4::Publish {
                     dup: false,

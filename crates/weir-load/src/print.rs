@@ -125,6 +125,11 @@ pub fn print_throughput(r: &ThroughputReport) {
         "  latency under this load (ms)   p50 {:.2}  p99 {:.2}  max {:.2}",
         l.p50, l.p99, l.max
     );
+    let l = &r.ack_latency_ms;
+    println!(
+        "  PUBLISH to PUBACK (ms)         p50 {:.2}  p99 {:.2}  max {:.2}",
+        l.p50, l.p99, l.max
+    );
     let c = &r.egress_cycle_ms;
     println!(
         "  egress cycle per batch (ms)    p50 {:.2}  p99 {:.2}  max {:.2}",

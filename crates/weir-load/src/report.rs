@@ -154,6 +154,8 @@ pub struct ThroughputReport {
     /// End-to-end latency (send to consume) over the steady part, under
     /// this load.
     pub latency_under_load_ms: Percentiles,
+    /// PUBLISH to PUBACK over the steady part, at the publisher.
+    pub ack_latency_ms: Percentiles,
     /// Time between consecutive batches leaving weir's egress (one publish
     /// plus its confirm while the egress is busy).
     pub egress_cycle_ms: Percentiles,

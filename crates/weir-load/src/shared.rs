@@ -44,6 +44,11 @@ pub struct Counters {
     /// Why the consumer stopped, if it failed (e.g. RabbitMQ restarted by
     /// another program), so that waits end at once with the reason.
     pub consumer_failed: std::sync::Mutex<Option<String>>,
+    /// Set over the measured part: publishers then keep the time from
+    /// each PUBLISH to its PUBACK.
+    pub measuring: std::sync::atomic::AtomicBool,
+    /// PUBLISH-to-PUBACK times over the measured part, microseconds.
+    pub ack_latency_us: std::sync::Mutex<Vec<u64>>,
 }
 
 impl Counters {
@@ -54,6 +59,16 @@ impl Counters {
             Some(why) => bail!("the RabbitMQ consumer failed: {why}"),
             None => Ok(()),
         }
+    }
+
+    /// Starts (or stops) keeping PUBACK times.
+    pub fn measure(&self, on: bool) {
+        self.measuring.store(on, Ordering::Relaxed);
+    }
+
+    /// The PUBACK times kept so far, taken out.
+    pub fn take_ack_latencies(&self) -> Vec<u64> {
+        std::mem::take(&mut *self.ack_latency_us.lock().expect("not poisoned"))
     }
 
     pub fn get(&self) -> (u64, u64, u64) {

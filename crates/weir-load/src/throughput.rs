@@ -98,12 +98,14 @@ pub async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<Through
         samples.push((now, acked, consumed, rss_kib(weir.pid).unwrap_or(0)));
         if first.is_none() && now >= warmup_end {
             first = Some(Snapshot::take(&weir, &counters).await?);
+            counters.measure(true);
         }
         if now >= end {
             break;
         }
     }
     let last = Snapshot::take(&weir, &counters).await?;
+    counters.measure(false);
     stop.cancel();
     publishers.await.context("publisher thread")??;
     wait_consumed(&counters, &mut weir).await?;
@@ -204,6 +206,7 @@ pub async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<Through
         weir_rss_hwm_kib: hwm,
         cpu: CpuReport::between(&first, &last, records, env.clk_tck),
         latency_under_load_ms: Percentiles::of(latencies),
+        ack_latency_ms: Percentiles::of(counters.take_ack_latencies()),
         egress_cycle_ms: Percentiles::of(egress_cycles(&consumed.batches, from_us, to_us)),
         integrity: consumed.integrity(counters.acked.load(Ordering::Relaxed)),
         timeline,

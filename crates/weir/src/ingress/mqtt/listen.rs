@@ -146,6 +146,23 @@ pub fn fuzz(data: &[u8]) {
     }
 }
 
+/// Benchmark entry (`benches/ingest.rs`): decodes every packet of an
+/// established MQTT 3.1.1 connection in `buf` as the listener does, with
+/// the topic checks, and returns the PUBLISH packets' payload bytes.
+#[doc(hidden)]
+pub fn decode_publishes(buf: &mut bytes::BytesMut) -> usize {
+    use codec::{check_topic, decode, Inbound, Version};
+    let mut bytes = 0;
+    while let Ok(Some(packet)) = decode(buf, Version::V311, usize::MAX) {
+        if let Inbound::Publish(p) = packet {
+            if check_topic(&p).is_ok() {
+                bytes += p.payload.len();
+            }
+        }
+    }
+    bytes
+}
+
 /// The bound MQTT listeners: plain TCP, TLS, or both.
 #[derive(Debug, Default)]
 pub struct Listeners {

@@ -39,14 +39,20 @@ pub(super) const CLOSE_LINGER: Duration = Duration::from_secs(1);
 /// syscall.
 pub(super) const READ_CHUNK: usize = 16 * 1024;
 
+/// Below this much room left in the read buffer a new one is made.
+pub(super) const MIN_READ_ROOM: usize = 4 * 1024;
+
 /// Largest room made for one read of a busy client.
 pub(super) const MAX_READ_CHUNK: usize = 256 * 1024;
 
-/// The room for the next read, after a read of `n` bytes into `room`.
+/// The room for the next read, after a read of `n` bytes into `room`: a
+/// read that filled its room (at least half a chunk of it) asks for more,
+/// one that left most of it empty for less. A full small tail of the
+/// buffer says nothing either way.
 fn next_read_chunk(chunk: usize, n: usize, room: usize) -> usize {
-    if n >= room {
+    if n >= room && n >= chunk / 2 {
         (chunk * 2).min(MAX_READ_CHUNK)
-    } else if n < chunk / 4 {
+    } else if n < room && n < chunk / 4 {
         (chunk / 2).max(READ_CHUNK)
     } else {
         chunk
@@ -812,7 +818,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         // before waiting on the client, which may be waiting on them.
         self.release_held();
         self.flush().await?;
-        self.inbuf.reserve(self.read_chunk);
+        // Read into what is left of the buffer until little is: records
+        // keep slices of it, so a fresh buffer per read would hold every
+        // unfilled tail in memory for as long as those records are queued.
+        if self.inbuf.capacity() - self.inbuf.len() < MIN_READ_ROOM {
+            self.inbuf.reserve(self.read_chunk);
+        }
         let room = self.inbuf.capacity() - self.inbuf.len();
         let deadline = self.deadline;
         let wake = {
@@ -910,8 +921,9 @@ mod tests {
             chunk = next_read_chunk(chunk, chunk, chunk);
         }
         assert_eq!(chunk, MAX_READ_CHUNK);
-        // Half-full reads keep it.
+        // Half-full reads keep it, and so does a filled small tail.
         assert_eq!(next_read_chunk(chunk, chunk / 2, chunk), chunk);
+        assert_eq!(next_read_chunk(chunk, 5000, 5000), chunk);
         // Small reads halve it, never below the first size.
         for _ in 0..10 {
             chunk = next_read_chunk(chunk, 100, chunk);
