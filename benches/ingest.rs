@@ -1,6 +1,7 @@
 //! The ingest-to-egress hot path stage by stage (issue 20), per record at
 //! 256 B and 1 KiB: MQTT decode of a read burst, batch encoding (weir's
-//! borrowed-record writer against the owned prost message it replaced).
+//! borrowed-record writer, `weir_proto::encode_records`, against the owned
+//! prost message it replaced).
 //! Classify and stamp is `metrics/classify_and_stamp_mqtt_record`, the
 //! queue `queue/*`, the scheduler `scheduler/*`, codec choice
 //! `models/compression/*`: a regression shows in the stage that caused it.
@@ -11,7 +12,7 @@ use prost::Message;
 use std::hint::black_box;
 use weir_core::scheduler::OutBatch;
 use weir_core::{ClassId, ClassSet, Record};
-use weir_proto::{pb, RecordRef};
+use weir_proto::pb;
 
 const SIZES: [usize; 2] = [256, 1024];
 
@@ -82,20 +83,6 @@ fn batch_encode(c: &mut Criterion) {
         g.throughput(Throughput::Elements(n as u64));
         g.bench_function("weir_encode", |b| {
             b.iter(|| black_box(weir::egress::encode(1, &classes, black_box(&batch))))
-        });
-        g.bench_function("records_writer", |b| {
-            b.iter(|| {
-                black_box(weir_proto::encode_records(1, 7, 1, &batch.records, |r| {
-                    RecordRef {
-                        key: &r.key,
-                        class: &classes.get(r.class).name,
-                        origin: r.origin,
-                        seq: r.seq,
-                        ingress_us: r.ingress_us,
-                        payload: &r.payload,
-                    }
-                }))
-            })
         });
         // What the egress did before issue 20: an owned message, then
         // prost's encoder.

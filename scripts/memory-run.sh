@@ -3,8 +3,11 @@
 # default capacities publishing into a durable classic RabbitMQ queue with
 # confirms, driven by weir-load (MQTT QoS 1, 4 x 1000 in flight, as fast as
 # acknowledged), weir's resident memory sampled every 5 s. RabbitMQ keeps
-# only the newest 100,000 messages (x-max-length; drop-head still
-# confirms), so the run needs no consumer and no disk.
+# only the newest 256 MiB of batches (x-max-length-bytes; drop-head still
+# confirms), so the run needs no consumer and never trips RabbitMQ's
+# memory or disk alarm (which would block weir and end the full rate); the queue is
+# deleted at the end (not x-expires: publishing does not count as use,
+# so the queue would vanish under load).
 #
 #   scripts/memory-run.sh [--seconds 600] [--size 256] [--out DIR]
 #
@@ -45,13 +48,13 @@ url = "amqp://guest:guest@127.0.0.1:5672/%2f"
 exchange = ""
 queue = "weir.memory-run"
 routing_key = "weir.memory-run"
-queue_arguments = { x-max-length = 100000, x-expires = 120000 }
+queue_arguments = { x-max-length-bytes = 268435456 }
 [log]
 level = "warn"
 CONF
 "$repo/target/release/weir" run --config "$out/weir.toml" >"$out/weir.log" 2>&1 &
 pid=$!
-trap 'kill $pid 2>/dev/null || true' EXIT
+trap 'kill $pid 2>/dev/null || true; rabbitmqctl -q delete_queue weir.memory-run >/dev/null 2>&1 || true' EXIT
 for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/18850) 2>/dev/null && break; sleep 0.1; done
 "$repo/target/release/weir-load" --json "$out/load.json" broker --addr 127.0.0.1:18850 --pid "$pid" \
   --no-subscriber --size "$size" --seconds "$seconds" --warmup 3 >"$out/load.txt" 2>&1 &

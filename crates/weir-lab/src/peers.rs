@@ -97,7 +97,7 @@ fn row(line: &Value) -> anyhow::Result<Row> {
 }
 
 fn size_name(size: u64) -> String {
-    if size >= 1024 && size % 1024 == 0 {
+    if size >= 1024 && size.is_multiple_of(1024) {
         format!("{} KiB", size / 1024)
     } else {
         format!("{size} B")

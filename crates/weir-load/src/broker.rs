@@ -51,7 +51,10 @@ pub struct BrokerReport {
 }
 
 pub async fn broker(a: &BrokerArgs, clk_tck: f64) -> anyhow::Result<BrokerReport> {
-    ensure!(a.size >= STAMP, "--size must be at least {STAMP} bytes");
+    ensure!(
+        a.shape.size >= STAMP,
+        "--size must be at least {STAMP} bytes"
+    );
     ensure!(a.connections > 0, "--connections must be at least 1");
     let name = unique("broker");
     let pid = a.pid.or_else(|| only_process("mosquitto"));
@@ -76,13 +79,13 @@ pub async fn broker(a: &BrokerArgs, clk_tck: f64) -> anyhow::Result<BrokerReport
         &name,
         &name,
         a.connections,
-        a.size,
-        a.window,
-        a.rate,
+        a.shape.size,
+        a.shape.window,
+        a.shape.rate,
     );
     let stop = CancellationToken::new();
     let publishers = tokio::spawn(run_publishers(loads, Arc::clone(&counters), stop.clone()));
-    let m = measure(pid, &counters, a.warmup, a.seconds, clk_tck).await;
+    let m = measure(pid, &counters, a.shape.warmup, a.shape.seconds, clk_tck).await;
     stop.cancel();
     publishers.await.context("publisher thread")??;
     // Let the subscriber catch up, then stop it.
@@ -182,7 +185,15 @@ pub fn print_broker(r: &BrokerReport) {
     let p = &r.params;
     println!(
         "{} {}: {} connection(s) x window {}, {}-byte records; {} s measured after {} s warm-up",
-        r.kind, p["addr"], p["connections"], p["window"], p["size"], p["seconds"], p["warmup"]
+        r.kind,
+        p["addr"],
+        p.get("connections")
+            .or(p.get("streams"))
+            .unwrap_or(&serde_json::Value::Null),
+        p["window"],
+        p["size"],
+        p["seconds"],
+        p["warmup"]
     );
     println!("  PUBACKs/s at publisher      {:>10.0}", r.acked_per_sec);
     println!(

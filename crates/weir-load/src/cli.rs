@@ -158,26 +158,34 @@ pub struct BrokerArgs {
     /// named `mosquitto`, if exactly one runs).
     #[arg(long)]
     pub pid: Option<u32>,
+    /// MQTT connections publishing in parallel.
+    #[arg(long, default_value_t = 4)]
+    pub connections: usize,
+    /// No subscriber: for a relay (weir with file egress, `weir run`
+    /// started by you, --pid its pid) that takes no subscriptions; only
+    /// PUBACKs are counted.
+    #[arg(long)]
+    pub no_subscriber: bool,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub shape: LoadShape,
+}
+
+/// How long, how big and how fast a `broker` or `grpc` load is.
+#[derive(clap::Args, Clone, Debug, Serialize)]
+pub struct LoadShape {
     /// Length of the measured, steady part.
     #[arg(long, default_value_t = 15)]
     pub seconds: u64,
     /// Load before measuring starts.
     #[arg(long, default_value_t = 3)]
     pub warmup: u64,
-    /// MQTT connections publishing in parallel.
-    #[arg(long, default_value_t = 4)]
-    pub connections: usize,
     /// Payload bytes per record (at least 16).
     #[arg(long, default_value_t = 256)]
     pub size: usize,
-    /// Unacknowledged QoS 1 publishes allowed per connection.
+    /// Unacknowledged publishes (requests) allowed per connection (stream).
     #[arg(long, default_value_t = 1000)]
     pub window: usize,
-    /// No subscriber: for a relay (weir with file egress, `weir run`
-    /// started by you, --pid its pid) that takes no subscriptions; only
-    /// PUBACKs are counted.
-    #[arg(long)]
-    pub no_subscriber: bool,
     /// Total publish rate (records/s), spread over the connections;
     /// unlimited (as fast as acknowledged) unless given.
     #[arg(long)]
@@ -193,24 +201,12 @@ pub struct GrpcArgs {
     /// weir's process id, to report its CPU and peak memory.
     #[arg(long)]
     pub pid: Option<u32>,
-    /// Length of the measured, steady part.
-    #[arg(long, default_value_t = 15)]
-    pub seconds: u64,
-    /// Load before measuring starts.
-    #[arg(long, default_value_t = 3)]
-    pub warmup: u64,
     /// PublishStream calls in parallel, each on its own HTTP/2 connection.
     #[arg(long, default_value_t = 4)]
     pub streams: usize,
-    /// Payload bytes per record (at least 16).
-    #[arg(long, default_value_t = 256)]
-    pub size: usize,
-    /// Unacknowledged requests allowed per stream.
-    #[arg(long, default_value_t = 1000)]
-    pub window: usize,
-    /// Total request rate (records/s); unlimited unless given.
-    #[arg(long)]
-    pub rate: Option<f64>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub shape: LoadShape,
 }
 
 /// Knobs of the generated weir config.

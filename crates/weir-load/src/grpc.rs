@@ -16,15 +16,18 @@ use weir_proto::pb::PublishRequest;
 use crate::broker::{measure, BrokerReport};
 use crate::cli::{GrpcArgs, Pacing};
 use crate::mqtt::LATENCY_EVERY;
-use crate::pacer::{Pacer, MAX_BURST};
+use crate::pacer::{take_burst, Pacer};
 use crate::shared::{on_thread, Counters, DRAIN_PATIENCE};
 use crate::stamp::{stamped, STAMP};
 
 pub async fn grpc(a: &GrpcArgs, clk_tck: f64) -> anyhow::Result<BrokerReport> {
-    ensure!(a.size >= STAMP, "--size must be at least {STAMP} bytes");
+    ensure!(
+        a.shape.size >= STAMP,
+        "--size must be at least {STAMP} bytes"
+    );
     ensure!(a.streams > 0, "--streams must be at least 1");
     ensure!(
-        (1..65_535).contains(&a.window),
+        (1..65_535).contains(&a.shape.window),
         "--window must be between 1 and 65534"
     );
     let counters = Arc::new(Counters::default());
@@ -32,7 +35,7 @@ pub async fn grpc(a: &GrpcArgs, clk_tck: f64) -> anyhow::Result<BrokerReport> {
     let publishers = tokio::spawn(on_thread("load-pub", {
         let (a, counters, stop) = (a.clone(), Arc::clone(&counters), stop.clone());
         move || async move {
-            let rate = a.rate.map(|r| r / a.streams as f64);
+            let rate = a.shape.rate.map(|r| r / a.streams as f64);
             let streams = (0..a.streams)
                 .map(|_| stream(a.clone(), rate, Arc::clone(&counters), stop.clone()));
             for r in futures::future::join_all(streams).await {
@@ -41,7 +44,7 @@ pub async fn grpc(a: &GrpcArgs, clk_tck: f64) -> anyhow::Result<BrokerReport> {
             anyhow::Ok(())
         }
     }));
-    let m = measure(a.pid, &counters, a.warmup, a.seconds, clk_tck).await;
+    let m = measure(a.pid, &counters, a.shape.warmup, a.shape.seconds, clk_tck).await;
     stop.cancel();
     publishers.await.context("publisher thread")??;
     Ok(m.report("grpc", serde_json::to_value(a)?, &counters))
@@ -61,8 +64,8 @@ async fn stream(
         .await
         .with_context(|| format!("connecting to weir's gRPC ingress {}", a.addr))?;
     let mut client = IngressClient::new(channel);
-    let window = Arc::new(Semaphore::new(a.window));
-    let (tx, rx) = tokio::sync::mpsc::channel::<PublishRequest>(a.window);
+    let window = Arc::new(Semaphore::new(a.shape.window));
+    let (tx, rx) = tokio::sync::mpsc::channel::<PublishRequest>(a.shape.window);
     let requests =
         futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
     let base = std::time::Instant::now();
@@ -78,28 +81,7 @@ async fn stream(
         async move {
             let mut pacer = rate.map(|r| Pacer::new(r, Pacing::Tick));
             let mut id = 0u64;
-            loop {
-                if stop.is_cancelled() {
-                    break;
-                }
-                let mut budget = MAX_BURST as u64;
-                if let Some(p) = &pacer {
-                    let due = p.due();
-                    if due == 0 {
-                        p.wait(&stop).await;
-                        continue;
-                    }
-                    budget = budget.min(due);
-                }
-                // Cancel safety: `acquire` is cancel safe.
-                tokio::select! {
-                    p = window.acquire() => p?.forget(),
-                    _ = stop.cancelled() => break,
-                }
-                let mut n = 1;
-                while n < budget && window.try_acquire().map(|p| p.forget()).is_ok() {
-                    n += 1;
-                }
+            while let Some(n) = take_burst(pacer.as_ref(), &window, &stop, None).await? {
                 let now_us = base.elapsed().as_micros() as u64;
                 for _ in 0..n {
                     id += 1;
@@ -107,7 +89,7 @@ async fn stream(
                     let seq = counters.sent.fetch_add(1, Ordering::Relaxed);
                     let request = PublishRequest {
                         stream: "bench".into(),
-                        payload: stamped(a.size, seq),
+                        payload: stamped(a.shape.size, seq),
                         id,
                     };
                     tx.send(request).await.context("weir closed the stream")?;
@@ -116,7 +98,7 @@ async fn stream(
                     p.sent += n;
                 }
             }
-            tokio::time::timeout(DRAIN_PATIENCE, window.acquire_many(a.window as u32))
+            tokio::time::timeout(DRAIN_PATIENCE, window.acquire_many(a.shape.window as u32))
                 .await
                 .context("weir did not acknowledge every request in time")??
                 .forget();

@@ -16,7 +16,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::Pacing;
-use crate::pacer::{Pacer, MAX_BURST};
+use crate::pacer::{take_burst, Pacer};
 use crate::shared::{on_thread, Counters, DRAIN_PATIENCE};
 use crate::stamp::stamped;
 
@@ -249,38 +249,14 @@ where
         let mut pacer = load.rate.map(|rate| Pacer::new(rate, load.pacing));
         let mut pkid: u16 = 0;
         let mut sent_here = 0u64;
-        loop {
-            if stop.is_cancelled() || load.limit.is_some_and(|l| sent_here >= l) {
-                break;
-            }
-            let mut budget = MAX_BURST as u64;
-            if let Some(p) = &pacer {
-                let due = p.due();
-                if due == 0 {
-                    p.wait(&stop).await;
-                    continue;
-                }
-                budget = budget.min(due);
-            }
-            if let Some(l) = load.limit {
-                budget = budget.min(l - sent_here);
-            }
-            // Cancel safety: `acquire` is cancel safe; a permit is only
-            // used (forgotten) once held.
-            tokio::select! {
-                p = window.acquire() => p?.forget(),
-                _ = stop.cancelled() => break,
-            }
-            let mut n = 1;
-            while n < budget {
-                match window.try_acquire() {
-                    Ok(p) => {
-                        p.forget();
-                        n += 1;
-                    }
-                    Err(_) => break,
-                }
-            }
+        while let Some(n) = take_burst(
+            pacer.as_ref(),
+            &window,
+            &stop,
+            load.limit.map(|l| l - sent_here),
+        )
+        .await?
+        {
             let now_us = base.elapsed().as_micros() as u64;
             for _ in 0..n {
                 pkid = if pkid == u16::MAX { 1 } else { pkid + 1 };

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -63,5 +64,45 @@ impl Pacer {
     /// When the next send is due.
     fn next_at(&self) -> Instant {
         self.start + Duration::from_secs_f64((self.sent + 1) as f64 / self.rate)
+    }
+}
+
+/// Waits until sends are due (under `pacer`, if any) and the window has
+/// room, then takes as many window permits as may go now: at least one,
+/// at most [`MAX_BURST`], the sends due, and `left` (records still to
+/// send, if limited). `None` once `stop` fires first.
+pub async fn take_burst(
+    pacer: Option<&Pacer>,
+    window: &Semaphore,
+    stop: &CancellationToken,
+    left: Option<u64>,
+) -> anyhow::Result<Option<u64>> {
+    loop {
+        if stop.is_cancelled() || left == Some(0) {
+            return Ok(None);
+        }
+        let mut budget = MAX_BURST as u64;
+        if let Some(p) = pacer {
+            let due = p.due();
+            if due == 0 {
+                p.wait(stop).await;
+                continue;
+            }
+            budget = budget.min(due);
+        }
+        if let Some(l) = left {
+            budget = budget.min(l);
+        }
+        // Cancel safety: `acquire` is cancel safe; a permit is only used
+        // (forgotten) once held.
+        tokio::select! {
+            p = window.acquire() => p?.forget(),
+            _ = stop.cancelled() => return Ok(None),
+        }
+        let mut n = 1;
+        while n < budget && window.try_acquire().map(|p| p.forget()).is_ok() {
+            n += 1;
+        }
+        return Ok(Some(n));
     }
 }
