@@ -121,7 +121,6 @@ dir = "$out/weir-file-out"
 level = "warn"
 EOF
 
-cleaned=0
 sed -e 's/^listen = "127.0.0.1:18830"/listen = "127.0.0.1:18835"/' \
     -e 's/^enabled = false/enabled = true\nlisten = "127.0.0.1:18840"\nmax_message_size = "1MiB"/' \
     "$out/weir-file.toml" >"$out/weir-grpc.toml"

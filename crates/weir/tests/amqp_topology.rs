@@ -344,6 +344,21 @@ async fn duplicates_are_dropped_and_reported() {
     delete_queue(&queue).await;
 }
 
+/// Declares a durable exchange of `kind`, as an operator's topology would.
+async fn declare_exchange(ch: &lapin::Channel, exchange: &str, kind: lapin::ExchangeKind) {
+    ch.exchange_declare(
+        exchange.into(),
+        kind,
+        ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_routing_key_template_spreads_classes_over_queues() {
     logs();
@@ -353,17 +368,7 @@ async fn the_routing_key_template_spreads_classes_over_queues() {
     // The operator's topology: one queue per class, bound by pattern.
     let conn = connect_test_client().await;
     let ch = conn.create_channel().await.unwrap();
-    ch.exchange_declare(
-        exchange.as_str().into(),
-        lapin::ExchangeKind::Topic,
-        ExchangeDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
+    declare_exchange(&ch, &exchange, lapin::ExchangeKind::Topic).await;
     for class in ["ls", "lt"] {
         let q = format!("{name}.{class}");
         delete_queue(&q).await;
@@ -415,17 +420,7 @@ async fn an_exchange_of_another_type_stops_start_up_naming_exchange_type() {
     let exchange = format!("{name}.x");
     let conn = connect_test_client().await;
     let ch = conn.create_channel().await.unwrap();
-    ch.exchange_declare(
-        exchange.as_str().into(),
-        lapin::ExchangeKind::Fanout,
-        ExchangeDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        FieldTable::default(),
-    )
-    .await
-    .unwrap();
+    declare_exchange(&ch, &exchange, lapin::ExchangeKind::Fanout).await;
     let dir = tmp(&name);
     let config = write_config(&dir, "weir.toml", &relay_config(35, &egress(&name, "")));
     let (code, err) = tokio::task::spawn_blocking(move || run_to_exit(&config))

@@ -77,11 +77,6 @@ impl FileSink {
             batch.encoding.as_str()
         ))
     }
-
-    /// Whether the next batch is written with `O_DIRECT`.
-    pub fn writes_direct(&self) -> bool {
-        self.direct.load(Ordering::Relaxed)
-    }
 }
 
 /// Renames `tmp` to `path` and syncs the directory, so the name survives a
