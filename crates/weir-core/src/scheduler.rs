@@ -83,6 +83,9 @@ pub struct SchedulerParams {
     pub track_uplink: bool,
     /// Whether batches take riders of other classes ([`crate::drain`]).
     pub mix_classes: bool,
+    /// Shortest time between a batch and a following one that is not full
+    /// ([`crate::drain`]'s gathering), within [`admission::gather`]'s cap.
+    pub gather: Duration,
 }
 
 /// Why [`Scheduler::reconfigure`] refused new parameters; nothing changed.
@@ -231,6 +234,9 @@ pub enum Poll {
     /// Records wait but none may go yet; call again at this time (never
     /// later than the next window).
     Wait(Duration),
+    /// Records wait for a partial batch to gather (the drainer's gathering):
+    /// call again at this time; arrivals before it need not wake the caller.
+    Gather(Duration),
     /// Nothing waits anywhere; call again on an arrival or at the next
     /// window ([`Scheduler::poll_timeout`]).
     Empty,
@@ -497,6 +503,8 @@ impl Scheduler {
         });
         let budgets = self.rider_budgets();
         self.drainer.set_rider_budgets(&budgets);
+        self.drainer
+            .set_gather(admission::gather(self.params.gather, self.horizon()));
     }
 
     /// `C_out` in force, record bytes per second.
@@ -702,6 +710,7 @@ impl Scheduler {
                 })
             }
             Drain::Wait(d) => Poll::Wait(now.saturating_add(d).min(self.next_window)),
+            Drain::Gather(d) => Poll::Gather(now.saturating_add(d)),
             Drain::Empty => Poll::Empty,
         }
     }

@@ -104,6 +104,7 @@ pub fn scheduler_params(cfg: &Config) -> SchedulerParams {
         reference: cfg.batching.reference.clone(),
         track_uplink: cfg.scheduler.track_uplink,
         mix_classes: cfg.scheduler.mix_classes,
+        gather: cfg.batching.gather,
     }
 }
 

@@ -160,6 +160,21 @@ pub async fn run(
                     }
                 }
             }
+            Poll::Gather(until) => {
+                // Arrivals do not wake the gather: a full batch's worth
+                // arriving within it waits out the rest (at most a gather,
+                // 2 ms by default), where waking per arrival would cost more
+                // than the gather saves. Cancel safety: all branches only
+                // wait.
+                tokio::select! {
+                    _ = tokio::time::sleep_until(at(until)) => {}
+                    Some(r) = feedback.reconfigure.recv() => reconfigure(&mut core, now(), r),
+                    _ = abort.cancelled() => {
+                        report_abandoned(&intake, &[], &mut core);
+                        return;
+                    }
+                }
+            }
             Poll::Empty => {
                 if stopping {
                     tracing::info!("queues drained");

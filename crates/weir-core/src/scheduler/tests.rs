@@ -38,6 +38,7 @@ fn params(scheme: Scheme) -> SchedulerParams {
         reference: vec![2, 6, 11],
         track_uplink: true,
         mix_classes: true,
+        gather: Duration::ZERO,
     }
 }
 
@@ -92,6 +93,42 @@ fn it_starts_by_announcing_the_initial_rates() {
         "{ev:?}"
     );
     assert_eq!(s.poll_timeout(), MS * 100);
+}
+
+#[test]
+fn the_gather_stays_within_its_share_of_the_horizon() {
+    let mut p = params(Scheme::QmOnly);
+    p.gather = MS * 10;
+    p.adaptive = false;
+    let q = queues(&ClassSet::janus_default(), p.scheme);
+    let mut s = scheduler(p.clone(), &q);
+    q.push(record(2, 0, 100, Duration::ZERO)).unwrap();
+    assert!(matches!(
+        s.poll_batch(Duration::ZERO, wall(Duration::ZERO), &q),
+        Poll::Batch(_)
+    ));
+    q.push(record(2, 1, 100, Duration::ZERO)).unwrap();
+    // The horizon is 35 ms (the 100 ms class): a gather of 35/16 ms, not 10.
+    let cap = crate::admission::gather(p.gather, MS * 35);
+    assert_eq!(cap, Duration::from_micros(2187) + Duration::from_nanos(500));
+    assert_eq!(
+        s.poll_batch(Duration::ZERO, wall(Duration::ZERO), &q),
+        Poll::Gather(cap)
+    );
+    assert!(matches!(s.poll_batch(cap, wall(cap), &q), Poll::Batch(_)));
+    // A shorter gather stands as configured.
+    p.gather = MS;
+    let mut s = scheduler(p, &q);
+    q.push(record(2, 2, 100, Duration::ZERO)).unwrap();
+    assert!(matches!(
+        s.poll_batch(Duration::ZERO, wall(Duration::ZERO), &q),
+        Poll::Batch(_)
+    ));
+    q.push(record(2, 3, 100, Duration::ZERO)).unwrap();
+    assert_eq!(
+        s.poll_batch(Duration::ZERO, wall(Duration::ZERO), &q),
+        Poll::Gather(MS)
+    );
 }
 
 #[test]
@@ -288,7 +325,7 @@ fn a_wait_never_reaches_past_the_next_window() {
                 waited = Some(t);
                 break;
             }
-            Poll::Empty => panic!("records are queued"),
+            Poll::Gather(_) | Poll::Empty => panic!("records are queued, no gather set"),
         }
     }
     assert_eq!(waited, Some(s.poll_timeout()));
@@ -342,10 +379,13 @@ proptest! {
         scheme in scheme(),
         mix in any::<bool>(),
         adaptive in any::<bool>(),
+        gather_ms in 0..4u64,
         max_records in 1..64usize,
         ops in proptest::collection::vec(op(), 1..300),
     ) {
         let mut p = params(scheme);
+        let gather = MS * gather_ms as u32;
+        p.gather = gather;
         p.mix_classes = mix;
         p.adaptive = adaptive;
         p.limits.max_records = max_records;
@@ -381,6 +421,7 @@ proptest! {
                         last = Some(b);
                     }
                     Poll::Wait(t) => prop_assert!(t <= s.poll_timeout().max(now) && (t >= now || t == s.poll_timeout())),
+                    Poll::Gather(t) => prop_assert!(t > now && t <= now + gather),
                     Poll::Empty => {}
                 },
                 Op::Deliver(ms) => if let Some(b) = last.take() {
@@ -410,7 +451,7 @@ proptest! {
             s.poll_window(now, &q, 0);
             match s.poll_batch(now, wall(now), &q) {
                 Poll::Batch(b) => check_batch(&b, &mut sent)?,
-                Poll::Wait(t) => now = t.max(now + MS),
+                Poll::Wait(t) | Poll::Gather(t) => now = t.max(now + MS),
                 Poll::Empty => break,
             }
         }
@@ -527,7 +568,7 @@ proptest! {
                         on_link = Some((b, done));
                         wake = done;
                     }
-                    Poll::Wait(t) => wake = t,
+                    Poll::Wait(t) | Poll::Gather(t) => wake = t,
                     Poll::Empty => wake = s.poll_timeout(),
                 }
             } else {

@@ -76,6 +76,18 @@ fn default_config_spells_out_the_defaults() {
 }
 
 #[test]
+fn a_gather_of_zero_turns_gathering_off() {
+    let c = parse("[batching]\ngather = \"0s\"\n", "test.toml").unwrap();
+    assert_eq!(c.batching.gather, Duration::ZERO);
+    let c = parse("", "test.toml").unwrap();
+    assert_eq!(c.batching.gather, Duration::from_millis(2));
+    assert_eq!(
+        crate::reload::scheduler_params(&c).gather,
+        Duration::from_millis(2)
+    );
+}
+
+#[test]
 fn empty_file_gives_the_defaults() {
     let c = parse("", "<empty>").unwrap();
     assert_eq!(c.node.id, 1);
@@ -276,6 +288,9 @@ fn every_mistake_is_reported_with_its_key_path() {
         [ingress.grpc]
         listen = "localhost:50051"
 
+        [batching]
+        gather = "2 fortnights"
+
         [egress]
         kind = "file"
 
@@ -320,6 +335,7 @@ fn every_mistake_is_reported_with_its_key_path() {
     assert_problem(&ps, "scheduler.uplink", "invalid rate \"18Mbps/x\"");
     assert_problem(&ps, "scheduler.burst", "greater than zero");
     assert_problem(&ps, "scheduler.max_batch_records", "greater than zero");
+    assert_problem(&ps, "batching.gather", "invalid duration");
     assert_problem(
         &ps,
         "ingress.mqtt.broker",
