@@ -32,6 +32,12 @@ fi
 if ! port_open 5672; then
   echo "services: starting rabbitmq-server on 127.0.0.1:5672"
   export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
+  # RabbitMQ stands in for the cloud broker on the same 2-core box: its
+  # schedulers must not spin-wait on cores weir and the load generator need
+  # (RabbitMQ's advice for shared CPUs). Paced 50k/s into it, spinning cost
+  # RabbitMQ 0.34 cores instead of 0.25 and weir's PUBACK p99 1.14 ms
+  # instead of 0.66 (docs/benchmarks.md).
+  export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="+sbwt none +sbwtdcpu none +sbwtdio none"
   (rabbitmq-server > /tmp/weir-rabbitmq.log 2>&1 &)
   # await_startup waits for the node to boot; give it a generous bound
   # because a cold Erlang start on a busy 2-core machine can take a while.
