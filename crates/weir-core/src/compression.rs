@@ -19,7 +19,10 @@
 //! name), a [`CodecTable`] of exponentially weighted moving averages per
 //! candidate codec (the paper's "data tables filled with historical data of
 //! prior data transfers"), refreshed by compressing an occasional sample with
-//! a codec not in use ([`CompressionChooser::sample_due`]). The averages are
+//! a codec not in use ([`CompressionChooser::sample_due`]): the first
+//! [`SAMPLE_SLICE_BYTES`] of a batch, which itself goes with the chosen
+//! codec, so a refresh never costs more than a slice's compression, however
+//! slow the codec or large the batch. The averages are
 //! kept of `1/CR` and `1/Th_c`, the quantities transfer time is linear in,
 //! so averaging them averages time, not rates.
 //!
@@ -429,16 +432,26 @@ pub enum ChooserConfigError {
 /// so a change in the data is still noticed within it.
 pub const MAX_SAMPLE_BACKOFF: u32 = 64;
 
+/// A sample compresses at most this many bytes of its batch: enough for
+/// the codec's ratio and speed per byte on this kind of payload, and a
+/// bounded cost. A whole 1 MiB batch through zstd-19 took a few hundred
+/// milliseconds of a core and a compression context of about 30 MiB (the
+/// largest part of weir's peak RSS at full rate); 64 KiB takes a
+/// sixteenth of the time and a few MiB.
+pub const SAMPLE_SLICE_BYTES: usize = 64 * 1024;
+
 /// What [`CompressionChooser::decide`] picked for one batch.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Decision {
-    /// The codec to run.
+    /// The codec the batch is sent with: the highest predicted effective
+    /// throughput.
     pub codec: Codec,
-    /// True when the codec is a sample of one not in use (its output is
-    /// sent all the same).
-    pub sampled: bool,
-    /// The predicted effective throughput (uncompressed bytes/s), when it
-    /// chose rather than sampled.
+    /// A codec not in use whose table is due for a refresh: run it on the
+    /// first [`SAMPLE_SLICE_BYTES`] of the batch, observe, and send the
+    /// batch with `codec` all the same.
+    pub sample: Option<Codec>,
+    /// The predicted effective throughput of `codec` (uncompressed
+    /// bytes/s).
     pub predicted: Option<f64>,
 }
 
@@ -714,17 +727,10 @@ impl CompressionChooser {
                 table.choice_at_sample = Some(choice.codec);
             }
         }
-        match sample {
-            Some(codec) => Decision {
-                codec,
-                sampled: true,
-                predicted: None,
-            },
-            None => Decision {
-                codec: choice.codec,
-                sampled: false,
-                predicted: Some(choice.predicted_throughput),
-            },
+        Decision {
+            codec: choice.codec,
+            sample: sample.filter(|c| *c != choice.codec),
+            predicted: Some(choice.predicted_throughput),
         }
     }
 }

@@ -505,12 +505,15 @@ fn run_batches(
     let mut samples = 0;
     for _ in 0..n {
         let d = ch.decide(kind, 64 << 10, l, Duration::ZERO);
-        samples += u64::from(d.sampled);
-        if !d.codec.is_none() {
-            let (cr, thc) = observe(d.codec);
+        samples += u64::from(d.sample.is_some());
+        for codec in d.sample.into_iter().chain(Some(d.codec)) {
+            if codec.is_none() {
+                continue;
+            }
+            let (cr, thc) = observe(codec);
             ch.observe(
                 kind,
-                d.codec,
+                codec,
                 64 << 10,
                 ((64 << 10) as f64 / cr) as u64,
                 Duration::from_secs_f64((64 << 10) as f64 / (thc * MB)),

@@ -188,7 +188,7 @@ impl Metrics {
         );
         m.registry.register(
             "compression_samples",
-            "Batches compressed with a codec not in use, to refresh its ratio and speed",
+            "Batches whose first 64 KiB were compressed with a codec not in use, to refresh its ratio and speed",
             m.compression_samples.clone(),
         );
         m.registry.register(
