@@ -79,7 +79,9 @@ pub use in_flight::{key_of, InFlight, RecordKey};
 pub use lease::Leases;
 pub use own_rate::{OwnRate, OWN_RATE_TAU};
 pub use pacing::Pacing;
-pub use period::{period_of, until_period};
+pub use period::{
+    heartbeat_offset, period_of, until_heartbeat, until_period, MAX_HEARTBEAT_JITTER,
+};
 pub use reservation::{Admission, ReservationConfig, Reservations, Reserved, FLOW_WINDOW};
 pub use round::{decide, first_asks, match_nodes, offers_in, spill_asks};
 pub use spare::{advertised, lendable, own_shortage, LEND_SHARE};

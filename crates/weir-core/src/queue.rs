@@ -11,6 +11,14 @@
 //! back-pressure (withhold the MQTT PUBACK, answer `RESOURCE_EXHAUSTED`)
 //! instead of losing it: nothing in this module ever drops a record.
 //!
+//! **Kept records.** A record a peer redirected here has taken its one
+//! peer hop: this node must send it itself, never pass it on (it could
+//! otherwise bounce between providers, each hop spending a lease and
+//! adding latency). Such records go in through [`ClassQueue::push_kept`]
+//! into a second lock-free queue of the same class, under the same bounds;
+//! [`ClassQueue::pop`] (the scheduler) takes kept records first, and
+//! [`ClassQueue::pop_forwardable`] (the peer forwarder) never sees them.
+//!
 //! Arrival counters are monotonic; the scheduler differences them every
 //! window to get the input rate `Lambda_c` of JANUS Algorithm 1 line 3.
 
@@ -69,6 +77,8 @@ pub struct QueueStats {
 /// One bounded lock-free queue for one latency class.
 pub struct ClassQueue {
     ring: SegQueue<Record>,
+    /// Records this node must send itself (the module docs' kept records).
+    kept: SegQueue<Record>,
     /// Bounds, changed only by a reload ([`ClassQueue::set_capacity`]).
     capacity_records: AtomicUsize,
     capacity_bytes: AtomicUsize,
@@ -88,6 +98,7 @@ impl ClassQueue {
     pub fn new(capacity: QueueCapacity) -> Self {
         ClassQueue {
             ring: SegQueue::new(),
+            kept: SegQueue::new(),
             capacity_records: AtomicUsize::new(capacity.records.max(1)),
             capacity_bytes: AtomicUsize::new(capacity.bytes.max(1)),
             len: CachePadded::new(AtomicUsize::new(0)),
@@ -103,7 +114,20 @@ impl ClassQueue {
     /// Lock-free: bytes are reserved with a compare-and-swap loop first,
     /// then a record slot; if no slot is left both reservations are
     /// returned.
+    #[inline]
     pub fn push(&self, record: Record) -> Result<(), PushError> {
+        self.push_into(&self.ring, record)
+    }
+
+    /// Enqueues a record this node must send itself (one a peer redirected
+    /// here): under the same bounds as [`ClassQueue::push`], popped by
+    /// [`ClassQueue::pop`] before the others, never by
+    /// [`ClassQueue::pop_forwardable`].
+    pub fn push_kept(&self, record: Record) -> Result<(), PushError> {
+        self.push_into(&self.kept, record)
+    }
+
+    fn push_into(&self, ring: &SegQueue<Record>, record: Record) -> Result<(), PushError> {
         let size = record.size();
         let capacity_bytes = self.capacity_bytes.load(Ordering::Relaxed);
         if size > capacity_bytes {
@@ -132,7 +156,7 @@ impl ClassQueue {
             self.rejected_full.fetch_add(1, Ordering::Relaxed);
             return Err(PushError::Full(record));
         }
-        self.ring.push(record);
+        ring.push(record);
         self.arrived_records.fetch_add(1, Ordering::Relaxed);
         self.arrived_bytes.fetch_add(size as u64, Ordering::Relaxed);
         Ok(())
@@ -148,24 +172,37 @@ impl ClassQueue {
             .store(capacity.bytes.max(1), Ordering::Relaxed);
     }
 
-    /// Dequeues the oldest record, if any.
+    /// Dequeues the oldest kept record, else the oldest other one.
+    #[inline]
     pub fn pop(&self) -> Option<Record> {
+        let record = self.kept.pop().or_else(|| self.ring.pop())?;
+        Some(self.popped(record))
+    }
+
+    /// Dequeues the oldest record this node may pass to a peer (not a kept
+    /// one), if any.
+    pub fn pop_forwardable(&self) -> Option<Record> {
         let record = self.ring.pop()?;
+        Some(self.popped(record))
+    }
+
+    #[inline]
+    fn popped(&self, record: Record) -> Record {
         self.bytes.fetch_sub(record.size(), Ordering::AcqRel);
         self.len.fetch_sub(1, Ordering::AcqRel);
-        Some(record)
+        record
     }
 
     /// Records waiting now.
     pub fn len(&self) -> usize {
         // A push in progress has its slot reserved but may not be in the
-        // ring yet: count what the ring holds, bounded by the reservations.
-        self.ring.len().min(self.len.load(Ordering::Acquire))
+        // ring yet: count what the rings hold, bounded by the reservations.
+        (self.ring.len() + self.kept.len()).min(self.len.load(Ordering::Acquire))
     }
 
     /// True when no record waits.
     pub fn is_empty(&self) -> bool {
-        self.ring.is_empty()
+        self.ring.is_empty() && self.kept.is_empty()
     }
 
     /// Bytes waiting now.
@@ -262,6 +299,15 @@ impl MultiLevelQueue {
     #[inline]
     pub fn push(&self, record: Record) -> Result<(), PushError> {
         self.queues[self.slot(record.class)].push(record)
+    }
+
+    /// Enqueues a record this node must send itself into its class queue
+    /// ([`ClassQueue::push_kept`]).
+    ///
+    /// # Panics
+    /// As [`MultiLevelQueue::push`].
+    pub fn push_kept(&self, record: Record) -> Result<(), PushError> {
+        self.queues[self.slot(record.class)].push_kept(record)
     }
 
     /// The queue that holds records of `class`.
@@ -494,5 +540,36 @@ mod tests {
             prop_assert_eq!(q.stats().arrived_records, total as u64);
             prop_assert_eq!(q.stats().rejected_full, handed_back);
         }
+    }
+
+    #[test]
+    fn kept_records_go_first_to_the_scheduler_and_never_to_the_forwarder() {
+        let q = ClassQueue::new(QueueCapacity {
+            records: 3,
+            bytes: 1 << 20,
+        });
+        q.push(rec(0, 1, 1, 10)).unwrap();
+        q.push_kept(rec(0, 2, 7, 10)).unwrap();
+        q.push(rec(0, 1, 2, 10)).unwrap();
+        // One bound for both: the fourth does not fit, kept or not.
+        assert!(matches!(
+            q.push_kept(rec(0, 2, 8, 10)),
+            Err(PushError::Full(_))
+        ));
+        assert_eq!(q.len(), 3);
+        assert_eq!(q.bytes(), 3 * (10 + 1 + crate::record::RECORD_OVERHEAD));
+        // The forwarder sees only this node's own records.
+        assert_eq!(q.pop_forwardable().map(|r| r.seq), Some(1));
+        assert_eq!(q.pop_forwardable().map(|r| r.seq), Some(2));
+        assert_eq!(q.pop_forwardable(), None);
+        assert!(!q.is_empty());
+        assert_eq!(q.len(), 1);
+        q.push(rec(0, 1, 3, 10)).unwrap();
+        // The scheduler takes the kept record first.
+        assert_eq!(q.pop().map(|r| (r.origin, r.seq)), Some((2, 7)));
+        assert_eq!(q.pop().map(|r| (r.origin, r.seq)), Some((1, 3)));
+        assert!(q.is_empty());
+        assert_eq!((q.len(), q.bytes()), (0, 0));
+        assert_eq!(q.stats().arrived_records, 4);
     }
 }

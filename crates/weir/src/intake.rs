@@ -402,16 +402,17 @@ impl Intake {
 
     /// Enqueues a record that entered weir at another node (a peer
     /// redirected it), keeping its origin, sequence number and ingress
-    /// time. Never waits: the peer protocol refuses instead, and the sender
-    /// keeps the record. Not counted in `records_accepted`, which counts
-    /// what entered weir here.
+    /// time, as a kept record: this node sends it itself, never passes it
+    /// on ([`weir_core::queue`]). Never waits: the peer protocol refuses
+    /// instead, and the sender keeps the record. Not counted in
+    /// `records_accepted`, which counts what entered weir here.
     pub fn try_enqueue_foreign(&self, record: Record) -> Result<(), EnqueueError> {
         if self.shutdown.is_cancelled() {
             return Err(EnqueueError::ShuttingDown);
         }
         let class = record.class;
         let size = record.size() as u64;
-        match self.queues.push(record) {
+        match self.queues.push_kept(record) {
             Ok(()) => {
                 self.foreign_bytes.fetch_add(size, Ordering::Relaxed);
                 self.arrivals.notify_one();

@@ -25,6 +25,11 @@ pub const PEER_DEAD_AFTER: Duration = Duration::from_millis(500);
 /// few lost renewals, and a dead receiver's reservation is freed in a second.
 pub const PEER_LEASE: Duration = Duration::from_secs(1);
 
+/// Heartbeats leave within the first 30 % of their period (a hash of the
+/// pair and the period picks where): spread out, and still well before the
+/// round half a period in.
+pub const PEER_HEARTBEAT_JITTER: f64 = 0.3;
+
 /// `[peering]`
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -33,6 +38,7 @@ pub(crate) struct RawPeering {
     #[serde(default)]
     pub peers: Vec<RawPeer>,
     pub heartbeat: Option<Written<HumanDuration>>,
+    pub heartbeat_jitter: Option<f64>,
     pub dead_after: Option<Written<HumanDuration>>,
     pub lease: Option<Written<HumanDuration>>,
     pub allow_anonymous: Option<bool>,
@@ -58,6 +64,9 @@ pub struct PeeringConfig {
     /// How often it sends its state to each peer and runs a redirection
     /// round.
     pub heartbeat: Duration,
+    /// The share of a period over which heartbeats to the peers are
+    /// spread (0: all at the period's start).
+    pub heartbeat_jitter: f64,
     /// Silence after which a peer counts as gone; longer than `heartbeat`.
     pub dead_after: Duration,
     /// How long a reservation lasts unless renewed; longer than
@@ -100,6 +109,16 @@ pub(crate) fn peering(
     }
     let heartbeat =
         p.positive_duration(&format!("{PATH}.heartbeat"), raw.heartbeat, PEER_HEARTBEAT);
+    let heartbeat_jitter = raw.heartbeat_jitter.unwrap_or(PEER_HEARTBEAT_JITTER);
+    let max_jitter = weir_core::peer::MAX_HEARTBEAT_JITTER;
+    if !(0.0..=max_jitter).contains(&heartbeat_jitter) {
+        p.push(
+            format!("{PATH}.heartbeat_jitter"),
+            format!(
+                "{heartbeat_jitter} is not within 0.0..={max_jitter}: heartbeats must arrive before the round, half a period in"
+            ),
+        );
+    }
     let dead_after = p.positive_duration(
         &format!("{PATH}.dead_after"),
         raw.dead_after,
@@ -231,6 +250,7 @@ pub(crate) fn peering(
         listen: listen?,
         peers,
         heartbeat: heartbeat?,
+        heartbeat_jitter,
         dead_after: dead_after?,
         lease: lease?,
         tls,

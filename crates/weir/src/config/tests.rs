@@ -737,6 +737,7 @@ fn peering_is_off_unless_listen_is_given() {
     assert_eq!(p.peers[1].id, 3);
     assert_eq!(p.peers[1].addr.to_string(), "edge-3.local:7070");
     assert_eq!(p.heartbeat, defaults::PEER_HEARTBEAT);
+    assert_eq!(p.heartbeat_jitter, defaults::PEER_HEARTBEAT_JITTER);
     assert_eq!(p.dead_after, Duration::from_secs(1));
     assert_eq!(p.lease, defaults::PEER_LEASE);
 }
@@ -757,9 +758,15 @@ fn peering_mistakes_are_reported_with_their_key_paths() {
             { addr = "http://10.0.0.6:7070" },
         ]
         heartbeat = "200ms"
+        heartbeat_jitter = 0.6
         dead_after = "200ms"
         lease = "100ms"
         "#,
+    );
+    assert_problem(
+        &ps,
+        "peering.heartbeat_jitter",
+        "0.6 is not within 0.0..=0.45",
     );
     assert_problem(&ps, "peering.listen", "not an IP address and port");
     assert_problem(

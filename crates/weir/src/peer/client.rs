@@ -111,8 +111,9 @@ fn tls_connector(
 
 /// Sleeps until `offset` into the next heartbeat period of the Unix clock
 /// (periods are aligned on it, so nodes with synchronised clocks tick
-/// together: heartbeats at a period's start, rounds half a period later,
-/// when every peer's advert of the period has arrived).
+/// together: heartbeats spread over the first `heartbeat_jitter` of the
+/// period, rounds half a period in, when every peer's advert of the period
+/// has arrived).
 async fn until_period(period: Duration, offset: Duration) {
     let wait = weir_core::peer::until_period(crate::clock::unix_micros(), period, offset);
     tokio::time::sleep(wait).await;
@@ -124,8 +125,15 @@ pub(super) async fn heartbeats(node: Arc<Node>, link: Link) {
     let mut failing = false;
     loop {
         // Cancel safety: every branch only waits.
+        let wait = weir_core::peer::until_heartbeat(
+            crate::clock::unix_micros(),
+            node.cfg.heartbeat,
+            node.me,
+            link.id,
+            node.cfg.heartbeat_jitter,
+        );
         tokio::select! {
-            _ = until_period(node.cfg.heartbeat, Duration::ZERO) => {}
+            _ = tokio::time::sleep(wait) => {}
             _ = node.stop.cancelled() => return,
             _ = node.kill.cancelled() => return,
             _ = link.gone.cancelled() => return,
@@ -415,7 +423,9 @@ impl Pump {
                             break 'classes;
                         }
                         let Some(record) = self.held[c].take().or_else(|| {
-                            let r = queue.pop();
+                            // Never a record a peer redirected here: it
+                            // has taken its one hop.
+                            let r = queue.pop_forwardable();
                             popped |= r.is_some();
                             r
                         }) else {
@@ -512,7 +522,9 @@ impl Pump {
             };
             let reason =
                 RefusalReason::try_from(refused.reason).unwrap_or(RefusalReason::Unspecified);
-            if reason != RefusalReason::OverRate {
+            // Over the rate or past the hop limit is about these records,
+            // not the lease.
+            if !matches!(reason, RefusalReason::OverRate | RefusalReason::HopLimit) {
                 debug!(provider = link.id, ?reason, "records refused; lease ended");
                 node.leases().end(link.id, r.class);
             }

@@ -500,6 +500,13 @@ fn admit(node: &Node, req: ForwardRequest, stream: StreamId) -> ForwardAck {
                 refuse(&mut ack, r.origin, r.seq, "?", RefusalReason::UnknownClass);
                 continue;
             };
+            // One peer hop per record: a sender passes on only what entered
+            // weir there, so a record cannot bounce between providers.
+            if r.origin != receiver {
+                let class = node.class_name(class);
+                refuse(&mut ack, r.origin, r.seq, class, RefusalReason::HopLimit);
+                continue;
+            }
             let record = from_pb(r, class);
             match reservations.admit(receiver, class, record.size(), now) {
                 Admission::Accepted => admitted.push(record),
@@ -572,5 +579,6 @@ fn reason_label(reason: RefusalReason) -> &'static str {
         RefusalReason::UnknownClass => "unknown_class",
         RefusalReason::Oversized => "oversized",
         RefusalReason::ShuttingDown => "shutting_down",
+        RefusalReason::HopLimit => "hop_limit",
     }
 }

@@ -95,6 +95,7 @@ fn cfg(peers: &[(NodeId, SocketAddr)], heartbeat: Duration) -> PeeringConfig {
             })
             .collect(),
         heartbeat,
+        heartbeat_jitter: 0.3,
         dead_after: heartbeat * 5,
         lease: heartbeat * 10,
         tls: None,
@@ -308,6 +309,8 @@ async fn the_provider_answers_grants_admits_and_refuses() {
             wire(1, 11, "lt"),
             wire(1, 12, "ls"),
             wire(1, 13, "x"),
+            // Entered weir at node 3, not at the sender: a second hop.
+            wire(3, 14, "lt"),
         ],
         delivery_acks: false,
     })
@@ -316,6 +319,11 @@ async fn the_provider_answers_grants_admits_and_refuses() {
     let ack = acks.message().await.unwrap().unwrap();
     let accepted: Vec<u64> = ack.accepted.iter().map(|id| id.seq).collect();
     assert_eq!(accepted, vec![10, 11]);
+    // What was lent is kept for this node's own uplink: its forwarder
+    // cannot take it.
+    let lt = node.ingress.queues().class(LT);
+    assert_eq!(lt.len(), 2);
+    assert!(lt.pop_forwardable().is_none());
     let refused: Vec<(u64, RefusalReason)> = ack
         .refused
         .iter()
@@ -330,7 +338,8 @@ async fn the_provider_answers_grants_admits_and_refuses() {
         refused,
         vec![
             (12, RefusalReason::NoReservation),
-            (13, RefusalReason::UnknownClass)
+            (13, RefusalReason::UnknownClass),
+            (14, RefusalReason::HopLimit)
         ]
     );
     // The bucket holds 512 KiB: about 2,000 records of 250 bytes pass, the
