@@ -59,6 +59,9 @@ const MAX_BATCH_FILE: usize = 64 << 20;
 /// How long the nodes may take to see each other before a run starts.
 const PEER_WAIT: Duration = Duration::from_secs(10);
 
+/// How often each node's uplink estimate and `C_out` are sampled.
+const UPLINK_SAMPLE: Duration = Duration::from_millis(250);
+
 /// Command line of `weir-lab janus`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
@@ -109,6 +112,10 @@ pub struct Args {
     /// `batching.adaptive` of every node [default: weir's, on].
     #[arg(long)]
     pub adaptive_batching: Option<bool>,
+    /// `scheduler.track_uplink` of every node: `C_out` follows each node's
+    /// own online estimate of its uplink instead of the preset's rate.
+    #[arg(long)]
+    pub track_uplink: bool,
 }
 
 /// One node's part of the load.
@@ -205,10 +212,9 @@ lease = "1s"
 [scheduler]
 scheme = "{scheme}"
 uplink = "{bw}B/s"
-# The uplink is a fact of the experiment: an idle node's online estimate
-# only sees its own small transactions and would understate its spare.
-track_uplink = false
+track_uplink = {track}
 {batch}{adaptive}"#,
+        track = a.track_uplink,
         link = if serial_delay {
             format!("preset = \"{network}\"")
         } else {
@@ -363,6 +369,7 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
         cell.lt_rate,
     ];
     let payload = Bytes::from(vec![0x5a; a.record_bytes]);
+    let a_seconds = a.seconds;
     let start_wall = unix_us(SystemTime::now());
     let epoch = Instant::now();
     let gens: Vec<_> = apps
@@ -383,10 +390,37 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
             ))
         })
         .collect();
+    // Each node's uplink as it sees it, every 250 ms through the load:
+    // the egress's latest estimate and C_out in force.
+    let metrics: Vec<_> = apps
+        .iter()
+        .map(|app| Arc::clone(app.ingress.metrics()))
+        .collect();
+    let sampler = tokio::spawn(async move {
+        let mut series = vec![Vec::new(); metrics.len()];
+        let mut tick = tokio::time::interval(UPLINK_SAMPLE);
+        loop {
+            tick.tick().await;
+            let t = epoch.elapsed().as_secs_f64();
+            for (m, s) in metrics.iter().zip(series.iter_mut()) {
+                let u = m.uplink();
+                s.push(json!({
+                    "t": round(t, 2),
+                    "estimate_bps": round(u.estimate.bytes_per_sec, 0),
+                    "t_sc_ms": round(u.estimate.per_transaction.as_secs_f64() * 1e3, 2),
+                    "c_out_bps": round(u.c_out, 0),
+                }));
+            }
+            if t >= a_seconds {
+                return series;
+            }
+        }
+    });
     let mut offered = Vec::new();
     for g in gens {
         offered.push(g.await.context("a generator panicked")?);
     }
+    let uplinks = sampler.await.context("the uplink sampler panicked")?;
     let load_end_wall = start_wall + (a.seconds * 1e6) as u64;
     let accepted: u64 = offered.iter().flat_map(|o| o.accepted).sum();
     let drain_start = Instant::now();
@@ -446,7 +480,8 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
     let input: Vec<Value> = offered
         .iter()
         .enumerate()
-        .map(|(i, o)| {
+        .zip(uplinks)
+        .map(|((i, o), uplink)| {
             let target: u32 = if i < a.busy {
                 busy_rates.iter().sum()
             } else {
@@ -463,6 +498,7 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
                     1
                 ),
                 "load_secs": round(secs, 3),
+                "uplink": uplink,
             })
         })
         .collect();
@@ -481,6 +517,10 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
         "input": input,
         "paper": paper(&cell.scheme, &cell.network),
         "link": if a.serial_delay { "serial-delay" } else { "propagation-delay" },
+        "track_uplink": a.track_uplink,
+        "uplink_bps": weir::egress::link::LinkProfile::preset(&cell.network)
+            .map(|p| round(p.bytes_per_sec, 0))
+            .unwrap_or_default(),
     }))
 }
 
@@ -782,7 +822,7 @@ mod tests {
                     let text = config_text(2, &ports, Path::new("/tmp/x"), &cell, &a).unwrap();
                     let cfg = weir::config::parse(&text, "test").unwrap_or_else(|e| panic!("{e}"));
                     assert_eq!(cfg.scheduler.scheme.to_string(), scheme);
-                    assert!(!cfg.scheduler.track_uplink);
+                    assert_eq!(cfg.scheduler.track_uplink, a.track_uplink);
                     let link = cfg.egress.link.unwrap();
                     assert_eq!(link.delay.is_zero(), !serial_delay);
                     assert_eq!(

@@ -14,6 +14,7 @@ pub mod security;
 pub mod spool;
 
 use std::sync::atomic::{AtomicI64, AtomicU64};
+use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -69,6 +70,16 @@ pub struct Metrics {
     pub amqp: std::sync::Arc<amqp::AmqpMetrics>,
     /// Run before each rendering, to bring gauges up to date.
     refresh: std::sync::Mutex<Vec<Refresh>>,
+}
+
+/// What [`Metrics::uplink`] reads.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct UplinkView {
+    /// The egress's latest estimate of the uplink (wire bytes).
+    pub estimate: LinkEstimate,
+    /// `C_out` in force: the sum of the allocated class rates (record
+    /// bytes/s).
+    pub c_out: f64,
 }
 
 /// A gauge update run at scrape time.
@@ -312,6 +323,24 @@ impl Metrics {
     /// The predicted effective throughput of the codec just chosen.
     pub fn set_compression_predicted(&self, bytes_per_sec: f64) {
         self.compression_predicted.set(bytes_per_sec);
+    }
+
+    /// The uplink as last measured by the egress and `C_out` in force (the
+    /// sum of the classes' allocated rates, record bytes/s).
+    pub fn uplink(&self) -> UplinkView {
+        UplinkView {
+            estimate: LinkEstimate {
+                bytes_per_sec: self.link_bandwidth.get(),
+                per_transaction: Duration::from_secs_f64(
+                    self.link_transaction.get().clamp(0.0, 3600.0),
+                ),
+            },
+            c_out: self
+                .names
+                .iter()
+                .map(|n| self.allocated.get_or_create(n).get())
+                .sum(),
+        }
     }
 
     /// The uplink estimate now in force.
