@@ -23,6 +23,7 @@
 
 mod batching;
 mod compression;
+mod delay;
 mod janus;
 mod link;
 mod peers;
@@ -66,6 +67,11 @@ enum Experiment {
     /// The table and chart of a peer benchmark (`scripts/peer-bench.sh`):
     /// records/s per system and size, p99 to PUBACK when paced.
     Peers(peers::Args),
+    /// Not an experiment: a TCP proxy that adds a fixed delay each way
+    /// without limiting throughput (the propagation delay of a shaped
+    /// link in the real-process lab, where netem is not available). Runs
+    /// until stopped.
+    Delay(delay::Args),
 }
 
 impl Experiment {
@@ -75,6 +81,7 @@ impl Experiment {
             Experiment::Compression(_) => "compression",
             Experiment::Janus(_) => "janus",
             Experiment::Peers(_) => "peers",
+            Experiment::Delay(_) => "delay",
         }
     }
 }
@@ -111,8 +118,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Experiment::Compression(a) => compression::run(a).await,
             Experiment::Janus(a) => janus::run(a).await,
             Experiment::Peers(a) => peers::run(a).await,
+            Experiment::Delay(a) => delay::serve(a)
+                .await
+                .map(|()| (String::new(), serde_json::Value::Null, String::new())),
         }
     })?;
+    if matches!(cli.experiment, Experiment::Delay(_)) {
+        return Ok(());
+    }
     print!("{table}");
     let out = report::write_outputs(&cli.out, name, &json, &svg)?;
     eprintln!("wrote {} and {}", out.json.display(), out.svg.display());
