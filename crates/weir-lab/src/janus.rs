@@ -97,8 +97,8 @@ pub struct Args {
     /// its 4G uplink at lt 5000/s and QM-only carries 56 % of what the
     /// redirection schemes do, the paper's regime (1 / 1.7 = 59 %);
     /// docs/lab.md sweeps it.
-    #[arg(long, default_value_t = 640)]
-    pub record_bytes: usize,
+    #[arg(long, value_delimiter = ',', default_values_t = [640usize])]
+    pub record_bytes: Vec<usize>,
     /// `scheduler.max_batch_bytes` of every node [default: weir's, 64 KiB].
     #[arg(long)]
     pub max_batch_bytes: Option<u64>,
@@ -139,6 +139,7 @@ struct Cell {
     scheme: String,
     network: String,
     lt_rate: u32,
+    record_bytes: usize,
 }
 
 /// Free loopback ports for the peer listeners: each node must know the
@@ -279,11 +280,24 @@ struct Delivered {
     at_us: u64,
 }
 
-/// Every distinct (origin, seq) in the batch files under `dirs`; returns
-/// them and the number of duplicates.
-fn collect(dirs: &[PathBuf], extra_us: u64) -> anyhow::Result<(Vec<Delivered>, u64)> {
+/// What the batch files under the nodes' directories hold.
+struct Collected {
+    /// Every distinct (origin, seq), first delivery.
+    records: Vec<Delivered>,
+    /// Deliveries beyond the first.
+    duplicates: u64,
+    /// Bytes of every batch body and records in them (duplicates too): the
+    /// wire cost of a record, framing included.
+    wire_bytes: u64,
+    wire_records: u64,
+}
+
+/// Every distinct (origin, seq) in the batch files under `dirs`, the
+/// number of duplicates and the bytes on the wire.
+fn collect(dirs: &[PathBuf], extra_us: u64) -> anyhow::Result<Collected> {
     let mut seen: HashMap<(u64, u64), Delivered> = HashMap::new();
     let mut dups = 0;
+    let (mut wire_bytes, mut wire_records) = (0u64, 0u64);
     for dir in dirs {
         let Ok(rd) = std::fs::read_dir(dir) else {
             continue;
@@ -307,6 +321,8 @@ fn collect(dirs: &[PathBuf], extra_us: u64) -> anyhow::Result<(Vec<Delivered>, u
             let body = std::fs::read(&path)?;
             let batch = weir_proto::decode_batch(&body, encoding, MAX_BATCH_FILE)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            wire_bytes += body.len() as u64;
+            wire_records += batch.records.len() as u64;
             for r in batch.records {
                 let Some(class) = CLASSES.iter().position(|(c, _)| *c == r.class) else {
                     continue;
@@ -330,7 +346,12 @@ fn collect(dirs: &[PathBuf], extra_us: u64) -> anyhow::Result<(Vec<Delivered>, u
             }
         }
     }
-    Ok((seen.into_values().collect(), dups))
+    Ok(Collected {
+        records: seen.into_values().collect(),
+        duplicates: dups,
+        wire_bytes,
+        wire_records,
+    })
 }
 
 fn unix_us(t: SystemTime) -> u64 {
@@ -368,7 +389,7 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
         a.busy_rates.get(1).copied().unwrap_or(300),
         cell.lt_rate,
     ];
-    let payload = Bytes::from(vec![0x5a; a.record_bytes]);
+    let payload = Bytes::from(vec![0x5a; cell.record_bytes]);
     let a_seconds = a.seconds;
     let start_wall = unix_us(SystemTime::now());
     let epoch = Instant::now();
@@ -448,7 +469,12 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
             .map(|p| p.delay)
             .unwrap_or_default()
     };
-    let (records, duplicates) = collect(&dirs, extra.as_micros() as u64)?;
+    let Collected {
+        records,
+        duplicates,
+        wire_bytes,
+        wire_records,
+    } = collect(&dirs, extra.as_micros() as u64)?;
     let _ = std::fs::remove_dir_all(base);
 
     let mut classes = serde_json::Map::new();
@@ -477,6 +503,28 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
         );
     }
     let in_load = records.iter().filter(|r| r.at_us <= load_end_wall).count();
+    let on_time = records
+        .iter()
+        .filter(|r| r.at_us <= load_end_wall && r.latency_ms <= CLASSES[r.class].1 as f64)
+        .count();
+    // The physical limit: what was offered, or what the uplinks can carry
+    // at the records' own wire size, whichever is less.
+    let uplink_bps = weir::egress::link::LinkProfile::preset(&cell.network)
+        .map(|p| p.bytes_per_sec)
+        .unwrap_or_default();
+    let wire_per_record = if wire_records > 0 {
+        wire_bytes as f64 / wire_records as f64
+    } else {
+        f64::NAN
+    };
+    let capacity_rps = n as f64 * uplink_bps / wire_per_record;
+    let offered_rps: f64 = offered
+        .iter()
+        .map(|o| {
+            (o.accepted.iter().sum::<u64>() + o.refused.iter().sum::<u64>()) as f64
+                / o.elapsed.as_secs_f64().max(1e-9)
+        })
+        .sum();
     let input: Vec<Value> = offered
         .iter()
         .enumerate()
@@ -508,6 +556,13 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
         "lt_rate": cell.lt_rate,
         "classes": Value::Object(classes),
         "throughput_rps": round(in_load as f64 / a.seconds, 1),
+        "record_bytes": cell.record_bytes,
+        "wire_bytes_per_record": round(nan0(wire_per_record), 1),
+        "offered_rps": round(offered_rps, 1),
+        "capacity_limit_rps": round(nan0(offered_rps.min(capacity_rps)), 1),
+        "delivered_rps": round(in_load as f64 / a.seconds, 1),
+        "delivered_on_time_rps": round(on_time as f64 / a.seconds, 1),
+        "lost": accepted.saturating_sub(records.len() as u64),
         "accepted": accepted,
         "delivered": records.len(),
         "duplicates": duplicates,
@@ -518,9 +573,7 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
         "paper": paper(&cell.scheme, &cell.network),
         "link": if a.serial_delay { "serial-delay" } else { "propagation-delay" },
         "track_uplink": a.track_uplink,
-        "uplink_bps": weir::egress::link::LinkProfile::preset(&cell.network)
-            .map(|p| round(p.bytes_per_sec, 0))
-            .unwrap_or_default(),
+        "uplink_bps": round(uplink_bps, 0),
     }))
 }
 
@@ -606,14 +659,17 @@ pub async fn run(a: &Args) -> anyhow::Result<(String, Value, String)> {
     }
     anyhow::ensure!(a.busy <= a.nodes, "--busy {} > --nodes {}", a.busy, a.nodes);
     let mut cells = Vec::new();
-    for network in &a.networks {
-        for &lt_rate in &a.lt_rates {
-            for scheme in &a.schemes {
-                cells.push(Cell {
-                    scheme: scheme.clone(),
-                    network: network.clone(),
-                    lt_rate,
-                });
+    for &record_bytes in &a.record_bytes {
+        for network in &a.networks {
+            for &lt_rate in &a.lt_rates {
+                for scheme in &a.schemes {
+                    cells.push(Cell {
+                        scheme: scheme.clone(),
+                        network: network.clone(),
+                        lt_rate,
+                        record_bytes,
+                    });
+                }
             }
         }
     }
@@ -621,8 +677,8 @@ pub async fn run(a: &Args) -> anyhow::Result<(String, Value, String)> {
     let mut runs = Vec::new();
     for (k, cell) in cells.iter().enumerate() {
         bar.set_message(format!(
-            "{} {} lt {}/s",
-            cell.scheme, cell.network, cell.lt_rate
+            "{} {} lt {}/s {} B",
+            cell.scheme, cell.network, cell.lt_rate, cell.record_bytes
         ));
         let base = std::env::temp_dir().join(format!("weir-lab-janus-{}-{k}", std::process::id()));
         let _ = std::fs::remove_dir_all(&base);
@@ -645,6 +701,7 @@ fn table(runs: &[Value]) -> String {
         "scheme",
         "network",
         "lt/s",
+        "bytes",
         "ls ms",
         "nm ms",
         "lt ms",
@@ -652,6 +709,8 @@ fn table(runs: &[Value]) -> String {
         "nm viol",
         "lt viol",
         "thr rec/s",
+        "on time",
+        "limit rec/s",
         "input rec/s",
         "redirected",
         "lost",
@@ -662,12 +721,12 @@ fn table(runs: &[Value]) -> String {
             .as_array()
             .map(|v| v.iter().map(|n| f(&n["accepted_rps"])).sum())
             .unwrap_or(0.0);
-        let lost = r["accepted"].as_u64().unwrap_or(0) as i64
-            - r["delivered"].as_u64().unwrap_or(0) as i64;
+        let lost = r["lost"].as_u64().unwrap_or(0);
         t.row([
             r["scheme"].as_str().unwrap_or("").to_string(),
             r["network"].as_str().unwrap_or("").to_string(),
             r["lt_rate"].to_string(),
+            r["record_bytes"].to_string(),
             format!(
                 "{:.0} ± {:.0}",
                 c("ls", "latency_ms_mean"),
@@ -687,6 +746,8 @@ fn table(runs: &[Value]) -> String {
             format!("{:.1}%", c("nm", "violation_pct")),
             format!("{:.1}%", c("lt", "violation_pct")),
             format!("{:.0}", f(&r["throughput_rps"])),
+            format!("{:.0}", f(&r["delivered_on_time_rps"])),
+            format!("{:.0}", f(&r["capacity_limit_rps"])),
             format!("{input:.0}"),
             r["redirected"].to_string(),
             lost.to_string(),
@@ -696,25 +757,34 @@ fn table(runs: &[Value]) -> String {
     // Headline (paper: 4G, 5k/s): PMRFS's ls latency <= 16.6% of Native's,
     // zero ls violations, throughput >= 1.7x QM-only's, nm/lt violations
     // below 6.7% / 9.4%.
-    let find = |s: &str, n: &Value, l: &Value| {
-        runs.iter()
-            .find(|r| r["scheme"] == s && &r["network"] == n && &r["lt_rate"] == l)
+    let find = |s: &str, n: &Value, l: &Value, b: &Value| {
+        runs.iter().find(|r| {
+            r["scheme"] == s && &r["network"] == n && &r["lt_rate"] == l && &r["record_bytes"] == b
+        })
     };
     for r in runs.iter().filter(|r| r["scheme"] == "pmrfs") {
-        let (n, l) = (&r["network"], &r["lt_rate"]);
+        let (n, l, b) = (&r["network"], &r["lt_rate"], &r["record_bytes"]);
         out.push_str(&format!(
-            "\nheadline, {} at lt {}/s (paper: 4G, 5000/s):\n",
+            "\nheadline, {} at lt {}/s, {} B records (paper: 4G, 5000/s):\n",
             n.as_str().unwrap_or(""),
-            l
+            l,
+            b
         ));
-        if let Some(nat) = find("native", n, l) {
+        out.push_str(&format!(
+            "  delivered {:.1}% of min(offered, sum of uplinks) ({:.0} of {:.0} records/s), {:.1}% on time (goal >= 95%)\n",
+            100.0 * f(&r["delivered_rps"]) / f(&r["capacity_limit_rps"]),
+            f(&r["delivered_rps"]),
+            f(&r["capacity_limit_rps"]),
+            100.0 * f(&r["delivered_on_time_rps"]) / f(&r["capacity_limit_rps"]),
+        ));
+        if let Some(nat) = find("native", n, l, b) {
             let pct = 100.0 * f(&r["classes"]["ls"]["latency_ms_mean"])
                 / f(&nat["classes"]["ls"]["latency_ms_mean"]);
             out.push_str(&format!(
                 "  ls latency vs Native: {pct:.1}% (paper 16.6%, goal <= 16.6%)\n"
             ));
         }
-        if let Some(qm) = find("qm-only", n, l) {
+        if let Some(qm) = find("qm-only", n, l, b) {
             let x = f(&r["throughput_rps"]) / f(&qm["throughput_rps"]);
             out.push_str(&format!(
                 "  throughput vs QM-only: {x:.2}x (paper 1.7x, goal >= 1.7x)\n"
@@ -734,17 +804,21 @@ fn table(runs: &[Value]) -> String {
 /// throughput per scheme.
 fn svg(runs: &[Value]) -> anyhow::Result<String> {
     let mut panels = Vec::new();
-    let mut groups: Vec<(Value, Value)> = Vec::new();
+    let mut groups: Vec<(Value, Value, Value)> = Vec::new();
     for r in runs {
-        let g = (r["network"].clone(), r["lt_rate"].clone());
+        let g = (
+            r["network"].clone(),
+            r["lt_rate"].clone(),
+            r["record_bytes"].clone(),
+        );
         if !groups.contains(&g) {
             groups.push(g);
         }
     }
-    for (n, l) in &groups {
+    for (n, l, b) in &groups {
         let rs: Vec<&Value> = runs
             .iter()
-            .filter(|r| &r["network"] == n && &r["lt_rate"] == l)
+            .filter(|r| &r["network"] == n && &r["lt_rate"] == l && &r["record_bytes"] == b)
             .collect();
         let cats: Vec<String> = rs
             .iter()
@@ -753,7 +827,7 @@ fn svg(runs: &[Value]) -> anyhow::Result<String> {
         for (c, bound) in CLASSES {
             panels.push(report::BarPanel {
                 title: format!(
-                    "{c} latency, ms ({} lt {l}/s; dot: paper; bound {bound})",
+                    "{c} latency, ms ({} lt {l}/s, {b} B; dot: paper; bound {bound})",
                     n.as_str().unwrap_or("")
                 ),
                 categories: cats.clone(),
@@ -771,7 +845,7 @@ fn svg(runs: &[Value]) -> anyhow::Result<String> {
         }
         panels.push(report::BarPanel {
             title: format!(
-                "throughput, records/s ({} lt {l}/s)",
+                "throughput, records/s ({} lt {l}/s, {b} B)",
                 n.as_str().unwrap_or("")
             ),
             categories: cats.clone(),
@@ -806,6 +880,7 @@ mod tests {
         assert_eq!(a.schemes.len(), 7);
         assert_eq!(a.networks, ["4g"]);
         assert_eq!(a.lt_rates, [5000]);
+        assert_eq!(a.record_bytes, [640]);
         let ports = [1000, 1001, 1002, 1003];
         for scheme in ALL_SCHEMES {
             for network in ["wifi", "4g", "3g"] {
@@ -813,6 +888,7 @@ mod tests {
                     scheme: scheme.into(),
                     network: network.into(),
                     lt_rate: 5000,
+                    record_bytes: 640,
                 };
                 for serial_delay in [false, true] {
                     let a = Args {

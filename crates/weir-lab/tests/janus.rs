@@ -63,6 +63,19 @@ fn a_quick_janus_grid_writes_every_field_and_delivers_every_record() {
         let accepted = num(r, "accepted");
         assert!(accepted > 0.0, "{r}");
         assert_eq!(num(r, "delivered"), accepted, "every record arrives: {r}");
+        // The honest throughput: never above the physical limit, which is
+        // never above what was offered.
+        assert_eq!(num(r, "lost"), 0.0, "{r}");
+        assert_eq!(r["record_bytes"], 640);
+        assert!(num(r, "wire_bytes_per_record") > 640.0, "{r}");
+        let limit = num(r, "capacity_limit_rps");
+        assert!(limit > 0.0 && limit <= num(r, "offered_rps") + 1e-6, "{r}");
+        assert!(num(r, "delivered_rps") <= limit * 1.05, "{r}");
+        assert!(
+            num(r, "delivered_on_time_rps") <= num(r, "delivered_rps"),
+            "{r}"
+        );
+        assert_eq!(r["track_uplink"], false);
         for class in ["ls", "nm", "lt"] {
             let c = &r["classes"][class];
             assert!(num(c, "latency_ms_mean") > 0.0, "{class}: {r}");
@@ -77,6 +90,10 @@ fn a_quick_janus_grid_writes_every_field_and_delivers_every_record() {
         for n in input {
             assert!(num(n, "accepted_rps") > 0.0, "{n}");
             assert!(num(n, "target_rps") > 0.0, "{n}");
+            // The node's uplink as it saw it, sampled through the load.
+            let uplink = n["uplink"].as_array().expect("uplink samples");
+            assert!(uplink.len() >= 4, "{n}");
+            assert!(uplink.iter().all(|u| num(u, "c_out_bps") > 0.0), "{n}");
         }
         assert!(r["paper"]["classes"]["ls"]["latency_ms_mean"].is_number());
     }
