@@ -429,7 +429,8 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
                     "t": round(t, 2),
                     "estimate_bps": round(u.estimate.bytes_per_sec, 0),
                     "t_sc_ms": round(u.estimate.per_transaction.as_secs_f64() * 1e3, 2),
-                    "c_out_bps": round(u.c_out, 0),
+                    "c_out_bps": round(u.c_out(), 0),
+                    "rates_bps": u.rates.iter().map(|r| round(*r, 0)).collect::<Vec<_>>(),
                 }));
             }
             if t >= a_seconds {

@@ -73,13 +73,20 @@ pub struct Metrics {
 }
 
 /// What [`Metrics::uplink`] reads.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct UplinkView {
     /// The egress's latest estimate of the uplink (wire bytes).
     pub estimate: LinkEstimate,
-    /// `C_out` in force: the sum of the allocated class rates (record
-    /// bytes/s).
-    pub c_out: f64,
+    /// The allocated rate of each class, most urgent first (record
+    /// bytes/s); `C_out` in force is their sum.
+    pub rates: Vec<f64>,
+}
+
+impl UplinkView {
+    /// `C_out` in force: the sum of the allocated class rates.
+    pub fn c_out(&self) -> f64 {
+        self.rates.iter().sum()
+    }
 }
 
 /// A gauge update run at scrape time.
@@ -335,11 +342,11 @@ impl Metrics {
                     self.link_transaction.get().clamp(0.0, 3600.0),
                 ),
             },
-            c_out: self
+            rates: self
                 .names
                 .iter()
                 .map(|n| self.allocated.get_or_create(n).get())
-                .sum(),
+                .collect(),
         }
     }
 
