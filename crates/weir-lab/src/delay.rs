@@ -25,6 +25,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
+use weir::config::units::HumanDuration;
 
 /// Largest chunk read at once.
 const CHUNK: usize = 64 * 1024;
@@ -38,18 +39,14 @@ pub struct Args {
     /// Where to connect for each one, e.g. 127.0.0.1:5672.
     #[arg(long)]
     pub to: String,
-    /// Delay added in each direction (one way), e.g. 25ms: a round trip
-    /// through the line takes twice this longer.
-    #[arg(long, value_parser = parse_duration)]
-    pub delay: Duration,
+    /// Delay added in each direction (one way), e.g. 25ms (weir's config
+    /// syntax): a round trip through the line takes twice this longer.
+    #[arg(long)]
+    pub delay: HumanDuration,
     /// Most bytes held per direction of a connection before the line
     /// stops reading (what the line can carry in flight).
     #[arg(long, default_value_t = 16 << 20)]
     pub window_bytes: usize,
-}
-
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text).map_err(|e| format!("{text:?}: {e}"))
 }
 
 /// Accepts connections on `a.listen` and relays each to `a.to` through a
@@ -66,11 +63,11 @@ pub async fn serve(a: &Args) -> anyhow::Result<()> {
         "weir-lab delay: {} -> {}, {:?} each way",
         listener.local_addr()?,
         a.to,
-        a.delay
+        a.delay.get()
     );
     loop {
         let (inbound, peer) = listener.accept().await.context("accept failed")?;
-        let (to, delay, window) = (a.to.clone(), a.delay, a.window_bytes);
+        let (to, delay, window) = (a.to.clone(), a.delay.get(), a.window_bytes);
         tokio::spawn(async move {
             if let Err(e) = relay(inbound, &to, delay, window).await {
                 eprintln!("weir-lab delay: {peer} -> {to}: {e}");

@@ -133,6 +133,16 @@ struct Offered {
     elapsed: Duration,
 }
 
+impl Offered {
+    /// Records/s accepted, and offered (accepted or refused), over the load.
+    fn rates(&self) -> (f64, f64) {
+        let secs = self.elapsed.as_secs_f64().max(1e-9);
+        let accepted = self.accepted.iter().sum::<u64>() as f64;
+        let refused = self.refused.iter().sum::<u64>() as f64;
+        (accepted / secs, (accepted + refused) / secs)
+    }
+}
+
 /// A scheme x network x rate cell.
 #[derive(Debug, Clone)]
 struct Cell {
@@ -463,12 +473,11 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
     for app in apps {
         app.shutdown(Duration::from_secs(5)).await;
     }
+    let profile = weir::egress::link::LinkProfile::preset(&cell.network);
     let extra = if a.serial_delay {
         Duration::ZERO
     } else {
-        weir::egress::link::LinkProfile::preset(&cell.network)
-            .map(|p| p.delay)
-            .unwrap_or_default()
+        profile.map(|p| p.delay).unwrap_or_default()
     };
     let Collected {
         records,
@@ -510,22 +519,14 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
         .count();
     // The physical limit: what was offered, or what the uplinks can carry
     // at the records' own wire size, whichever is less.
-    let uplink_bps = weir::egress::link::LinkProfile::preset(&cell.network)
-        .map(|p| p.bytes_per_sec)
-        .unwrap_or_default();
+    let uplink_bps = profile.map(|p| p.bytes_per_sec).unwrap_or_default();
     let wire_per_record = if wire_records > 0 {
         wire_bytes as f64 / wire_records as f64
     } else {
         f64::NAN
     };
     let capacity_rps = n as f64 * uplink_bps / wire_per_record;
-    let offered_rps: f64 = offered
-        .iter()
-        .map(|o| {
-            (o.accepted.iter().sum::<u64>() + o.refused.iter().sum::<u64>()) as f64
-                / o.elapsed.as_secs_f64().max(1e-9)
-        })
-        .sum();
+    let offered_rps: f64 = offered.iter().map(|o| o.rates().1).sum();
     let input: Vec<Value> = offered
         .iter()
         .enumerate()
@@ -536,17 +537,14 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
             } else {
                 a.idle_rate * 3
             };
-            let secs = o.elapsed.as_secs_f64().max(1e-9);
+            let (accepted_rps, offered_rps) = o.rates();
             json!({
                 "node": i + 1,
                 "busy": i < a.busy,
                 "target_rps": target,
-                "accepted_rps": round(o.accepted.iter().sum::<u64>() as f64 / secs, 1),
-                "offered_rps": round(
-                    (o.accepted.iter().sum::<u64>() + o.refused.iter().sum::<u64>()) as f64 / secs,
-                    1
-                ),
-                "load_secs": round(secs, 3),
+                "accepted_rps": round(accepted_rps, 1),
+                "offered_rps": round(offered_rps, 1),
+                "load_secs": round(o.elapsed.as_secs_f64(), 3),
                 "uplink": uplink,
             })
         })

@@ -338,9 +338,10 @@ impl Metrics {
         UplinkView {
             estimate: LinkEstimate {
                 bytes_per_sec: self.link_bandwidth.get(),
-                per_transaction: Duration::from_secs_f64(
-                    self.link_transaction.get().clamp(0.0, 3600.0),
-                ),
+                per_transaction: Duration::from_secs_f64(self.link_transaction.get().clamp(
+                    0.0,
+                    weir_core::link_estimate::MAX_PER_TRANSACTION.as_secs_f64(),
+                )),
             },
             rates: self
                 .names
