@@ -39,10 +39,13 @@ pub struct Args {
     /// Where to connect for each one, e.g. 127.0.0.1:5672.
     #[arg(long)]
     pub to: String,
-    /// Delay added in each direction (one way), e.g. 25ms (weir's config
-    /// syntax): a round trip through the line takes twice this longer.
+    /// Delay added towards `--to`, e.g. 25ms (weir's config syntax).
     #[arg(long)]
     pub delay: HumanDuration,
+    /// Delay added on the way back [default: --delay]. `0ms` is netem on
+    /// the sender's interface only (a round trip takes one delay longer).
+    #[arg(long)]
+    pub delay_back: Option<HumanDuration>,
     /// Most bytes held per direction of a connection before the line
     /// stops reading (what the line can carry in flight).
     #[arg(long, default_value_t = 16 << 20)]
@@ -59,17 +62,32 @@ pub async fn serve(a: &Args) -> anyhow::Result<()> {
     let listener = TcpListener::bind(a.listen)
         .await
         .with_context(|| format!("cannot listen on {}", a.listen))?;
+    let back = a.delay_back.as_ref().unwrap_or(&a.delay).get();
     eprintln!(
-        "weir-lab delay: {} -> {}, {:?} each way",
+        "weir-lab delay: {} -> {}, {:?} there and {:?} back",
         listener.local_addr()?,
         a.to,
-        a.delay.get()
+        a.delay.get(),
+        back
     );
+    serve_on(listener, a.to.clone(), a.delay.get(), back, a.window_bytes).await
+}
+
+/// Relays every connection `listener` accepts to `to`, `there` added
+/// towards it and `back` on the way back, until the task is dropped (the
+/// connections then open go on until either end closes).
+pub async fn serve_on(
+    listener: TcpListener,
+    to: String,
+    there: Duration,
+    back: Duration,
+    window: usize,
+) -> anyhow::Result<()> {
     loop {
         let (inbound, peer) = listener.accept().await.context("accept failed")?;
-        let (to, delay, window) = (a.to.clone(), a.delay.get(), a.window_bytes);
+        let to = to.clone();
         tokio::spawn(async move {
-            if let Err(e) = relay(inbound, &to, delay, window).await {
+            if let Err(e) = relay(inbound, &to, there, back, window).await {
                 eprintln!("weir-lab delay: {peer} -> {to}: {e}");
             }
         });
@@ -77,14 +95,20 @@ pub async fn serve(a: &Args) -> anyhow::Result<()> {
 }
 
 /// One connection: `inbound` to a new connection to `to`, both ways.
-async fn relay(inbound: TcpStream, to: &str, delay: Duration, window: usize) -> io::Result<()> {
+async fn relay(
+    inbound: TcpStream,
+    to: &str,
+    there: Duration,
+    back: Duration,
+    window: usize,
+) -> io::Result<()> {
     let outbound = TcpStream::connect(to).await?;
     inbound.set_nodelay(true)?;
     outbound.set_nodelay(true)?;
     let (from_client, to_client) = inbound.into_split();
     let (from_server, to_server) = outbound.into_split();
-    let up = tokio::spawn(line(from_client, to_server, delay, window));
-    let down = tokio::spawn(line(from_server, to_client, delay, window));
+    let up = tokio::spawn(line(from_client, to_server, there, window));
+    let down = tokio::spawn(line(from_server, to_client, back, window));
     let (up, down) = tokio::join!(up, down);
     up.map_err(io::Error::other)??;
     down.map_err(io::Error::other)??;
@@ -210,7 +234,7 @@ mod tests {
         let proxy_addr = proxy.local_addr().unwrap();
         tokio::spawn(async move {
             let (inbound, _) = proxy.accept().await.unwrap();
-            relay(inbound, &echo_addr.to_string(), MS * 20, 1 << 20)
+            relay(inbound, &echo_addr.to_string(), MS * 20, MS * 20, 1 << 20)
                 .await
                 .unwrap();
         });

@@ -42,10 +42,10 @@ use crate::report::{self, round, Table};
 
 /// The class names and their bounds (ms), in urgency order (JANUS's three
 /// queues; bounds from DESIGN.md section 1).
-const CLASSES: [(&str, u64); 3] = [("ls", 100), ("nm", 500), ("lt", 1000)];
+pub(crate) const CLASSES: [(&str, u64); 3] = [("ls", 100), ("nm", 500), ("lt", 1000)];
 
 /// Every scheme of the paper's comparison, in its table's order.
-const ALL_SCHEMES: [&str; 7] = [
+pub(crate) const ALL_SCHEMES: [&str; 7] = [
     "native", "qm-only", "pmrfs", "random", "fcfs", "lrfs", "best-fit",
 ];
 
@@ -86,9 +86,15 @@ pub struct Args {
     /// Input rate per class of an idle node, records/s.
     #[arg(long, default_value_t = 30)]
     pub idle_rate: u32,
-    /// Seconds of load per run.
+    /// Seconds of load per run over which throughput is measured (after
+    /// the warm-up).
     #[arg(long, default_value_t = 10.0)]
     pub seconds: f64,
+    /// Seconds of load before the measured part: longer than the slowest
+    /// class bound, so that throughput counts arrivals in a steady window
+    /// rather than the first records' trip through the pipeline.
+    #[arg(long, default_value_t = 2.0)]
+    pub warmup: f64,
     /// Most seconds to wait for the queues to drain after the load.
     #[arg(long, default_value_t = 60.0)]
     pub drain: f64,
@@ -284,10 +290,10 @@ fn forwarded(app: &App) -> u64 {
 }
 
 /// One delivered record: class index, latency and when it arrived.
-struct Delivered {
-    class: usize,
-    latency_ms: f64,
-    at_us: u64,
+pub(crate) struct Delivered {
+    pub class: usize,
+    pub latency_ms: f64,
+    pub at_us: u64,
 }
 
 /// What the batch files under the nodes' directories hold.
@@ -400,7 +406,7 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
         cell.lt_rate,
     ];
     let payload = Bytes::from(vec![0x5a; cell.record_bytes]);
-    let a_seconds = a.seconds;
+    let a_seconds = a.warmup + a.seconds;
     let start_wall = unix_us(SystemTime::now());
     let epoch = Instant::now();
     let gens: Vec<_> = apps
@@ -416,7 +422,7 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
                 Arc::clone(&app.ingress),
                 Load { rates },
                 epoch,
-                a.seconds,
+                a.warmup + a.seconds,
                 payload.clone(),
             ))
         })
@@ -453,7 +459,10 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
         offered.push(g.await.context("a generator panicked")?);
     }
     let uplinks = sampler.await.context("the uplink sampler panicked")?;
-    let load_end_wall = start_wall + (a.seconds * 1e6) as u64;
+    let window = (
+        start_wall + (a.warmup * 1e6) as u64,
+        start_wall + ((a.warmup + a.seconds) * 1e6) as u64,
+    );
     let accepted: u64 = offered.iter().flat_map(|o| o.accepted).sum();
     let drain_start = Instant::now();
     let drain_deadline = drain_start + Duration::from_secs_f64(a.drain);
@@ -487,36 +496,15 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
     } = collect(&dirs, extra.as_micros() as u64)?;
     let _ = std::fs::remove_dir_all(base);
 
-    let mut classes = serde_json::Map::new();
-    for (c, (name, bound)) in CLASSES.iter().enumerate() {
-        let lat: Vec<f64> = records
-            .iter()
-            .filter(|r| r.class == c)
-            .map(|r| r.latency_ms)
-            .collect();
-        let mean = report::mean(&lat);
-        let sd = (lat.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / lat.len() as f64).sqrt();
-        let late = lat.iter().filter(|&&x| x > *bound as f64).count();
-        let acc: u64 = offered.iter().map(|o| o.accepted[c]).sum();
-        let refused: u64 = offered.iter().map(|o| o.refused[c]).sum();
-        classes.insert(
-            name.to_string(),
-            json!({
-                "bound_ms": bound,
-                "latency_ms_mean": round(nan0(mean), 1),
-                "latency_ms_sd": round(nan0(sd), 1),
-                "violation_pct": round(nan0(100.0 * late as f64 / lat.len() as f64), 2),
-                "accepted": acc,
-                "refused": refused,
-                "delivered": lat.len(),
-            }),
-        );
-    }
-    let in_load = records.iter().filter(|r| r.at_us <= load_end_wall).count();
-    let on_time = records
-        .iter()
-        .filter(|r| r.at_us <= load_end_wall && r.latency_ms <= CLASSES[r.class].1 as f64)
-        .count();
+    let accepted_per_class: [u64; 3] =
+        std::array::from_fn(|c| offered.iter().map(|o| o.accepted[c]).sum());
+    let refused_per_class: [u64; 3] =
+        std::array::from_fn(|c| offered.iter().map(|o| o.refused[c]).sum());
+    let Summary {
+        classes,
+        in_load,
+        on_time,
+    } = summarise(&records, accepted_per_class, refused_per_class, window);
     // The physical limit: what was offered, or what the uplinks can carry
     // at the records' own wire size, whichever is less.
     let uplink_bps = profile.map(|p| p.bytes_per_sec).unwrap_or_default();
@@ -553,7 +541,7 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
         "scheme": cell.scheme,
         "network": cell.network,
         "lt_rate": cell.lt_rate,
-        "classes": Value::Object(classes),
+        "classes": classes,
         "throughput_rps": round(in_load as f64 / a.seconds, 1),
         "record_bytes": cell.record_bytes,
         "wire_bytes_per_record": round(nan0(wire_per_record), 1),
@@ -576,7 +564,66 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
     }))
 }
 
-fn nan0(x: f64) -> f64 {
+/// Per class figures of a run, and its records delivered in the measured
+/// window and on time.
+pub(crate) struct Summary {
+    /// `{ls: {bound_ms, latency_ms_mean, latency_ms_sd, violation_pct,
+    /// accepted, refused, delivered}, nm: .., lt: ..}`.
+    pub classes: Value,
+    /// Records that arrived within the measured window.
+    pub in_load: usize,
+    /// Of those, the ones within their class bound.
+    pub on_time: usize,
+}
+
+/// Latency mean and spread and the share past the bound per class over
+/// `records`, with what the generators had `accepted` and `refused`;
+/// records that arrived within `window` (Unix microseconds, from and to:
+/// the load after its warm-up) count towards throughput.
+pub(crate) fn summarise(
+    records: &[Delivered],
+    accepted: [u64; 3],
+    refused: [u64; 3],
+    window: (u64, u64),
+) -> Summary {
+    let mut classes = serde_json::Map::new();
+    for (c, (name, bound)) in CLASSES.iter().enumerate() {
+        let lat: Vec<f64> = records
+            .iter()
+            .filter(|r| r.class == c)
+            .map(|r| r.latency_ms)
+            .collect();
+        let mean = report::mean(&lat);
+        let sd = (lat.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / lat.len() as f64).sqrt();
+        let late = lat.iter().filter(|&&x| x > *bound as f64).count();
+        classes.insert(
+            name.to_string(),
+            json!({
+                "bound_ms": bound,
+                "latency_ms_mean": round(nan0(mean), 1),
+                "latency_ms_sd": round(nan0(sd), 1),
+                "violation_pct": round(nan0(100.0 * late as f64 / lat.len() as f64), 2),
+                "accepted": accepted[c],
+                "refused": refused[c],
+                "delivered": lat.len(),
+            }),
+        );
+    }
+    let within = |r: &&Delivered| r.at_us >= window.0 && r.at_us < window.1;
+    let in_load = records.iter().filter(within).count();
+    let on_time = records
+        .iter()
+        .filter(within)
+        .filter(|r| r.latency_ms <= CLASSES[r.class].1 as f64)
+        .count();
+    Summary {
+        classes: Value::Object(classes),
+        in_load,
+        on_time,
+    }
+}
+
+pub(crate) fn nan0(x: f64) -> f64 {
     if x.is_finite() {
         x
     } else {
@@ -587,7 +634,7 @@ fn nan0(x: f64) -> f64 {
 /// JANUS Table IV (5k records/s, seconds) and Table V (4G) for a scheme
 /// and network; Native shares one latency across classes. "pmrfs" is the
 /// paper's "Janus" row.
-fn paper(scheme: &str, network: &str) -> Value {
+pub(crate) fn paper(scheme: &str, network: &str) -> Value {
     let col = match network {
         "3g" => 0,
         "4g" => 1,
@@ -695,7 +742,7 @@ fn f(v: &Value) -> f64 {
 }
 
 /// The results table, then the headline checks per network and rate.
-fn table(runs: &[Value]) -> String {
+pub(crate) fn table(runs: &[Value]) -> String {
     let mut t = Table::new([
         "scheme",
         "network",
@@ -801,7 +848,7 @@ fn table(runs: &[Value]) -> String {
 
 /// Per network and rate: mean latency per class per scheme, and
 /// throughput per scheme.
-fn svg(runs: &[Value]) -> anyhow::Result<String> {
+pub(crate) fn svg(runs: &[Value]) -> anyhow::Result<String> {
     let mut panels = Vec::new();
     let mut groups: Vec<(Value, Value, Value)> = Vec::new();
     for r in runs {

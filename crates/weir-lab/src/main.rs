@@ -16,12 +16,17 @@
 //!   and the chooser's pick.
 //! - `janus`: the JANUS evaluation, N peering nodes of weir's `App` in
 //!   this process, every scheme (Tables IV, V, Fig. 6).
+//! - `cluster`: the JANUS evaluation with real processes: `weir run` per
+//!   network namespace, shaped uplinks, `weir-load offer` per node,
+//!   RabbitMQ behind delay lines, peering over a LAN bridge.
+//! - `delay`: the delay line (`weir-lab delay`, and the cluster's).
 //! - `relay`: a job through weir's own `App` (scheduler, batch plans, file
 //!   egress behind the emulated link).
 //! - `peers`: the chart of a peer benchmark (`scripts/peer-bench.sh`).
 //! - `report`: tables, JSON files, SVG plots, progress bars.
 
 mod batching;
+mod cluster;
 mod compression;
 mod delay;
 mod janus;
@@ -45,7 +50,7 @@ use clap::{Parser, Subcommand};
 )]
 struct Cli {
     /// Directory for `<experiment>.json` and `<experiment>.svg`.
-    #[arg(long, global = true, default_value = "lab-out")]
+    #[arg(long, global = true, default_value = ".")]
     out: PathBuf,
     #[command(subcommand)]
     experiment: Experiment,
@@ -64,6 +69,11 @@ enum Experiment {
     /// uplinks, every scheme; latency, violations, throughput (Tables IV,
     /// V, Fig. 6).
     Janus(janus::Args),
+    /// The JANUS evaluation with real processes: N `weir run` in network
+    /// namespaces, uplinks shaped by tc tbf to Table III, RabbitMQ behind
+    /// delay lines, load from `weir-load offer` over MQTT, peering over
+    /// gRPC. Needs root and RabbitMQ (scripts/services.sh).
+    Cluster(cluster::Args),
     /// The table and chart of a peer benchmark (`scripts/peer-bench.sh`):
     /// records/s per system and size, p99 to PUBACK when paced.
     Peers(peers::Args),
@@ -80,6 +90,7 @@ impl Experiment {
             Experiment::Batching(_) => "batching",
             Experiment::Compression(_) => "compression",
             Experiment::Janus(_) => "janus",
+            Experiment::Cluster(_) => "cluster",
             Experiment::Peers(_) => "peers",
             Experiment::Delay(_) => "delay",
         }
@@ -117,6 +128,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Experiment::Batching(a) => batching::run(a).await,
             Experiment::Compression(a) => compression::run(a).await,
             Experiment::Janus(a) => janus::run(a).await,
+            Experiment::Cluster(a) => cluster::run(a, &cli.out).await,
             Experiment::Peers(a) => peers::run(a).await,
             Experiment::Delay(a) => delay::serve(a)
                 .await

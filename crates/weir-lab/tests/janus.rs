@@ -30,6 +30,8 @@ fn a_quick_janus_grid_writes_every_field_and_delivers_every_record() {
             "native,pmrfs",
             "--seconds",
             "2",
+            "--warmup",
+            "1",
             "--lt-rates",
             "200",
             "--busy-rates",

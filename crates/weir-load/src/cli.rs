@@ -69,6 +69,40 @@ pub enum Cmd {
     /// busy processes beside weir (issue 18); per class p50/p99/max and
     /// the late fraction.
     Contention(ContentionArgs),
+    /// Devices for a lab: QoS 1 publishes to a weir you started, at a fixed
+    /// rate per class for a fixed time, from an agreed start (several
+    /// generators, one per node, start together); what was offered, sent
+    /// and acknowledged per class. No consumer: the lab consumes.
+    Offer(OfferArgs),
+}
+
+/// `weir-load offer`.
+#[derive(clap::Args, Clone, Debug, Serialize)]
+pub struct OfferArgs {
+    /// weir's MQTT address.
+    #[arg(long, default_value = "127.0.0.1:1883")]
+    pub addr: std::net::SocketAddr,
+    /// Records/s per class, each on its own QoS 1 connection publishing to
+    /// `<topic-prefix>/<class>/t`.
+    #[arg(long, default_value = "ls=30,nm=300,lt=5000")]
+    pub rates: String,
+    /// First level of every topic (and of the client ids).
+    #[arg(long, default_value = "dev")]
+    pub topic_prefix: String,
+    /// Payload bytes per record (at least 16).
+    #[arg(long, default_value_t = 640)]
+    pub size: usize,
+    /// How long to publish.
+    #[arg(long, default_value_t = 10.0)]
+    pub seconds: f64,
+    /// Start publishing at this Unix time, in milliseconds (connections are
+    /// made before it); default: at once.
+    #[arg(long)]
+    pub start_at_ms: Option<u64>,
+    /// Unacknowledged publishes allowed per connection: beyond it a
+    /// connection waits for PUBACKs (weir's back-pressure).
+    #[arg(long, default_value_t = 1000)]
+    pub window: usize,
 }
 
 /// `weir-load contention`.

@@ -83,22 +83,32 @@ pub struct Scenario {
 
 /// `--mix` as (class, byte share).
 fn mix(text: &str) -> anyhow::Result<BTreeMap<String, f64>> {
-    let mut out = BTreeMap::new();
-    for part in text.split(',').filter(|p| !p.is_empty()) {
-        let (class, share) = part
-            .split_once('=')
-            .with_context(|| format!("--mix {part}: expected class=share"))?;
-        ensure!(
-            CLASSES.iter().any(|(c, _)| *c == class),
-            "--mix {part}: the classes are ls, nm and lt"
-        );
-        let share: f64 = share.parse().with_context(|| format!("--mix {part}"))?;
-        ensure!(share >= 0.0, "--mix {part}: a share is not negative");
-        out.insert(class.to_owned(), share);
-    }
+    let out = class_values(text, "--mix")?;
     let total: f64 = out.values().sum();
     ensure!(total > 0.0, "--mix gives no class a share");
     Ok(out.into_iter().map(|(c, s)| (c, s / total)).collect())
+}
+
+/// `class=value,...` (the classes ls, nm and lt, values not negative), as
+/// `--mix` and `weir-load offer --rates` take them.
+pub fn class_values(text: &str, flag: &str) -> anyhow::Result<BTreeMap<String, f64>> {
+    let mut out = BTreeMap::new();
+    for part in text.split(',').filter(|p| !p.is_empty()) {
+        let (class, value) = part
+            .split_once('=')
+            .with_context(|| format!("{flag} {part}: expected class=value"))?;
+        ensure!(
+            CLASSES.iter().any(|(c, _)| *c == class),
+            "{flag} {part}: the classes are ls, nm and lt"
+        );
+        let value: f64 = value.parse().with_context(|| format!("{flag} {part}"))?;
+        ensure!(
+            value.is_finite() && value >= 0.0,
+            "{flag} {part}: a value is a number, not negative"
+        );
+        out.insert(class.to_owned(), value);
+    }
+    Ok(out)
 }
 
 /// `n` processes burning a core each, as `yes > /dev/null` does, each in a

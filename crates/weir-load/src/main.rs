@@ -39,6 +39,8 @@
 //! - `cli`: the command line.
 //! - `recovery`: the spool filled during an outage, SIGKILL, restart.
 //! - `contention`: the class bounds with busy processes beside weir.
+//! - `offer`: a lab's devices, per-class rates at a weir someone else
+//!   started (`weir-lab cluster` runs one per node).
 //! - `throughput`, `latency`: the two runs; `run`: the steps they share.
 //! - `child`: the weir child process and its generated config.
 //! - `broker`: the same MQTT load at another broker or a weir you started;
@@ -58,6 +60,7 @@ mod contention;
 mod grpc;
 mod latency;
 mod mqtt;
+mod offer;
 mod pacer;
 mod pki;
 mod print;
@@ -128,6 +131,11 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Contention(a) => {
             let r = rt.block_on(crate::contention::contention(&env, a))?;
+            serde_json::to_string_pretty(&r)?
+        }
+        Cmd::Offer(a) => {
+            let r = rt.block_on(crate::offer::offer(a))?;
+            crate::offer::print_offer(&r);
             serde_json::to_string_pretty(&r)?
         }
         Cmd::Broker(a) => {

@@ -1,0 +1,1255 @@
+//! The JANUS evaluation with real processes (issue 16): N `weir run`
+//! processes, each in a network namespace of its own, with a shaped uplink
+//! to the cloud, peering over real gRPC on a LAN, loaded by separate
+//! `weir-load offer` processes over MQTT, delivering into RabbitMQ.
+//!
+//! # The testbed
+//! - **Cloud**: the root namespace. RabbitMQ (`--amqp`, started by
+//!   scripts/services.sh) and, per node, a delay line of this process
+//!   ([`crate::delay`]) in front of it at `10.251.<k>.1`. The lab's
+//!   consumer reads the run's queue there.
+//! - **Node k**: namespace `weir-lab-n<k>` with
+//!   - `wan0` (10.251.k.2/30), a veth to the cloud whose egress is shaped by
+//!     `tc tbf` to the network's Table III rate (18 Mbit/s for 4G): the
+//!     uplink. weir's AMQP egress reaches RabbitMQ through it and the
+//!     delay line, which holds every byte towards the cloud for the
+//!     network's Table III latency (50 ms for 4G) and nothing on the way
+//!     back, as `tc netem` on the node's interface would (netem is not
+//!     available here).
+//!   - `lan0` (10.252.0.k/24) on a bridge with the other nodes, unshaped:
+//!     the local network the paper's Pis share (Assumption 2: much faster
+//!     than the uplink). Peering (gRPC, `allow_anonymous`) and weir's admin
+//!     endpoint (read by the lab from the bridge's 10.252.0.254) listen
+//!     there.
+//!   - weir's MQTT listener on the namespace's own loopback, where that
+//!     node's `weir-load offer` publishes `ls`/`nm`/`lt` at the paper's
+//!     rates.
+//!
+//! # What is measured
+//! - **Latency** of a record: when the consumer took it from RabbitMQ
+//!   minus weir's `ingress_us` stamp (one machine, one clock). It includes
+//!   the shaped link's queue and the 50 ms.
+//! - **Throughput**: distinct records consumed by the end of the load, per
+//!   second of load; on time: those within their class bound.
+//! - **The physical limit**: min(offered, the sum of the shaped rates
+//!   divided by the bytes each delivered record took on the uplinks),
+//!   where the bytes are counted at the cloud's end of each `wan0` (IP,
+//!   TCP and AMQP framing included: what `tbf` charges).
+//! - **Lost**: records weir acknowledged to a device (PUBACK) that never
+//!   reached RabbitMQ; **duplicates**: deliveries beyond the first.
+//! - Every 250 ms each node's uplink estimate and `C_out` from its
+//!   `/metrics` (the `cluster-uplink.svg` plot against the shaped rate).
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, ensure, Context};
+use futures::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicQosOptions, ExchangeDeleteOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::janus::{self, nan0, Delivered, Summary, ALL_SCHEMES, CLASSES};
+use crate::report::{self, round};
+
+/// Namespaces are `weir-lab-n<k>`; links in the root namespace `wlw<k>`
+/// (uplink) and `wll<k>` (LAN), the bridge `wlbr0`.
+const NS_PREFIX: &str = "weir-lab-n";
+const BRIDGE: &str = "wlbr0";
+/// The root namespace's address on the LAN bridge (the lab reads each
+/// node's `/metrics` from it).
+const BRIDGE_ADDR: Ipv4Addr = Ipv4Addr::new(10, 252, 0, 254);
+const PEER_PORT: u16 = 7070;
+const ADMIN_PORT: u16 = 9464;
+const MQTT_PORT: u16 = 1883;
+/// The first delay line's port (one per cell, so a cell never meets the
+/// last one's listener).
+const DELAY_PORT_BASE: u16 = 5700;
+/// Most bytes `tbf` queues, as time at the shaped rate (what a cellular
+/// modem's buffer holds; beyond it packets drop and TCP retransmits).
+const TBF_LATENCY_MS: u64 = 200;
+/// How long the nodes may take to start and see each other.
+const START_WAIT: Duration = Duration::from_secs(20);
+/// How often each node's uplink estimate is sampled.
+const UPLINK_SAMPLE: Duration = Duration::from_millis(250);
+/// Consumer prefetch and acknowledgement batch.
+const PREFETCH: u16 = 2048;
+const ACK_EVERY: u32 = 64;
+/// How far in the future the generators are told to start: time to
+/// connect all of them.
+const START_LEAD: Duration = Duration::from_millis(1500);
+
+/// Command line of `weir-lab cluster`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Schemes to compare (the paper's: native, qm-only, pmrfs, random,
+    /// fcfs, lrfs, best-fit).
+    #[arg(long, value_delimiter = ',', default_values_t = ["native", "qm-only", "pmrfs"].map(String::from))]
+    pub schemes: Vec<String>,
+    /// Uplink presets (JANUS Table III): wifi, 4g, 3g.
+    #[arg(long, value_delimiter = ',', default_values_t = ["4g".to_string()])]
+    pub networks: Vec<String>,
+    /// `lt` input rate of the busy nodes, records/s (paper: 1000..5000).
+    #[arg(long, value_delimiter = ',', default_values_t = [5000u32])]
+    pub lt_rates: Vec<u32>,
+    /// Payload bytes per record. The paper gives none (a smart-building
+    /// dataset's readings); the sizes the issue names, each reported.
+    #[arg(long, value_delimiter = ',', default_values_t = [256usize, 480, 640, 720, 1024])]
+    pub record_bytes: Vec<usize>,
+    /// Edge nodes (paper: 4).
+    #[arg(long, default_value_t = 4)]
+    pub nodes: usize,
+    /// How many of them are busy.
+    #[arg(long, default_value_t = 2)]
+    pub busy: usize,
+    /// `ls` and `nm` input rates of a busy node, records/s (paper: 30, 300).
+    #[arg(long, value_delimiter = ',', default_values_t = [30u32, 300])]
+    pub busy_rates: Vec<u32>,
+    /// Input rate per class of an idle node, records/s (paper: 30).
+    #[arg(long, default_value_t = 30)]
+    pub idle_rate: u32,
+    /// Seconds of load per run over which throughput is measured (after
+    /// the warm-up).
+    #[arg(long, default_value_t = 10.0)]
+    pub seconds: f64,
+    /// Seconds of load before the measured part (longer than the slowest
+    /// class bound: throughput counts arrivals in a steady window).
+    #[arg(long, default_value_t = 2.0)]
+    pub warmup: f64,
+    /// Most seconds to wait for the queues to drain after the load.
+    #[arg(long, default_value_t = 60.0)]
+    pub drain: f64,
+    /// Pin `C_out` at the preset's rate (`scheduler.track_uplink = false`)
+    /// instead of each node's own online estimate.
+    #[arg(long)]
+    pub pin_uplink: bool,
+    /// RabbitMQ, as the cloud sees it (the nodes reach it through their
+    /// delay lines).
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    pub amqp: String,
+    /// The weir binary [default: `weir` next to this executable].
+    #[arg(long)]
+    pub weir: Option<PathBuf>,
+    /// The weir-load binary [default: `weir-load` next to this executable].
+    #[arg(long)]
+    pub weir_load: Option<PathBuf>,
+    /// Keep each run's configs and logs (in the system's temp directory).
+    #[arg(long)]
+    pub keep: bool,
+}
+
+/// A scheme x network x rate x size cell.
+#[derive(Debug, Clone)]
+struct Cell {
+    scheme: String,
+    network: String,
+    lt_rate: u32,
+    record_bytes: usize,
+}
+
+/// The binaries the lab runs.
+struct Bins {
+    weir: PathBuf,
+    weir_load: PathBuf,
+}
+
+fn bins(a: &Args) -> anyhow::Result<Bins> {
+    let next_to_me = |name: &str| -> anyhow::Result<PathBuf> {
+        Ok(std::env::current_exe()
+            .context("cannot find this executable's path")?
+            .with_file_name(name))
+    };
+    let b = Bins {
+        weir: a.weir.clone().map_or_else(|| next_to_me("weir"), Ok)?,
+        weir_load: a
+            .weir_load
+            .clone()
+            .map_or_else(|| next_to_me("weir-load"), Ok)?,
+    };
+    for (p, flag) in [(&b.weir, "--weir"), (&b.weir_load, "--weir-load")] {
+        ensure!(
+            p.is_file(),
+            "no binary at {} (build with `cargo build --release -p weir -p weir-load -p weir-lab`, or pass {flag})",
+            p.display()
+        );
+    }
+    Ok(b)
+}
+
+/// Runs a command to completion; its stderr in the error if it fails.
+fn sh(program: &str, args: &[&str]) -> anyhow::Result<()> {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("cannot run {program}"))?;
+    ensure!(
+        out.status.success(),
+        "`{program} {}` failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
+}
+
+fn ns(k: usize) -> String {
+    format!("{NS_PREFIX}{k}")
+}
+
+/// The node's end of its uplink, and the cloud's.
+fn wan_addrs(k: usize) -> (Ipv4Addr, Ipv4Addr) {
+    let k = u8::try_from(k).expect("at most 250 nodes");
+    (Ipv4Addr::new(10, 251, k, 2), Ipv4Addr::new(10, 251, k, 1))
+}
+
+fn lan_addr(k: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 252, 0, u8::try_from(k).expect("at most 250 nodes"))
+}
+
+/// The namespaces, veths and bridge of a run; removed when dropped.
+struct Testbed {
+    nodes: usize,
+}
+
+impl Testbed {
+    /// Removes what a killed earlier run left, then builds `nodes` nodes.
+    fn build(nodes: usize) -> anyhow::Result<Testbed> {
+        ensure!(
+            (1..=250).contains(&nodes),
+            "--nodes must be between 1 and 250"
+        );
+        Self::remove_leftovers();
+        sh("ip", &["link", "add", BRIDGE, "type", "bridge"]).context(
+            "weir-lab cluster builds network namespaces, veths and a bridge: it needs root (CAP_NET_ADMIN)",
+        )?;
+        let bed = Testbed { nodes };
+        let bridge_cidr = format!("{BRIDGE_ADDR}/24");
+        sh("ip", &["addr", "add", &bridge_cidr, "dev", BRIDGE])?;
+        sh("ip", &["link", "set", BRIDGE, "up"])?;
+        for k in 1..=nodes {
+            let n = ns(k);
+            let (node_wan, cloud_wan) = wan_addrs(k);
+            let (wlw, wll) = (format!("wlw{k}"), format!("wll{k}"));
+            sh("ip", &["netns", "add", &n])?;
+            sh("ip", &["-n", &n, "link", "set", "lo", "up"])?;
+            sh(
+                "ip",
+                &[
+                    "link", "add", &wlw, "type", "veth", "peer", "name", "wan0", "netns", &n,
+                ],
+            )?;
+            sh(
+                "ip",
+                &["addr", "add", &format!("{cloud_wan}/30"), "dev", &wlw],
+            )?;
+            sh("ip", &["link", "set", &wlw, "up"])?;
+            sh(
+                "ip",
+                &[
+                    "-n",
+                    &n,
+                    "addr",
+                    "add",
+                    &format!("{node_wan}/30"),
+                    "dev",
+                    "wan0",
+                ],
+            )?;
+            sh("ip", &["-n", &n, "link", "set", "wan0", "up"])?;
+            sh(
+                "ip",
+                &[
+                    "link", "add", &wll, "type", "veth", "peer", "name", "lan0", "netns", &n,
+                ],
+            )?;
+            sh("ip", &["link", "set", &wll, "master", BRIDGE])?;
+            sh("ip", &["link", "set", &wll, "up"])?;
+            sh(
+                "ip",
+                &[
+                    "-n",
+                    &n,
+                    "addr",
+                    "add",
+                    &format!("{}/24", lan_addr(k)),
+                    "dev",
+                    "lan0",
+                ],
+            )?;
+            sh("ip", &["-n", &n, "link", "set", "lan0", "up"])?;
+        }
+        Ok(bed)
+    }
+
+    /// Shapes every node's uplink to `bytes_per_sec`.
+    fn shape(&self, bytes_per_sec: f64) -> anyhow::Result<()> {
+        let bits = (bytes_per_sec * 8.0).round() as u64;
+        // A millisecond at the rate, at least two full frames: a larger
+        // bucket lets a batch after a pause through at once, faster than
+        // the link, which no cellular uplink does and which an estimate of
+        // the bandwidth would take as the bandwidth (the kernel's tbf runs
+        // on high-resolution timers, so small bursts keep the rate).
+        let burst = ((bytes_per_sec / 1000.0) as u64).max(2 * 1514);
+        for k in 1..=self.nodes {
+            sh(
+                "ip",
+                &[
+                    "netns",
+                    "exec",
+                    &ns(k),
+                    "tc",
+                    "qdisc",
+                    "replace",
+                    "dev",
+                    "wan0",
+                    "root",
+                    "tbf",
+                    "rate",
+                    &format!("{bits}bit"),
+                    "burst",
+                    &burst.to_string(),
+                    "latency",
+                    &format!("{TBF_LATENCY_MS}ms"),
+                ],
+            )
+            .context("tc tbf on a node's uplink")?;
+        }
+        Ok(())
+    }
+
+    /// Bytes each node has sent up its uplink so far (the cloud end's
+    /// receive counter: what crossed the shaped link).
+    fn uplink_bytes(&self) -> anyhow::Result<Vec<u64>> {
+        (1..=self.nodes)
+            .map(|k| {
+                let p = format!("/sys/class/net/wlw{k}/statistics/rx_bytes");
+                let text =
+                    std::fs::read_to_string(&p).with_context(|| format!("cannot read {p}"))?;
+                text.trim()
+                    .parse()
+                    .with_context(|| format!("{p}: not a number"))
+            })
+            .collect()
+    }
+
+    fn remove_leftovers() {
+        if let Ok(out) = std::process::Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+        {
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                let name = line.split_whitespace().next().unwrap_or("");
+                if name.starts_with(NS_PREFIX) {
+                    let _ = sh("ip", &["netns", "del", name]);
+                }
+            }
+        }
+        let _ = sh("ip", &["link", "del", BRIDGE]);
+    }
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        for k in 1..=self.nodes {
+            let _ = sh("ip", &["netns", "del", &ns(k)]);
+        }
+        let _ = sh("ip", &["link", "del", BRIDGE]);
+    }
+}
+
+/// `amqp://user:pass@host:port/vhost` as (`amqp://user:pass@`, `host:port`,
+/// `/vhost`).
+fn split_amqp(url: &str) -> anyhow::Result<(String, String, String)> {
+    let (scheme, rest) = url
+        .split_once("://")
+        .with_context(|| format!("--amqp {url}: not an amqp:// URL"))?;
+    ensure!(
+        scheme == "amqp",
+        "--amqp {url}: only amqp:// (the delay line relays TCP)"
+    );
+    let (creds, rest) = match rest.rsplit_once('@') {
+        Some((c, r)) => (format!("{c}@"), r),
+        None => (String::new(), rest),
+    };
+    let (host, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    let host = if host.contains(':') {
+        host.to_string()
+    } else {
+        format!("{host}:5672")
+    };
+    Ok((format!("{scheme}://{creds}"), host, path.to_string()))
+}
+
+/// weir's config for node `k` of `n` in `cell`.
+fn config_text(
+    k: usize,
+    n: usize,
+    dir: &Path,
+    cell: &Cell,
+    a: &Args,
+    amqp: &str,
+    queue: &str,
+) -> anyhow::Result<String> {
+    let profile = weir::egress::link::LinkProfile::preset(&cell.network)
+        .with_context(|| format!("unknown network {:?} (known: wifi, 4g, 3g)", cell.network))?;
+    let peers: Vec<String> = (1..=n)
+        .filter(|&p| p != k)
+        .map(|p| format!("{{ id = {p}, addr = \"{}:{PEER_PORT}\" }}", lan_addr(p)))
+        .collect();
+    let classes: String = CLASSES
+        .iter()
+        .map(|(c, b)| format!("[[class]]\nname = \"{c}\"\nbound = \"{b}ms\"\n"))
+        .collect();
+    let routes: String = CLASSES
+        .iter()
+        .map(|(c, _)| format!("[[classify.route]]\nmqtt = \"+/{c}/#\"\nclass = \"{c}\"\n"))
+        .collect();
+    let dir = toml_string(dir);
+    Ok(format!(
+        r#"# weir-lab cluster: node {k} of {n}, {scheme} on {network}.
+[node]
+id = {k}
+name = "cluster-{k}"
+{classes}
+[classify]
+default_class = "lt"
+{routes}
+[spool]
+dir = "{dir}/spool"
+[ingress.mqtt]
+listen = "127.0.0.1:{MQTT_PORT}"
+[ingress.grpc]
+enabled = false
+# JANUS sends records as they are; so does the in-process lab.
+[compression]
+enabled = false
+[egress]
+kind = "amqp"
+drain_timeout = "5s"
+[egress.amqp]
+url = "{amqp}"
+exchange = "{queue}"
+queue = "{queue}"
+routing_key = "{queue}"
+[admin]
+listen = "{lan}:{ADMIN_PORT}"
+[peering]
+listen = "{lan}:{PEER_PORT}"
+peers = [{peers}]
+# The lab's LAN has only the lab's nodes on it (docs/security.md: a real
+# deployment proves peers with [peering.tls]).
+allow_anonymous = true
+[scheduler]
+scheme = "{scheme}"
+uplink = "{bw}B/s"
+track_uplink = {track}
+"#,
+        scheme = cell.scheme,
+        network = cell.network,
+        lan = lan_addr(k),
+        peers = peers.join(", "),
+        bw = profile.bytes_per_sec.round() as u64,
+        track = !a.pin_uplink,
+    ))
+}
+
+fn toml_string(p: &Path) -> String {
+    p.display()
+        .to_string()
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+}
+
+/// One weir node of a cell.
+struct Node {
+    k: usize,
+    child: Child,
+}
+
+impl Node {
+    async fn start(bins: &Bins, k: usize, config: &Path, dir: &Path) -> anyhow::Result<Node> {
+        let log = std::fs::File::create(dir.join("weir.log"))?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", &ns(k)])
+            .arg(&bins.weir)
+            .arg("run")
+            .arg("--config")
+            .arg(config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot start weir on node {k}"))?;
+        Ok(Node { k, child })
+    }
+
+    fn admin(&self) -> SocketAddr {
+        SocketAddr::from((lan_addr(self.k), ADMIN_PORT))
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`.
+    async fn stop(mut self, grace: Duration) {
+        if let Some(pid) = self.child.id() {
+            // SAFETY: kill(2) with a pid this process started and has not
+            // reaped; no memory is involved.
+            unsafe {
+                libc::kill(pid as libc::pid_t, libc::SIGTERM);
+            }
+        }
+        if tokio::time::timeout(grace, self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+/// One Prometheus sample: `name` or `name{labels}`.
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (s, v) = l.rsplit_once(' ')?;
+        (s == series).then(|| v.parse().ok()).flatten()
+    })
+}
+
+/// The sum of every series of a metric (all label sets).
+fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (s, v) = l.rsplit_once(' ')?;
+            let labels = s.strip_prefix(name)?;
+            (labels.is_empty() || labels.starts_with('{'))
+                .then(|| v.parse::<f64>().ok())
+                .flatten()
+        })
+        .sum()
+}
+
+/// `GET /metrics` from a node's admin endpoint (HTTP/1.0: the body ends
+/// with the connection).
+async fn scrape(addr: SocketAddr) -> anyhow::Result<String> {
+    let mut s = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr))
+        .await
+        .context("timed out")??;
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut buf))
+        .await
+        .context("timed out")??;
+    let text = String::from_utf8_lossy(&buf);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .context("no HTTP body")?;
+    Ok(body.to_string())
+}
+
+/// What the consumer has seen.
+#[derive(Default)]
+struct Consumed {
+    /// First delivery of every (origin, seq).
+    seen: HashMap<(u64, u64), Delivered>,
+    /// Distinct records per origin (node id).
+    per_origin: HashMap<u64, u64>,
+    duplicates: u64,
+    /// Batch bodies and the records in them (duplicates too).
+    body_bytes: u64,
+    records: u64,
+}
+
+/// Consumes `queue` until `stop`, keeping what it saw in `state` and the
+/// distinct count in `distinct`.
+async fn consume(
+    url: String,
+    queue: String,
+    state: Arc<Mutex<Consumed>>,
+    distinct: Arc<AtomicU64>,
+    stop: CancellationToken,
+    ready: tokio::sync::oneshot::Sender<()>,
+) -> anyhow::Result<()> {
+    let conn = Connection::connect(&url, ConnectionProperties::default())
+        .await
+        .with_context(|| format!("RabbitMQ at {url} (run scripts/services.sh)"))?;
+    let ch = conn.create_channel().await?;
+    ch.basic_qos(PREFETCH, BasicQosOptions::default()).await?;
+    // Declared as weir declares it, so either may go first.
+    ch.queue_declare(
+        queue.as_str().into(),
+        QueueDeclareOptions::durable(),
+        FieldTable::default(),
+    )
+    .await
+    .with_context(|| format!("declaring queue {queue}"))?;
+    let mut consumer = ch
+        .basic_consume(
+            queue.as_str().into(),
+            "weir-lab".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let _ = ready.send(());
+    let mut pending = 0u32;
+    let mut unacked = None;
+    loop {
+        // Cancel safety: lapin's consumer keeps a delivery not returned.
+        let next = tokio::select! {
+            d = consumer.next() => d,
+            _ = stop.cancelled() => break,
+        };
+        let delivery = next.context("RabbitMQ cancelled the consumer")??;
+        let consumed_us = unix_us(SystemTime::now());
+        let encoding = delivery
+            .properties
+            .content_encoding()
+            .as_ref()
+            .map_or("identity", |s| s.as_str())
+            .to_string();
+        let batch = weir_proto::decode_batch(&delivery.data, &encoding, 64 << 20)
+            .context("a message that is not a weir batch")?;
+        {
+            let mut st = state.lock().expect("not poisoned");
+            st.body_bytes += delivery.data.len() as u64;
+            st.records += batch.records.len() as u64;
+            for r in &batch.records {
+                let Some(class) = CLASSES.iter().position(|(c, _)| *c == r.class) else {
+                    continue;
+                };
+                let d = Delivered {
+                    class,
+                    latency_ms: consumed_us.saturating_sub(r.ingress_us) as f64 / 1e3,
+                    at_us: consumed_us,
+                };
+                match st.seen.entry((r.origin, r.seq)) {
+                    std::collections::hash_map::Entry::Occupied(_) => st.duplicates += 1,
+                    std::collections::hash_map::Entry::Vacant(v) => {
+                        v.insert(d);
+                        *st.per_origin.entry(r.origin).or_default() += 1;
+                        distinct.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        pending += 1;
+        if pending >= ACK_EVERY {
+            delivery.ack(BasicAckOptions { multiple: true }).await?;
+            pending = 0;
+            unacked = None;
+        } else {
+            unacked = Some(delivery);
+        }
+    }
+    if let Some(d) = unacked {
+        d.ack(BasicAckOptions { multiple: true }).await?;
+    }
+    let _ = ch
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await;
+    let _ = ch
+        .exchange_delete(queue.as_str().into(), ExchangeDeleteOptions::default())
+        .await;
+    let _ = conn.close(200, "done".into()).await;
+    Ok(())
+}
+
+fn unix_us(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).unwrap_or_default().as_micros() as u64
+}
+
+/// What one node's `weir-load offer` reported: per class (in [`CLASSES`]
+/// order) offered, sent and acknowledged.
+#[derive(Debug, Default, Clone)]
+struct Offered {
+    offered: [u64; 3],
+    sent: [u64; 3],
+    acked: [u64; 3],
+    seconds: f64,
+    errors: Vec<String>,
+}
+
+fn read_offer(path: &Path) -> anyhow::Result<Offered> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("weir-load wrote no report at {}", path.display()))?;
+    let v: Value = serde_json::from_str(&text)?;
+    let mut o = Offered {
+        seconds: v["seconds"].as_f64().unwrap_or(0.0),
+        ..Offered::default()
+    };
+    for c in v["classes"].as_array().into_iter().flatten() {
+        let Some(i) = CLASSES.iter().position(|(n, _)| c["class"] == *n) else {
+            continue;
+        };
+        o.offered[i] = c["offered"].as_u64().unwrap_or(0);
+        o.sent[i] = c["sent"].as_u64().unwrap_or(0);
+        o.acked[i] = c["acked"].as_u64().unwrap_or(0);
+        if let Some(e) = c["error"].as_str() {
+            o.errors.push(format!("{}: {e}", CLASSES[i].0));
+        }
+    }
+    Ok(o)
+}
+
+/// Runs one cell and returns its row.
+async fn run_cell(
+    a: &Args,
+    bins: &Bins,
+    bed: &Testbed,
+    cell: &Cell,
+    index: usize,
+) -> anyhow::Result<Value> {
+    let n = a.nodes;
+    let profile = weir::egress::link::LinkProfile::preset(&cell.network)
+        .with_context(|| format!("unknown network {:?} (known: wifi, 4g, 3g)", cell.network))?;
+    bed.shape(profile.bytes_per_sec)?;
+    let base =
+        std::env::temp_dir().join(format!("weir-lab-cluster-{}-{index}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let queue = format!("weir-lab.cluster.{}.{index}", std::process::id());
+    let (prefix, target, vhost) = split_amqp(&a.amqp)?;
+
+    // The cloud: a delay line per node, then the consumer.
+    let port = DELAY_PORT_BASE + index as u16;
+    let mut lines = Vec::new();
+    for k in 1..=n {
+        let listen = SocketAddr::from((wan_addrs(k).1, port));
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("cannot listen on {listen} for node {k}'s delay line"))?;
+        lines.push(tokio::spawn(crate::delay::serve_on(
+            listener,
+            target.clone(),
+            profile.delay,
+            Duration::ZERO,
+            16 << 20,
+        )));
+    }
+    let state = Arc::new(Mutex::new(Consumed::default()));
+    let distinct = Arc::new(AtomicU64::new(0));
+    let stop_consumer = CancellationToken::new();
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let consumer = tokio::spawn(consume(
+        a.amqp.clone(),
+        queue.clone(),
+        Arc::clone(&state),
+        Arc::clone(&distinct),
+        stop_consumer.clone(),
+        ready_tx,
+    ));
+    if ready_rx.await.is_err() {
+        let e = consumer.await?.err();
+        bail!("the consumer did not start: {e:?}");
+    }
+
+    // The nodes.
+    let mut nodes = Vec::new();
+    for k in 1..=n {
+        let dir = base.join(format!("node-{k}"));
+        std::fs::create_dir_all(&dir)?;
+        let amqp = format!("{prefix}{}:{port}{vhost}", wan_addrs(k).1);
+        let text = config_text(k, n, &dir, cell, a, &amqp, &queue)?;
+        weir::config::parse(&text, "weir-lab cluster config")
+            .map_err(|e| anyhow::anyhow!("the lab's cluster config is invalid: {e}"))?;
+        let path = dir.join("weir.toml");
+        std::fs::write(&path, text)?;
+        nodes.push(Node::start(bins, k, &path, &dir).await?);
+    }
+    // Every node up and seeing the others before the load, as on a
+    // running testbed.
+    let deadline = Instant::now() + START_WAIT;
+    for node in &mut nodes {
+        loop {
+            if let Some(status) = node.child.try_wait()? {
+                bail!(
+                    "weir on node {} exited ({status}); its log: {}",
+                    node.k,
+                    base.join(format!("node-{}/weir.log", node.k)).display()
+                );
+            }
+            let alive = scrape(node.admin())
+                .await
+                .ok()
+                .and_then(|t| metric(&t, "weir_peers_alive"));
+            if alive.is_some_and(|v| v as usize + 1 >= n) {
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "node {} did not see its peers within {START_WAIT:?} (log: {})",
+                node.k,
+                base.join(format!("node-{}/weir.log", node.k)).display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    // The devices.
+    let busy_rates = [
+        a.busy_rates.first().copied().unwrap_or(30),
+        a.busy_rates.get(1).copied().unwrap_or(300),
+        cell.lt_rate,
+    ];
+    let start_us = unix_us(SystemTime::now() + START_LEAD);
+    let uplink_before = bed.uplink_bytes()?;
+    let mut loads = Vec::new();
+    for k in 1..=n {
+        let rates = if k <= a.busy {
+            busy_rates
+        } else {
+            [a.idle_rate; 3]
+        };
+        let json = base.join(format!("node-{k}/offer.json"));
+        let log = std::fs::File::create(base.join(format!("node-{k}/offer.log")))?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", &ns(k)])
+            .arg(&bins.weir_load)
+            .arg("--json")
+            .arg(&json)
+            .args([
+                "offer",
+                "--addr",
+                &format!("127.0.0.1:{MQTT_PORT}"),
+                "--rates",
+                &format!("ls={},nm={},lt={}", rates[0], rates[1], rates[2]),
+                "--topic-prefix",
+                &format!("n{k}"),
+                "--size",
+                &cell.record_bytes.to_string(),
+                "--seconds",
+                &(a.warmup + a.seconds).to_string(),
+                "--start-at-ms",
+                &(start_us / 1000).to_string(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot start weir-load on node {k}"))?;
+        loads.push((child, json));
+    }
+
+    // Each node's uplink as it sees it, through the load.
+    let admins: Vec<SocketAddr> = nodes.iter().map(Node::admin).collect();
+    let seconds = a.warmup + a.seconds;
+    let sampler = tokio::spawn(async move {
+        let mut series = vec![Vec::new(); admins.len()];
+        let mut tick = tokio::time::interval(UPLINK_SAMPLE);
+        let start = UNIX_EPOCH + Duration::from_micros(start_us);
+        loop {
+            tick.tick().await;
+            let t = SystemTime::now()
+                .duration_since(start)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or_else(|e| -e.duration().as_secs_f64());
+            if t >= 0.0 {
+                for (addr, s) in admins.iter().zip(series.iter_mut()) {
+                    let Ok(text) = scrape(*addr).await else {
+                        continue;
+                    };
+                    let m = |name: &str| metric(&text, name).unwrap_or(f64::NAN);
+                    let rates: Vec<f64> = CLASSES
+                        .iter()
+                        .map(|(c, _)| {
+                            m(&format!(
+                                "weir_class_allocated_bytes_per_second{{class=\"{c}\"}}"
+                            ))
+                        })
+                        .collect();
+                    s.push(json!({
+                        "t": round(t, 2),
+                        "estimate_bps": round(nan0(m("weir_link_bandwidth_bytes_per_second")), 0),
+                        "t_sc_ms": round(nan0(m("weir_link_transaction_seconds") * 1e3), 2),
+                        "c_out_bps": round(nan0(rates.iter().sum()), 0),
+                        "rates_bps": rates.iter().map(|r| round(nan0(*r), 0)).collect::<Vec<_>>(),
+                    }));
+                }
+            }
+            if t >= seconds {
+                return series;
+            }
+        }
+    });
+
+    let mut offered = Vec::new();
+    for (k, (mut child, json)) in loads.into_iter().enumerate() {
+        let status = child.wait().await?;
+        ensure!(
+            status.success() || json.is_file(),
+            "weir-load on node {} failed ({status}); its log: {}",
+            k + 1,
+            base.join(format!("node-{}/offer.log", k + 1)).display()
+        );
+        offered.push(read_offer(&json)?);
+    }
+    let uplinks = sampler.await.context("the uplink sampler panicked")?;
+    let acked: u64 = offered.iter().flat_map(|o| o.acked).sum();
+    let drain_start = Instant::now();
+    let drain_deadline = drain_start + Duration::from_secs_f64(a.drain);
+    let mut drained = false;
+    while Instant::now() < drain_deadline {
+        if distinct.load(Ordering::Relaxed) >= acked {
+            drained = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let drain_ms = drain_start.elapsed().as_secs_f64() * 1e3;
+    let uplink_after = bed.uplink_bytes()?;
+    let mut redirected = 0.0;
+    for node in &nodes {
+        if let Ok(text) = scrape(node.admin()).await {
+            redirected += metric_sum(&text, "weir_peer_records_redirected_in_total");
+        }
+    }
+    for node in nodes {
+        node.stop(Duration::from_secs(5)).await;
+    }
+    stop_consumer.cancel();
+    consumer.await.context("the consumer panicked")??;
+    for l in lines {
+        l.abort();
+    }
+    if !a.keep {
+        let _ = std::fs::remove_dir_all(&base);
+    }
+    let st = std::mem::take(&mut *state.lock().expect("not poisoned"));
+
+    // Per node (origin) and class: mean latency and share past the bound.
+    let mut per_node: Vec<[(f64, u64, u64); 3]> = vec![[(0.0, 0, 0); 3]; n];
+    for (&(origin, _), d) in &st.seen {
+        if let Some(slot) = per_node.get_mut((origin as usize).wrapping_sub(1)) {
+            let (sum, count, late) = &mut slot[d.class];
+            *sum += d.latency_ms;
+            *count += 1;
+            *late += u64::from(d.latency_ms > CLASSES[d.class].1 as f64);
+        }
+    }
+    let records: Vec<Delivered> = st.seen.into_values().collect();
+    let window = (
+        start_us + (a.warmup * 1e6) as u64,
+        start_us + ((a.warmup + a.seconds) * 1e6) as u64,
+    );
+    let accepted: [u64; 3] = std::array::from_fn(|c| offered.iter().map(|o| o.acked[c]).sum());
+    let refused: [u64; 3] = std::array::from_fn(|c| {
+        offered
+            .iter()
+            .map(|o| o.offered[c].saturating_sub(o.acked[c]))
+            .sum()
+    });
+    let Summary {
+        classes,
+        in_load,
+        on_time,
+    } = janus::summarise(&records, accepted, refused, window);
+    let lost: u64 = offered
+        .iter()
+        .enumerate()
+        .map(|(i, o)| {
+            let got = st.per_origin.get(&(i as u64 + 1)).copied().unwrap_or(0);
+            o.acked.iter().sum::<u64>().saturating_sub(got)
+        })
+        .sum();
+    let uplink_bytes: u64 = uplink_after
+        .iter()
+        .zip(&uplink_before)
+        .map(|(a, b)| a - b)
+        .sum();
+    let carried = st.records.max(1) as f64;
+    let wire_per_record = uplink_bytes as f64 / carried;
+    let capacity_rps = n as f64 * profile.bytes_per_sec / wire_per_record;
+    let offered_rps: f64 = offered
+        .iter()
+        .map(|o| o.offered.iter().sum::<u64>() as f64 / o.seconds.max(1e-9))
+        .sum();
+    let input: Vec<Value> = offered
+        .iter()
+        .enumerate()
+        .zip(uplinks)
+        .map(|((i, o), uplink)| {
+            let secs = o.seconds.max(1e-9);
+            let classes: serde_json::Map<String, Value> = CLASSES
+                .iter()
+                .zip(per_node[i])
+                .map(|((name, _), (sum, count, late))| {
+                    let count_f = count.max(1) as f64;
+                    (
+                        name.to_string(),
+                        json!({
+                            "delivered": count,
+                            "latency_ms_mean": round(sum / count_f, 1),
+                            "violation_pct": round(100.0 * late as f64 / count_f, 2),
+                        }),
+                    )
+                })
+                .collect();
+            json!({
+                "node": i + 1,
+                "busy": i < a.busy,
+                "offered": o.offered,
+                "sent": o.sent,
+                "acked": o.acked,
+                "accepted_rps": round(o.acked.iter().sum::<u64>() as f64 / secs, 1),
+                "offered_rps": round(o.offered.iter().sum::<u64>() as f64 / secs, 1),
+                "load_secs": round(o.seconds, 3),
+                "errors": o.errors,
+                "classes": classes,
+                "uplink": uplink,
+            })
+        })
+        .collect();
+    let delivered = in_load as f64 / a.seconds;
+    Ok(json!({
+        "scheme": cell.scheme,
+        "network": cell.network,
+        "lt_rate": cell.lt_rate,
+        "record_bytes": cell.record_bytes,
+        "track_uplink": !a.pin_uplink,
+        "offered_rps": round(offered_rps, 1),
+        "capacity_limit_rps": round(nan0(offered_rps.min(capacity_rps)), 1),
+        "delivered_rps": round(delivered, 1),
+        "delivered_on_time_rps": round(on_time as f64 / a.seconds, 1),
+        "lost": lost,
+        "duplicates": st.duplicates,
+        "classes": classes,
+        "throughput_rps": round(delivered, 1),
+        "wire_bytes_per_record": round(nan0(wire_per_record), 1),
+        "batch_bytes_per_record": round(st.body_bytes as f64 / carried, 1),
+        "uplink_bps": round(profile.bytes_per_sec, 0),
+        "acked": acked,
+        "delivered": records.len(),
+        "redirected": redirected as u64,
+        "drained": drained,
+        "drain_ms": round(drain_ms, 0),
+        "input": input,
+        "paper": janus::paper(&cell.scheme, &cell.network),
+        "link": format!("tbf {} bit/s, {} ms towards the cloud", (profile.bytes_per_sec * 8.0).round(), profile.delay.as_millis()),
+    }))
+}
+
+/// Runs the grid; returns the table, the rows and the SVG, and writes
+/// `cluster-uplink.svg` (each node's estimate against the shaped rate)
+/// into `out`.
+pub async fn run(a: &Args, out: &Path) -> anyhow::Result<(String, Value, String)> {
+    for s in &a.schemes {
+        ensure!(
+            ALL_SCHEMES.contains(&s.as_str()),
+            "unknown scheme {s:?} (known: {})",
+            ALL_SCHEMES.join(", ")
+        );
+    }
+    for n in &a.networks {
+        ensure!(
+            weir::egress::link::LinkProfile::preset(n).is_some(),
+            "unknown network {n:?} (known: wifi, 4g, 3g)"
+        );
+    }
+    ensure!(a.busy <= a.nodes, "--busy {} > --nodes {}", a.busy, a.nodes);
+    ensure!(
+        a.seconds.is_finite() && a.seconds > 0.0,
+        "--seconds must be positive"
+    );
+    for &b in &a.record_bytes {
+        ensure!(
+            b >= 16,
+            "--record-bytes {b}: at least 16 (weir-load's stamp)"
+        );
+    }
+    let bins = bins(a)?;
+    let bed = Testbed::build(a.nodes)?;
+    let mut cells = Vec::new();
+    for &record_bytes in &a.record_bytes {
+        for network in &a.networks {
+            for &lt_rate in &a.lt_rates {
+                for scheme in &a.schemes {
+                    cells.push(Cell {
+                        scheme: scheme.clone(),
+                        network: network.clone(),
+                        lt_rate,
+                        record_bytes,
+                    });
+                }
+            }
+        }
+    }
+    let bar = report::progress(cells.len() as u64, "cluster");
+    let mut runs = Vec::new();
+    for (k, cell) in cells.iter().enumerate() {
+        bar.set_message(format!(
+            "{} {} lt {}/s {} B",
+            cell.scheme, cell.network, cell.lt_rate, cell.record_bytes
+        ));
+        runs.push(run_cell(a, &bins, &bed, cell, k).await?);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    drop(bed);
+    let uplink_svg = uplink_svg(&runs)?;
+    std::fs::create_dir_all(out)?;
+    let path = out.join("cluster-uplink.svg");
+    std::fs::write(&path, uplink_svg)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    let table = janus::table(&runs);
+    let svg = janus::svg(&runs)?;
+    Ok((table, Value::Array(runs), svg))
+}
+
+/// Each node's uplink estimate and `C_out` over the load of the PMRFS
+/// runs (or the first run), against the shaped rate.
+fn uplink_svg(runs: &[Value]) -> anyhow::Result<String> {
+    let pick: Vec<&Value> = {
+        let p: Vec<&Value> = runs.iter().filter(|r| r["scheme"] == "pmrfs").collect();
+        if p.is_empty() {
+            runs.iter().take(1).collect()
+        } else {
+            p
+        }
+    };
+    let Some(first) = pick.first() else {
+        return Ok(String::new());
+    };
+    let mut series = Vec::new();
+    for r in &pick {
+        for node in r["input"].as_array().into_iter().flatten() {
+            let pts = |key: &str| -> Vec<(f64, f64)> {
+                node["uplink"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|s| {
+                        (
+                            s["t"].as_f64().unwrap_or(0.0),
+                            s[key].as_f64().unwrap_or(0.0) / 1e6,
+                        )
+                    })
+                    .collect()
+            };
+            let label = format!("{} B, node {}", r["record_bytes"], node["node"]);
+            series.push(report::Series {
+                name: format!("estimate, {label}"),
+                points: pts("estimate_bps"),
+            });
+            series.push(report::Series {
+                name: format!("C_out, {label}"),
+                points: pts("c_out_bps"),
+            });
+        }
+    }
+    report::line_chart_svg(&report::LineChart {
+        title: format!(
+            "Uplink estimate and C_out per node ({}, {}, track_uplink = {})",
+            first["scheme"].as_str().unwrap_or(""),
+            first["network"].as_str().unwrap_or(""),
+            first["track_uplink"]
+        ),
+        x_label: "seconds into the load".into(),
+        y_label: "MB/s".into(),
+        series,
+        hlines: vec![report::HLine {
+            name: "shaped rate (tbf)".into(),
+            y: first["uplink_bps"].as_f64().unwrap_or(0.0) / 1e6,
+            paper: true,
+        }],
+        marks: Vec::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: Args,
+    }
+
+    #[test]
+    fn every_node_gets_a_valid_config_with_its_peers_on_the_lan() {
+        let a = Cli::parse_from(["x"]).a;
+        assert_eq!(a.schemes, ["native", "qm-only", "pmrfs"]);
+        assert_eq!(a.record_bytes, [256, 480, 640, 720, 1024]);
+        assert!(!a.pin_uplink);
+        for scheme in ALL_SCHEMES {
+            let cell = Cell {
+                scheme: scheme.into(),
+                network: "4g".into(),
+                lt_rate: 5000,
+                record_bytes: 640,
+            };
+            let text = config_text(
+                3,
+                4,
+                Path::new("/tmp/x"),
+                &cell,
+                &a,
+                "amqp://guest:guest@10.251.3.1:5700/%2f",
+                "q",
+            )
+            .unwrap();
+            let cfg = weir::config::parse(&text, "test").unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(cfg.scheduler.scheme.to_string(), scheme);
+            assert!(cfg.scheduler.track_uplink);
+            assert_eq!(cfg.scheduler.uplink_bytes_per_sec, 2_250_000.0);
+            assert!(
+                cfg.egress.link.is_none(),
+                "the uplink is real, not emulated"
+            );
+            let peering = cfg.peering.expect("peering on");
+            assert_eq!(peering.peers.len(), 3);
+            assert!(peering.peers.iter().all(|p| p.id != 3));
+        }
+    }
+
+    #[test]
+    fn amqp_urls_split_around_the_address() {
+        assert_eq!(
+            split_amqp("amqp://guest:guest@127.0.0.1:5672/%2f").unwrap(),
+            (
+                "amqp://guest:guest@".to_string(),
+                "127.0.0.1:5672".to_string(),
+                "/%2f".to_string()
+            )
+        );
+        assert_eq!(
+            split_amqp("amqp://rabbit").unwrap(),
+            (
+                "amqp://".to_string(),
+                "rabbit:5672".to_string(),
+                String::new()
+            )
+        );
+        assert!(split_amqp("amqps://x").is_err());
+    }
+
+    #[test]
+    fn metrics_are_read_by_exact_series() {
+        let text = "# HELP x\nweir_peers_alive 3\nweir_peers_alive_total 9\nweir_class_allocated_bytes_per_second{class=\"ls\"} 12.5\n";
+        assert_eq!(metric(text, "weir_peers_alive"), Some(3.0));
+        assert_eq!(
+            metric(text, "weir_class_allocated_bytes_per_second{class=\"ls\"}"),
+            Some(12.5)
+        );
+        assert_eq!(metric(text, "weir_missing"), None);
+        let text = "weir_r_total{class=\"ls\"} 2\nweir_r_total{class=\"lt\"} 5\nweir_r_total_x 7\n";
+        assert_eq!(metric_sum(text, "weir_r_total"), 7.0);
+    }
+}

@@ -1,0 +1,132 @@
+//! Runs `weir-lab cluster` on a tiny grid (2 weir processes in their own
+//! network namespaces, PMRFS, low rates, 3 s) against the RabbitMQ of
+//! scripts/services.sh and checks the JSON row the issue names: every
+//! field there, every acknowledged record delivered exactly once, the
+//! uplink sampled. Needs root (namespaces, tc) and the `weir` and
+//! `weir-load` binaries beside `weir-lab` (`cargo test --workspace` builds
+//! them). No timing thresholds: the load is far below the links.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn num(v: &Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("`{key}` is not a number in {v}"))
+}
+
+fn sibling(name: &str) -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_BIN_EXE_weir-lab")).with_file_name(name);
+    assert!(
+        p.is_file(),
+        "{} is missing: run the workspace's tests (`cargo test --workspace`), which build it",
+        p.display()
+    );
+    p
+}
+
+#[test]
+fn a_small_real_process_cluster_delivers_every_acknowledged_record_once() {
+    let dir = std::env::temp_dir().join(format!("weir-lab-test-cluster-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = Command::new(env!("CARGO_BIN_EXE_weir-lab"))
+        .arg("--out")
+        .arg(&dir)
+        .args([
+            "cluster",
+            "--nodes",
+            "2",
+            "--busy",
+            "1",
+            "--schemes",
+            "pmrfs",
+            "--record-bytes",
+            "256",
+            "--seconds",
+            "2",
+            "--warmup",
+            "1",
+            "--lt-rates",
+            "300",
+            "--busy-rates",
+            "10,50",
+            "--idle-rate",
+            "10",
+        ])
+        .arg("--weir")
+        .arg(sibling("weir"))
+        .arg("--weir-load")
+        .arg(sibling("weir-load"))
+        .output()
+        .expect("weir-lab runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "weir-lab cluster failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("cluster.json")).expect("the JSON file is written"),
+    )
+    .expect("valid JSON");
+    let svg = std::fs::read_to_string(dir.join("cluster-uplink.svg"))
+        .expect("the uplink plot is written");
+    assert!(svg.starts_with("<svg"), "not an SVG");
+    let runs = json.as_array().expect("an array of rows");
+    assert_eq!(runs.len(), 1, "{json}");
+    let r = &runs[0];
+    assert_eq!(r["scheme"], "pmrfs");
+    assert_eq!(r["network"], "4g");
+    assert_eq!(r["record_bytes"], 256);
+    assert_eq!(r["track_uplink"], true);
+    assert!(r["drained"].as_bool().expect("drained"), "{r}");
+    let acked = num(r, "acked");
+    assert!(acked > 0.0, "{r}");
+    assert_eq!(
+        num(r, "delivered"),
+        acked,
+        "every acknowledged record arrives: {r}"
+    );
+    assert_eq!(num(r, "lost"), 0.0, "{r}");
+    assert_eq!(num(r, "duplicates"), 0.0, "{r}");
+    // Bytes counted on the shaped uplinks: the batch and the framing of
+    // AMQP, TCP, IP and Ethernet around it.
+    assert!(
+        num(r, "wire_bytes_per_record") > num(r, "batch_bytes_per_record"),
+        "{r}"
+    );
+    assert!(num(r, "batch_bytes_per_record") > 256.0, "{r}");
+    let limit = num(r, "capacity_limit_rps");
+    assert!(limit > 0.0 && limit <= num(r, "offered_rps") + 1e-6, "{r}");
+    assert!(num(r, "delivered_rps") > 0.0, "{r}");
+    assert!(
+        num(r, "delivered_on_time_rps") <= num(r, "delivered_rps"),
+        "{r}"
+    );
+    for class in ["ls", "nm", "lt"] {
+        let c = &r["classes"][class];
+        // At least the 50 ms the delay line holds every byte for.
+        assert!(num(c, "latency_ms_mean") >= 50.0, "{class}: {r}");
+        let v = num(c, "violation_pct");
+        assert!((0.0..=100.0).contains(&v), "{class}: {r}");
+        assert_eq!(num(c, "delivered"), num(c, "accepted"), "{class}: {r}");
+    }
+    let input = r["input"].as_array().expect("per node");
+    assert_eq!(input.len(), 2);
+    for n in input {
+        assert!(num(n, "accepted_rps") > 0.0, "{n}");
+        assert!(n["errors"].as_array().is_some_and(|e| e.is_empty()), "{n}");
+        let uplink = n["uplink"].as_array().expect("uplink samples");
+        assert!(uplink.len() >= 4, "{n}");
+        assert!(uplink.iter().all(|u| num(u, "c_out_bps") > 0.0), "{n}");
+    }
+    // The namespaces are gone.
+    let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&ns.stdout).contains("weir-lab-n"),
+        "namespaces left behind"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
