@@ -149,6 +149,28 @@ pub struct Args {
     /// The weir-load binary [default: `weir-load` next to this executable].
     #[arg(long)]
     pub weir_load: Option<PathBuf>,
+    /// Durability of every class on every node: memory, or spool (an
+    /// acknowledgement means on disk, so a node killed with -9 and
+    /// restarted still delivers what it acknowledged).
+    #[arg(long, default_value = "memory", value_parser = ["memory", "spool"])]
+    pub durability: String,
+    /// Kill one node with SIGKILL this many seconds into the load (the
+    /// last node, an idle one and so a provider), and restart it
+    /// `--restart-after` later.
+    #[arg(long)]
+    pub kill_at: Option<f64>,
+    /// Seconds between the kill and the restart.
+    #[arg(long, default_value_t = 3.0)]
+    pub restart_after: f64,
+    /// Cut one node (the last) off the LAN this many seconds into the load
+    /// (`ip link set lan0 down`: no heartbeats, no forwarding; its uplink
+    /// stays) for `--partition-for` seconds, then measure how long the
+    /// cluster takes to see it and match it again.
+    #[arg(long)]
+    pub partition_at: Option<f64>,
+    /// Seconds the partition lasts.
+    #[arg(long, default_value_t = 10.0)]
+    pub partition_for: f64,
     /// Keep each run's configs and logs (in the system's temp directory).
     #[arg(long)]
     pub keep: bool,
@@ -421,7 +443,12 @@ fn config_text(
         .collect();
     let classes: String = CLASSES
         .iter()
-        .map(|(c, b)| format!("[[class]]\nname = \"{c}\"\nbound = \"{b}ms\"\n"))
+        .map(|(c, b)| {
+            format!(
+                "[[class]]\nname = \"{c}\"\nbound = \"{b}ms\"\ndurability = \"{}\"\n",
+                a.durability
+            )
+        })
         .collect();
     let routes: String = CLASSES
         .iter()
@@ -549,6 +576,21 @@ fn metric_sum(text: &str, name: &str) -> f64 {
                 .flatten()
         })
         .sum()
+}
+
+/// Milliseconds from `since` until a node's `/metrics` satisfies `ok`,
+/// polled every 10 ms for at most 20 s (`None`: never).
+async fn until_metric(admin: SocketAddr, since: Instant, ok: impl Fn(&str) -> bool) -> Option<f64> {
+    let deadline = since + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(text) = scrape(admin).await {
+            if ok(&text) {
+                return Some(round(since.elapsed().as_secs_f64() * 1e3, 0));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    None
 }
 
 /// `GET /metrics` from a node's admin endpoint (HTTP/1.0: the body ends
@@ -854,6 +896,79 @@ async fn run_cell(
         loads.push((child, json));
     }
 
+    // A fault, if asked for, on the last node.
+    let fault = {
+        let k = n;
+        let start = UNIX_EPOCH + Duration::from_micros(start_us);
+        let until = move |secs: f64| {
+            (start + Duration::from_secs_f64(secs))
+                .duration_since(SystemTime::now())
+                .unwrap_or_default()
+        };
+        let victim_pid = nodes[k - 1].child.id();
+        let restart = (
+            bins.weir.clone(),
+            base.join(format!("node-{k}/weir.toml")),
+            base.join(format!("node-{k}")),
+        );
+        let (kill_at, restart_after) = (a.kill_at, a.restart_after);
+        let (partition_at, partition_for) = (a.partition_at, a.partition_for);
+        tokio::spawn(async move {
+            let mut report = serde_json::Map::new();
+            let mut restarted = None;
+            if let Some(at) = kill_at {
+                tokio::time::sleep(until(at)).await;
+                if let Some(pid) = victim_pid {
+                    // SAFETY: kill(2) on a child this process started and
+                    // has not reaped; no memory is involved.
+                    unsafe {
+                        libc::kill(pid as libc::pid_t, libc::SIGKILL);
+                    }
+                }
+                tokio::time::sleep(Duration::from_secs_f64(restart_after)).await;
+                let bins = Bins {
+                    weir: restart.0,
+                    weir_load: PathBuf::new(),
+                };
+                let node = Node::start(&bins, k, &restart.1, &restart.2).await?;
+                let back = Instant::now();
+                let seen = until_metric(node.admin(), back, |t| {
+                    metric(t, "weir_peers_alive").is_some_and(|v| v as usize + 1 >= n)
+                })
+                .await;
+                report.insert(
+                    "kill".into(),
+                    json!({"node": k, "at_s": at, "restart_after_s": restart_after,
+                           "peers_seen_after_restart_ms": seen}),
+                );
+                restarted = Some(node);
+            }
+            if let Some(at) = partition_at {
+                tokio::time::sleep(until(at)).await;
+                sh("ip", &["-n", &ns(k), "link", "set", "lan0", "down"])?;
+                tokio::time::sleep(Duration::from_secs_f64(partition_for)).await;
+                sh("ip", &["-n", &ns(k), "link", "set", "lan0", "up"])?;
+                let healed = Instant::now();
+                let admin = SocketAddr::from((lan_addr(k), ADMIN_PORT));
+                let seen = until_metric(admin, healed, |t| {
+                    metric(t, "weir_peers_alive").is_some_and(|v| v as usize + 1 >= n)
+                })
+                .await;
+                let matched = until_metric(admin, healed, |t| {
+                    metric(t, "weir_peer_reservations_active").is_some_and(|v| v > 0.0)
+                })
+                .await;
+                report.insert(
+                    "partition".into(),
+                    json!({"node": k, "at_s": at, "for_s": partition_for,
+                           "peers_seen_after_heal_ms": seen,
+                           "rematched_after_heal_ms": matched}),
+                );
+            }
+            anyhow::Ok((Value::Object(report), restarted))
+        })
+    };
+
     // Each node's uplink as it sees it, through the load.
     let admins: Vec<SocketAddr> = nodes.iter().map(Node::admin).collect();
     let seconds = a.warmup + a.seconds;
@@ -923,6 +1038,11 @@ async fn run_cell(
         offered.push(read_offer(&json)?);
     }
     let uplinks = sampler.await.context("the uplink sampler panicked")?;
+    let (faults, restarted) = fault.await.context("the fault task panicked")??;
+    if let Some(node) = restarted {
+        let old = std::mem::replace(&mut nodes[n - 1], node);
+        old.stop(Duration::ZERO).await;
+    }
     let acked: u64 = offered.iter().flat_map(|o| o.acked).sum();
     let drain_start = Instant::now();
     let drain_deadline = drain_start + Duration::from_secs_f64(a.drain);
@@ -935,7 +1055,6 @@ async fn run_cell(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let drain_ms = drain_start.elapsed().as_secs_f64() * 1e3;
-    let uplink_after = bed.uplink_bytes()?;
     let (mut redirected, mut queued_at_end) = (0.0, 0.0);
     for node in &nodes {
         if let Ok(text) = scrape(node.admin()).await {
@@ -946,6 +1065,8 @@ async fn run_cell(
     for node in nodes {
         node.stop(Duration::from_secs(5)).await;
     }
+    // After the nodes' own shutdown drain, like the consumer's count.
+    let uplink_after = bed.uplink_bytes()?;
     stop_consumer.cancel();
     consumer.await.context("the consumer panicked")??;
     for l in lines {
@@ -1070,6 +1191,8 @@ async fn run_cell(
         "drained": drained,
         "drain_ms": round(drain_ms, 0),
         "queued_at_end": queued_at_end as u64,
+        "durability": a.durability,
+        "faults": faults,
         "input": input,
         "paper": janus::paper(&cell.scheme, &cell.network),
         "link": format!("tbf {} bit/s, {} ms towards the cloud", (profile.bytes_per_sec * 8.0).round(), profile.delay.as_millis()),

@@ -8,6 +8,7 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Mutex;
 
 use serde_json::Value;
 
@@ -27,8 +28,117 @@ fn sibling(name: &str) -> PathBuf {
     p
 }
 
+/// The runs share the namespaces' names: one at a time.
+static TESTBED: Mutex<()> = Mutex::new(());
+
+/// Runs `weir-lab cluster` with `args` into a fresh directory; its rows.
+fn cluster(tag: &str, args: &[&str]) -> Vec<Value> {
+    let dir = std::env::temp_dir().join(format!(
+        "weir-lab-test-cluster-{tag}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = Command::new(env!("CARGO_BIN_EXE_weir-lab"))
+        .arg("--out")
+        .arg(&dir)
+        .arg("cluster")
+        .args(args)
+        .arg("--weir")
+        .arg(sibling("weir"))
+        .arg("--weir-load")
+        .arg(sibling("weir-load"))
+        .output()
+        .expect("weir-lab runs");
+    assert!(
+        out.status.success(),
+        "weir-lab cluster failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("cluster.json")).expect("the JSON file is written"),
+    )
+    .expect("valid JSON");
+    let _ = std::fs::remove_dir_all(&dir);
+    json.as_array().expect("an array of rows").clone()
+}
+
+#[test]
+fn a_provider_killed_and_a_provider_cut_off_lose_no_acknowledged_record() {
+    let _one = TESTBED.lock().unwrap_or_else(|e| e.into_inner());
+    // 3G (97.5 kB/s): the busy node offers about 1.6 times its uplink and
+    // lends to the other. The lender is killed with -9 1.5 s into the
+    // load and restarted 1 s later (spool durability: what it
+    // acknowledged is on disk), then cut off the LAN for 1 s.
+    let runs = cluster(
+        "faults",
+        &[
+            "--nodes",
+            "2",
+            "--busy",
+            "1",
+            "--schemes",
+            "pmrfs",
+            "--networks",
+            "3g",
+            "--record-bytes",
+            "256",
+            "--seconds",
+            "6",
+            "--warmup",
+            "1",
+            "--lt-rates",
+            "500",
+            "--busy-rates",
+            "5,20",
+            "--idle-rate",
+            "5",
+            "--durability",
+            "spool",
+            "--kill-at",
+            "1.5",
+            "--restart-after",
+            "1",
+            "--partition-at",
+            "3.5",
+            "--partition-for",
+            "1",
+            "--drain",
+            "30",
+        ],
+    );
+    assert_eq!(runs.len(), 1);
+    let r = &runs[0];
+    assert_eq!(r["durability"], "spool");
+    assert!(r["drained"].as_bool().expect("drained"), "{r}");
+    assert!(
+        num(r, "redirected") > 0.0,
+        "the busy node lent nothing: {r}"
+    );
+    let acked = num(r, "acked");
+    assert!(acked > 0.0, "{r}");
+    assert_eq!(num(r, "lost"), 0.0, "{r}");
+    assert_eq!(num(r, "delivered"), acked, "{r}");
+    // Duplicates are allowed (a provider killed between delivering and
+    // saying so), and counted.
+    assert!(num(r, "duplicates") >= 0.0, "{r}");
+    let kill = &r["faults"]["kill"];
+    assert_eq!(kill["node"], 2, "{r}");
+    assert!(kill["peers_seen_after_restart_ms"].is_number(), "{r}");
+    let cut = &r["faults"]["partition"];
+    assert!(cut["peers_seen_after_heal_ms"].is_number(), "{r}");
+    assert!(cut.get("rematched_after_heal_ms").is_some(), "{r}");
+    // The killed node's devices saw their connection end.
+    let victim = &r["input"][1];
+    assert!(
+        victim["errors"].as_array().is_some_and(|e| !e.is_empty()),
+        "{victim}"
+    );
+}
+
 #[test]
 fn a_small_real_process_cluster_delivers_every_acknowledged_record_once() {
+    let _one = TESTBED.lock().unwrap_or_else(|e| e.into_inner());
     let dir = std::env::temp_dir().join(format!("weir-lab-test-cluster-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let out = Command::new(env!("CARGO_BIN_EXE_weir-lab"))
