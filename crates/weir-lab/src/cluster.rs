@@ -62,7 +62,7 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::janus::{self, nan0, Delivered, Summary, ALL_SCHEMES, CLASSES};
+use crate::janus::{self, nan0, Cell, Delivered, Summary, CLASSES};
 use crate::report::{self, round};
 
 /// Namespaces are `weir-lab-n<k>`; links in the root namespace `wlw<k>`
@@ -176,15 +176,6 @@ pub struct Args {
     pub keep: bool,
 }
 
-/// A scheme x network x rate x size cell.
-#[derive(Debug, Clone)]
-struct Cell {
-    scheme: String,
-    network: String,
-    lt_rate: u32,
-    record_bytes: usize,
-}
-
 /// The binaries the lab runs.
 struct Bins {
     weir: PathBuf,
@@ -243,6 +234,19 @@ fn lan_addr(k: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 252, 0, u8::try_from(k).expect("at most 250 nodes"))
 }
 
+/// A veth pair: `root_end` in the root namespace, `ns_end` in namespace
+/// `ns` with address `cidr`, up.
+fn veth(ns: &str, root_end: &str, ns_end: &str, cidr: &str) -> anyhow::Result<()> {
+    sh(
+        "ip",
+        &[
+            "link", "add", root_end, "type", "veth", "peer", "name", ns_end, "netns", ns,
+        ],
+    )?;
+    sh("ip", &["-n", ns, "addr", "add", cidr, "dev", ns_end])?;
+    sh("ip", &["-n", ns, "link", "set", ns_end, "up"])
+}
+
 /// The namespaces, veths and bridge of a run; removed when dropped.
 struct Testbed {
     nodes: usize,
@@ -269,51 +273,15 @@ impl Testbed {
             let (wlw, wll) = (format!("wlw{k}"), format!("wll{k}"));
             sh("ip", &["netns", "add", &n])?;
             sh("ip", &["-n", &n, "link", "set", "lo", "up"])?;
-            sh(
-                "ip",
-                &[
-                    "link", "add", &wlw, "type", "veth", "peer", "name", "wan0", "netns", &n,
-                ],
-            )?;
+            veth(&n, &wlw, "wan0", &format!("{node_wan}/30"))?;
             sh(
                 "ip",
                 &["addr", "add", &format!("{cloud_wan}/30"), "dev", &wlw],
             )?;
             sh("ip", &["link", "set", &wlw, "up"])?;
-            sh(
-                "ip",
-                &[
-                    "-n",
-                    &n,
-                    "addr",
-                    "add",
-                    &format!("{node_wan}/30"),
-                    "dev",
-                    "wan0",
-                ],
-            )?;
-            sh("ip", &["-n", &n, "link", "set", "wan0", "up"])?;
-            sh(
-                "ip",
-                &[
-                    "link", "add", &wll, "type", "veth", "peer", "name", "lan0", "netns", &n,
-                ],
-            )?;
+            veth(&n, &wll, "lan0", &format!("{}/24", lan_addr(k)))?;
             sh("ip", &["link", "set", &wll, "master", BRIDGE])?;
             sh("ip", &["link", "set", &wll, "up"])?;
-            sh(
-                "ip",
-                &[
-                    "-n",
-                    &n,
-                    "addr",
-                    "add",
-                    &format!("{}/24", lan_addr(k)),
-                    "dev",
-                    "lan0",
-                ],
-            )?;
-            sh("ip", &["-n", &n, "link", "set", "lan0", "up"])?;
         }
         Ok(bed)
     }
@@ -1203,13 +1171,6 @@ async fn run_cell(
 /// `cluster-uplink.svg` (each node's estimate against the shaped rate)
 /// into `out`.
 pub async fn run(a: &Args, out: &Path) -> anyhow::Result<(String, Value, String)> {
-    for s in &a.schemes {
-        ensure!(
-            ALL_SCHEMES.contains(&s.as_str()),
-            "unknown scheme {s:?} (known: {})",
-            ALL_SCHEMES.join(", ")
-        );
-    }
     for n in &a.networks {
         ensure!(
             weir::egress::link::LinkProfile::preset(n).is_some(),
@@ -1228,22 +1189,8 @@ pub async fn run(a: &Args, out: &Path) -> anyhow::Result<(String, Value, String)
         );
     }
     let bins = bins(a)?;
+    let cells = janus::grid(&a.schemes, &a.networks, &a.lt_rates, &a.record_bytes)?;
     let bed = Testbed::build(a.nodes)?;
-    let mut cells = Vec::new();
-    for &record_bytes in &a.record_bytes {
-        for network in &a.networks {
-            for &lt_rate in &a.lt_rates {
-                for scheme in &a.schemes {
-                    cells.push(Cell {
-                        scheme: scheme.clone(),
-                        network: network.clone(),
-                        lt_rate,
-                        record_bytes,
-                    });
-                }
-            }
-        }
-    }
     let bar = report::progress(cells.len() as u64, "cluster");
     let mut runs = Vec::new();
     for (k, cell) in cells.iter().enumerate() {
@@ -1329,6 +1276,7 @@ fn uplink_svg(runs: &[Value]) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::janus::ALL_SCHEMES;
     use clap::Parser;
 
     #[derive(Parser)]

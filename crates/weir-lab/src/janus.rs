@@ -149,13 +149,47 @@ impl Offered {
     }
 }
 
-/// A scheme x network x rate cell.
+/// A scheme x network x rate x record size cell.
 #[derive(Debug, Clone)]
-struct Cell {
-    scheme: String,
-    network: String,
-    lt_rate: u32,
-    record_bytes: usize,
+pub(crate) struct Cell {
+    pub scheme: String,
+    pub network: String,
+    pub lt_rate: u32,
+    pub record_bytes: usize,
+}
+
+/// Every scheme x network x rate x record size, sizes outermost and
+/// schemes innermost (a size's schemes side by side in the table); an
+/// unknown scheme is an error.
+pub(crate) fn grid(
+    schemes: &[String],
+    networks: &[String],
+    lt_rates: &[u32],
+    record_bytes: &[usize],
+) -> anyhow::Result<Vec<Cell>> {
+    for s in schemes {
+        anyhow::ensure!(
+            ALL_SCHEMES.contains(&s.as_str()),
+            "unknown scheme {s:?} (known: {})",
+            ALL_SCHEMES.join(", ")
+        );
+    }
+    let mut cells = Vec::new();
+    for &record_bytes in record_bytes {
+        for network in networks {
+            for &lt_rate in lt_rates {
+                for scheme in schemes {
+                    cells.push(Cell {
+                        scheme: scheme.clone(),
+                        network: network.clone(),
+                        lt_rate,
+                        record_bytes,
+                    });
+                }
+            }
+        }
+    }
+    Ok(cells)
 }
 
 /// Free loopback ports for the peer listeners: each node must know the
@@ -696,29 +730,8 @@ pub(crate) fn paper(scheme: &str, network: &str) -> Value {
 
 /// Runs the grid and returns the table, the JSON array and the SVG.
 pub async fn run(a: &Args) -> anyhow::Result<(String, Value, String)> {
-    for s in &a.schemes {
-        anyhow::ensure!(
-            ALL_SCHEMES.contains(&s.as_str()),
-            "unknown scheme {s:?} (known: {})",
-            ALL_SCHEMES.join(", ")
-        );
-    }
     anyhow::ensure!(a.busy <= a.nodes, "--busy {} > --nodes {}", a.busy, a.nodes);
-    let mut cells = Vec::new();
-    for &record_bytes in &a.record_bytes {
-        for network in &a.networks {
-            for &lt_rate in &a.lt_rates {
-                for scheme in &a.schemes {
-                    cells.push(Cell {
-                        scheme: scheme.clone(),
-                        network: network.clone(),
-                        lt_rate,
-                        record_bytes,
-                    });
-                }
-            }
-        }
-    }
+    let cells = grid(&a.schemes, &a.networks, &a.lt_rates, &a.record_bytes)?;
     let bar = report::progress(cells.len() as u64, "janus");
     let mut runs = Vec::new();
     for (k, cell) in cells.iter().enumerate() {
