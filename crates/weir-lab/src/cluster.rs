@@ -99,36 +99,12 @@ pub struct Args {
     /// fcfs, lrfs, best-fit).
     #[arg(long, value_delimiter = ',', default_values_t = ["native", "qm-only", "pmrfs"].map(String::from))]
     pub schemes: Vec<String>,
-    /// Uplink presets (JANUS Table III): wifi, 4g, 3g.
-    #[arg(long, value_delimiter = ',', default_values_t = ["4g".to_string()])]
-    pub networks: Vec<String>,
-    /// `lt` input rate of the busy nodes, records/s (paper: 1000..5000).
-    #[arg(long, value_delimiter = ',', default_values_t = [5000u32])]
-    pub lt_rates: Vec<u32>,
     /// Payload bytes per record. The paper gives none (a smart-building
     /// dataset's readings); the sizes the issue names, each reported.
     #[arg(long, value_delimiter = ',', default_values_t = [256usize, 480, 640, 720, 1024])]
     pub record_bytes: Vec<usize>,
-    /// Edge nodes (paper: 4).
-    #[arg(long, default_value_t = 4)]
-    pub nodes: usize,
-    /// How many of them are busy.
-    #[arg(long, default_value_t = 2)]
-    pub busy: usize,
-    /// `ls` and `nm` input rates of a busy node, records/s (paper: 30, 300).
-    #[arg(long, value_delimiter = ',', default_values_t = [30u32, 300])]
-    pub busy_rates: Vec<u32>,
-    /// Input rate per class of an idle node, records/s (paper: 30).
-    #[arg(long, default_value_t = 30)]
-    pub idle_rate: u32,
-    /// Seconds of load per run over which throughput is measured (after
-    /// the warm-up).
-    #[arg(long, default_value_t = 10.0)]
-    pub seconds: f64,
-    /// Seconds of load before the measured part (longer than the slowest
-    /// class bound: throughput counts arrivals in a steady window).
-    #[arg(long, default_value_t = 2.0)]
-    pub warmup: f64,
+    #[command(flatten)]
+    pub grid: janus::Grid,
     /// Most seconds to wait for the queues to drain after the load; what
     /// is still queued then is reported (`queued_at_end`), not counted as
     /// lost, and is missing from the latency figures (which flatters the
@@ -733,7 +709,7 @@ async fn run_cell(
     cell: &Cell,
     index: usize,
 ) -> anyhow::Result<Value> {
-    let n = a.nodes;
+    let n = a.grid.nodes;
     let profile = weir::egress::link::LinkProfile::preset(&cell.network)
         .with_context(|| format!("unknown network {:?} (known: wifi, 4g, 3g)", cell.network))?;
     bed.shape(profile.bytes_per_sec)?;
@@ -820,18 +796,18 @@ async fn run_cell(
 
     // The devices.
     let busy_rates = [
-        a.busy_rates.first().copied().unwrap_or(30),
-        a.busy_rates.get(1).copied().unwrap_or(300),
+        a.grid.busy_rates.first().copied().unwrap_or(30),
+        a.grid.busy_rates.get(1).copied().unwrap_or(300),
         cell.lt_rate,
     ];
     let start_us = unix_us(SystemTime::now() + START_LEAD);
     let uplink_before = bed.uplink_bytes()?;
     let mut loads = Vec::new();
     for k in 1..=n {
-        let rates = if k <= a.busy {
+        let rates = if k <= a.grid.busy {
             busy_rates
         } else {
-            [a.idle_rate; 3]
+            [a.grid.idle_rate; 3]
         };
         let json = base.join(format!("node-{k}/offer.json"));
         let log = std::fs::File::create(base.join(format!("node-{k}/offer.log")))?;
@@ -851,7 +827,7 @@ async fn run_cell(
                 "--size",
                 &cell.record_bytes.to_string(),
                 "--seconds",
-                &(a.warmup + a.seconds).to_string(),
+                &(a.grid.warmup + a.grid.seconds).to_string(),
                 "--start-at-ms",
                 &(start_us / 1000).to_string(),
             ])
@@ -939,7 +915,7 @@ async fn run_cell(
 
     // Each node's uplink as it sees it, through the load.
     let admins: Vec<SocketAddr> = nodes.iter().map(Node::admin).collect();
-    let seconds = a.warmup + a.seconds;
+    let seconds = a.grid.warmup + a.grid.seconds;
     let sampler = tokio::spawn(async move {
         let mut series = vec![Vec::new(); admins.len()];
         let mut tick = tokio::time::interval(UPLINK_SAMPLE);
@@ -1057,8 +1033,8 @@ async fn run_cell(
     }
     let records: Vec<Delivered> = st.seen.into_values().collect();
     let window = (
-        start_us + (a.warmup * 1e6) as u64,
-        start_us + ((a.warmup + a.seconds) * 1e6) as u64,
+        start_us + (a.grid.warmup * 1e6) as u64,
+        start_us + ((a.grid.warmup + a.grid.seconds) * 1e6) as u64,
     );
     let accepted: [u64; 3] = std::array::from_fn(|c| offered.iter().map(|o| o.acked[c]).sum());
     let refused: [u64; 3] = std::array::from_fn(|c| {
@@ -1122,7 +1098,7 @@ async fn run_cell(
                 .collect();
             json!({
                 "node": i + 1,
-                "busy": i < a.busy,
+                "busy": i < a.grid.busy,
                 "offered": o.offered,
                 "sent": o.sent,
                 "acked": o.acked,
@@ -1135,7 +1111,7 @@ async fn run_cell(
             })
         })
         .collect();
-    let delivered = in_load as f64 / a.seconds;
+    let delivered = in_load as f64 / a.grid.seconds;
     Ok(json!({
         "scheme": cell.scheme,
         "network": cell.network,
@@ -1145,7 +1121,7 @@ async fn run_cell(
         "offered_rps": round(offered_rps, 1),
         "capacity_limit_rps": round(nan0(offered_rps.min(capacity_rps)), 1),
         "delivered_rps": round(delivered, 1),
-        "delivered_on_time_rps": round(on_time as f64 / a.seconds, 1),
+        "delivered_on_time_rps": round(on_time as f64 / a.grid.seconds, 1),
         "lost": lost,
         "duplicates": st.duplicates,
         "classes": classes,
@@ -1171,15 +1147,20 @@ async fn run_cell(
 /// `cluster-uplink.svg` (each node's estimate against the shaped rate)
 /// into `out`.
 pub async fn run(a: &Args, out: &Path) -> anyhow::Result<(String, Value, String)> {
-    for n in &a.networks {
+    for n in &a.grid.networks {
         ensure!(
             weir::egress::link::LinkProfile::preset(n).is_some(),
             "unknown network {n:?} (known: wifi, 4g, 3g)"
         );
     }
-    ensure!(a.busy <= a.nodes, "--busy {} > --nodes {}", a.busy, a.nodes);
     ensure!(
-        a.seconds.is_finite() && a.seconds > 0.0,
+        a.grid.busy <= a.grid.nodes,
+        "--busy {} > --nodes {}",
+        a.grid.busy,
+        a.grid.nodes
+    );
+    ensure!(
+        a.grid.seconds.is_finite() && a.grid.seconds > 0.0,
         "--seconds must be positive"
     );
     for &b in &a.record_bytes {
@@ -1189,8 +1170,13 @@ pub async fn run(a: &Args, out: &Path) -> anyhow::Result<(String, Value, String)
         );
     }
     let bins = bins(a)?;
-    let cells = janus::grid(&a.schemes, &a.networks, &a.lt_rates, &a.record_bytes)?;
-    let bed = Testbed::build(a.nodes)?;
+    let cells = janus::grid(
+        &a.schemes,
+        &a.grid.networks,
+        &a.grid.lt_rates,
+        &a.record_bytes,
+    )?;
+    let bed = Testbed::build(a.grid.nodes)?;
     let bar = report::progress(cells.len() as u64, "cluster");
     let mut runs = Vec::new();
     for (k, cell) in cells.iter().enumerate() {

@@ -68,33 +68,8 @@ pub struct Args {
     /// Schemes to compare.
     #[arg(long, value_delimiter = ',', default_values_t = ALL_SCHEMES.map(String::from))]
     pub schemes: Vec<String>,
-    /// Uplink presets (JANUS Table III): wifi, 4g, 3g.
-    #[arg(long, value_delimiter = ',', default_values_t = ["4g".to_string()])]
-    pub networks: Vec<String>,
-    /// `lt` input rates of the busy nodes, records/s (paper: 1000..5000).
-    #[arg(long, value_delimiter = ',', default_values_t = [5000u32])]
-    pub lt_rates: Vec<u32>,
-    /// Edge nodes (paper: 4).
-    #[arg(long, default_value_t = 4)]
-    pub nodes: usize,
-    /// How many of them are busy.
-    #[arg(long, default_value_t = 2)]
-    pub busy: usize,
-    /// `ls` and `nm` input rates of a busy node, records/s.
-    #[arg(long, value_delimiter = ',', default_values_t = [30u32, 300])]
-    pub busy_rates: Vec<u32>,
-    /// Input rate per class of an idle node, records/s.
-    #[arg(long, default_value_t = 30)]
-    pub idle_rate: u32,
-    /// Seconds of load per run over which throughput is measured (after
-    /// the warm-up).
-    #[arg(long, default_value_t = 10.0)]
-    pub seconds: f64,
-    /// Seconds of load before the measured part: longer than the slowest
-    /// class bound, so that throughput counts arrivals in a steady window
-    /// rather than the first records' trip through the pipeline.
-    #[arg(long, default_value_t = 2.0)]
-    pub warmup: f64,
+    #[command(flatten)]
+    pub grid: Grid,
     /// Most seconds to wait for the queues to drain after the load.
     #[arg(long, default_value_t = 60.0)]
     pub drain: f64,
@@ -122,6 +97,38 @@ pub struct Args {
     /// own online estimate of its uplink instead of the preset's rate.
     #[arg(long)]
     pub track_uplink: bool,
+}
+
+/// The paper's testbed and load, shared by `janus` and `cluster`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Grid {
+    /// Uplink presets (JANUS Table III): wifi, 4g, 3g.
+    #[arg(long, value_delimiter = ',', default_values_t = ["4g".to_string()])]
+    pub networks: Vec<String>,
+    /// `lt` input rates of the busy nodes, records/s (paper: 1000..5000).
+    #[arg(long, value_delimiter = ',', default_values_t = [5000u32])]
+    pub lt_rates: Vec<u32>,
+    /// Edge nodes (paper: 4).
+    #[arg(long, default_value_t = 4)]
+    pub nodes: usize,
+    /// How many of them are busy.
+    #[arg(long, default_value_t = 2)]
+    pub busy: usize,
+    /// `ls` and `nm` input rates of a busy node, records/s.
+    #[arg(long, value_delimiter = ',', default_values_t = [30u32, 300])]
+    pub busy_rates: Vec<u32>,
+    /// Input rate per class of an idle node, records/s.
+    #[arg(long, default_value_t = 30)]
+    pub idle_rate: u32,
+    /// Seconds of load per run over which throughput is measured (after
+    /// the warm-up).
+    #[arg(long, default_value_t = 10.0)]
+    pub seconds: f64,
+    /// Seconds of load before the measured part: longer than the slowest
+    /// class bound, so that throughput counts arrivals in a steady window
+    /// rather than the first records' trip through the pipeline.
+    #[arg(long, default_value_t = 2.0)]
+    pub warmup: f64,
 }
 
 /// One node's part of the load.
@@ -410,7 +417,7 @@ fn unix_us(t: SystemTime) -> u64 {
 
 /// Runs one cell and returns its JSON object.
 async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
-    let n = a.nodes.max(1);
+    let n = a.grid.nodes.max(1);
     let ports = free_ports(n)?;
     let dirs: Vec<PathBuf> = (1..=n).map(|i| base.join(format!("node-{i}"))).collect();
     let mut apps = Vec::new();
@@ -435,28 +442,28 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let busy_rates = [
-        a.busy_rates.first().copied().unwrap_or(30),
-        a.busy_rates.get(1).copied().unwrap_or(300),
+        a.grid.busy_rates.first().copied().unwrap_or(30),
+        a.grid.busy_rates.get(1).copied().unwrap_or(300),
         cell.lt_rate,
     ];
     let payload = Bytes::from(vec![0x5a; cell.record_bytes]);
-    let a_seconds = a.warmup + a.seconds;
+    let a_seconds = a.grid.warmup + a.grid.seconds;
     let start_wall = unix_us(SystemTime::now());
     let epoch = Instant::now();
     let gens: Vec<_> = apps
         .iter()
         .enumerate()
         .map(|(i, app)| {
-            let rates = if i < a.busy {
+            let rates = if i < a.grid.busy {
                 busy_rates
             } else {
-                [a.idle_rate; 3]
+                [a.grid.idle_rate; 3]
             };
             tokio::spawn(generate(
                 Arc::clone(&app.ingress),
                 Load { rates },
                 epoch,
-                a.warmup + a.seconds,
+                a.grid.warmup + a.grid.seconds,
                 payload.clone(),
             ))
         })
@@ -494,8 +501,8 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
     }
     let uplinks = sampler.await.context("the uplink sampler panicked")?;
     let window = (
-        start_wall + (a.warmup * 1e6) as u64,
-        start_wall + ((a.warmup + a.seconds) * 1e6) as u64,
+        start_wall + (a.grid.warmup * 1e6) as u64,
+        start_wall + ((a.grid.warmup + a.grid.seconds) * 1e6) as u64,
     );
     let accepted: u64 = offered.iter().flat_map(|o| o.accepted).sum();
     let drain_start = Instant::now();
@@ -554,15 +561,15 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
         .enumerate()
         .zip(uplinks)
         .map(|((i, o), uplink)| {
-            let target: u32 = if i < a.busy {
+            let target: u32 = if i < a.grid.busy {
                 busy_rates.iter().sum()
             } else {
-                a.idle_rate * 3
+                a.grid.idle_rate * 3
             };
             let (accepted_rps, offered_rps) = o.rates();
             json!({
                 "node": i + 1,
-                "busy": i < a.busy,
+                "busy": i < a.grid.busy,
                 "target_rps": target,
                 "accepted_rps": round(accepted_rps, 1),
                 "offered_rps": round(offered_rps, 1),
@@ -576,13 +583,13 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
         "network": cell.network,
         "lt_rate": cell.lt_rate,
         "classes": classes,
-        "throughput_rps": round(in_load as f64 / a.seconds, 1),
+        "throughput_rps": round(in_load as f64 / a.grid.seconds, 1),
         "record_bytes": cell.record_bytes,
         "wire_bytes_per_record": round(nan0(wire_per_record), 1),
         "offered_rps": round(offered_rps, 1),
         "capacity_limit_rps": round(nan0(offered_rps.min(capacity_rps)), 1),
-        "delivered_rps": round(in_load as f64 / a.seconds, 1),
-        "delivered_on_time_rps": round(on_time as f64 / a.seconds, 1),
+        "delivered_rps": round(in_load as f64 / a.grid.seconds, 1),
+        "delivered_on_time_rps": round(on_time as f64 / a.grid.seconds, 1),
         "lost": accepted.saturating_sub(records.len() as u64),
         "accepted": accepted,
         "delivered": records.len(),
@@ -730,8 +737,18 @@ pub(crate) fn paper(scheme: &str, network: &str) -> Value {
 
 /// Runs the grid and returns the table, the JSON array and the SVG.
 pub async fn run(a: &Args) -> anyhow::Result<(String, Value, String)> {
-    anyhow::ensure!(a.busy <= a.nodes, "--busy {} > --nodes {}", a.busy, a.nodes);
-    let cells = grid(&a.schemes, &a.networks, &a.lt_rates, &a.record_bytes)?;
+    anyhow::ensure!(
+        a.grid.busy <= a.grid.nodes,
+        "--busy {} > --nodes {}",
+        a.grid.busy,
+        a.grid.nodes
+    );
+    let cells = grid(
+        &a.schemes,
+        &a.grid.networks,
+        &a.grid.lt_rates,
+        &a.record_bytes,
+    )?;
     let bar = report::progress(cells.len() as u64, "janus");
     let mut runs = Vec::new();
     for (k, cell) in cells.iter().enumerate() {
@@ -937,8 +954,8 @@ mod tests {
     fn every_scheme_and_network_gives_valid_weir_config() {
         let a = Cli::parse_from(["x"]).a;
         assert_eq!(a.schemes.len(), 7);
-        assert_eq!(a.networks, ["4g"]);
-        assert_eq!(a.lt_rates, [5000]);
+        assert_eq!(a.grid.networks, ["4g"]);
+        assert_eq!(a.grid.lt_rates, [5000]);
         assert_eq!(a.record_bytes, [640]);
         let ports = [1000, 1001, 1002, 1003];
         for scheme in ALL_SCHEMES {
