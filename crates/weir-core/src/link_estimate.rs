@@ -471,6 +471,33 @@ impl LinkEstimator {
     }
 }
 
+/// Transactions among the last [`WINDOW`] that must have been sent while
+/// the link was still busy with earlier ones before a fit may put the
+/// bandwidth below the configured prior ([`to_act_on`]).
+pub const MIN_SATURATED: u32 = 8;
+
+/// The estimate to act on (`C_out`, the spare a node advertises to its
+/// peers) from a `fit`, the configured `prior` and how many of the last
+/// [`WINDOW`] transactions were `saturated` (sent behind others).
+///
+/// Transactions that each had the link to themselves time the whole round
+/// trip, and a broker's confirm costs more for more bytes (it writes and
+/// syncs them): such a fit is a lower bound of what the link carries when
+/// kept busy. An idle node measured that way advertised 0.4-1.7 MB/s of
+/// a 2.25 MB/s uplink in the real-process JANUS lab. So without evidence
+/// of a saturated link the bandwidth stays at least the operator's prior
+/// (`scheduler.uplink`); once the link has been seen saturated the fit
+/// stands, lower or higher. `T_sc` is the fit's either way.
+pub fn to_act_on(fit: LinkEstimate, prior: LinkEstimate, saturated: u32) -> LinkEstimate {
+    if saturated >= MIN_SATURATED {
+        return fit;
+    }
+    LinkEstimate {
+        bytes_per_sec: fit.bytes_per_sec.max(prior.bytes_per_sec),
+        per_transaction: fit.per_transaction,
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -812,5 +839,26 @@ pub(crate) mod tests {
                 prop_assert!(e.bytes_per_sec.is_finite() && e.bytes_per_sec > 0.0);
             }
         }
+    }
+
+    #[test]
+    fn a_fit_goes_below_the_prior_only_once_the_link_was_seen_saturated() {
+        let prior = LinkEstimate {
+            bytes_per_sec: 2.25e6,
+            per_transaction: Duration::from_millis(50),
+        };
+        let slow = LinkEstimate {
+            bytes_per_sec: 0.5e6,
+            per_transaction: Duration::from_millis(52),
+        };
+        let idle = to_act_on(slow, prior, MIN_SATURATED - 1);
+        assert_eq!(idle.bytes_per_sec, 2.25e6);
+        assert_eq!(idle.per_transaction, Duration::from_millis(52));
+        assert_eq!(to_act_on(slow, prior, MIN_SATURATED), slow);
+        let fast = LinkEstimate {
+            bytes_per_sec: 5e6,
+            ..slow
+        };
+        assert_eq!(to_act_on(fast, prior, 0), fast);
     }
 }

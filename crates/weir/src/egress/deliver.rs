@@ -51,6 +51,9 @@ const MIN_BUSY_SPAN: usize = 4;
 /// fsync; and timing from the previous confirmation, as weir did, counts
 /// a paced sender's idle gaps as transfer (in the real-process JANUS lab,
 /// 1.8 MB/s on a 2.12 MB/s uplink, and `C_out` followed it down).
+///
+/// Also says whether the transaction was sent behind others (the link was
+/// saturated).
 fn transaction_time(
     busy: &mut VecDeque<(Instant, u64)>,
     now: Instant,
@@ -58,7 +61,7 @@ fn transaction_time(
     link_free_at: Instant,
     t_sc: Duration,
     bytes: u64,
-) -> Duration {
+) -> (Duration, bool) {
     let free_of_the_one_before = link_free_at.checked_sub(t_sc).unwrap_or(link_free_at);
     let behind = started < free_of_the_one_before;
     if !behind {
@@ -73,10 +76,10 @@ fn transaction_time(
         let carried: u64 = busy.iter().skip(1).map(|b| b.1).sum();
         let span = now - first;
         if carried > 0 && !span.is_zero() {
-            return t_sc + span.mul_f64(bytes as f64 / carried as f64);
+            return (t_sc + span.mul_f64(bytes as f64 / carried as f64), true);
         }
     }
-    now - started.max(free_of_the_one_before)
+    (now - started.max(free_of_the_one_before), behind)
 }
 
 /// What the delivery loop needs besides its sink and its batches.
@@ -201,6 +204,10 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
     // its current busy period.
     let mut link_free_at = Instant::now();
     let mut busy = VecDeque::with_capacity(BUSY_SPAN + 1);
+    // One bit per recent confirmation (the last 64, newest lowest): sent
+    // while the link was busy with earlier ones. The emulated link times
+    // its own transfers and counts as evidence throughout.
+    let mut saturated: u64 = 0;
     // When the link will have carried what was sent, predicted.
     let epoch = Instant::now();
     let mut clock = LinkClock::default();
@@ -348,16 +355,18 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                         // emulated link a broker's bunched confirms would
                         // only blur what the link itself does.
                         let t_sc = link.borrow().per_transaction;
-                        let elapsed = done.link_time.unwrap_or_else(|| {
-                            transaction_time(
+                        let (elapsed, behind) = match done.link_time {
+                            Some(t) => (t, true),
+                            None => transaction_time(
                                 &mut busy,
                                 now,
                                 done.started,
                                 link_free_at,
                                 t_sc,
                                 done.prepared.encoded.body.len() as u64,
-                            )
-                        });
+                            ),
+                        };
+                        saturated = (saturated << 1) | u64::from(behind);
                         if flight.is_empty() {
                             // Everything sent is confirmed, so carried.
                             clock.cleared(now - epoch);
@@ -368,6 +377,7 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                         confirmed(
                             &done.prepared,
                             elapsed,
+                            (saturated.count_ones(), link_prior),
                             &mut estimator,
                             &link,
                             &metrics,
@@ -480,6 +490,7 @@ fn failed(
 fn confirmed(
     done: &Prepared,
     elapsed: Duration,
+    (saturated, prior): (u32, LinkEstimate),
     estimator: &mut Option<LinkEstimator>,
     link: &tokio::sync::watch::Sender<weir_core::link_estimate::LinkEstimate>,
     metrics: &Metrics,
@@ -498,8 +509,10 @@ fn confirmed(
         // bandwidth, and acting on them would shrink C_out and the spare a
         // node offers its peers. The scheduler keeps the last full fit (or
         // the configured prior) until then.
+        // Lone transactions alone never take the bandwidth below the
+        // configured prior (`link_estimate::to_act_on`).
         if est.fit_kind() == weir_core::link_estimate::FitKind::Full {
-            link.send_replace(now);
+            link.send_replace(weir_core::link_estimate::to_act_on(now, prior, saturated));
         }
     }
     for o in observers {
@@ -661,13 +674,15 @@ mod tests {
         bunch: Option<Duration>,
         epoch: tokio::time::Instant,
         window: usize,
+        /// What the broker's confirm costs per byte (writing it down).
+        confirm_per_byte: Duration,
     }
 
     impl Sink for ModelLink {
         async fn send(&mut self, batch: &EncodedBatch) -> Result<Confirm, SinkError> {
             let start = self.free_at.max(tokio::time::Instant::now());
             self.free_at = start + Duration::from_secs_f64(batch.body.len() as f64 / self.rate);
-            let mut at = self.free_at + self.rtt;
+            let mut at = self.free_at + self.rtt + self.confirm_per_byte * batch.body.len() as u32;
             if let Some(every) = self.bunch {
                 let since = (at - self.epoch).as_secs_f64();
                 let n = (since / every.as_secs_f64()).ceil();
@@ -709,6 +724,7 @@ mod tests {
             bunch: None,
             epoch: tokio::time::Instant::now(),
             window: 8,
+            confirm_per_byte: Duration::ZERO,
         };
         let handle = tokio::spawn(run(sink, rx, ctx));
         for seq in 1..=300u64 {
@@ -837,6 +853,7 @@ mod tests {
             bunch: Some(Duration::from_millis(20)),
             epoch: now,
             window: 8,
+            confirm_per_byte: Duration::ZERO,
         };
         let handle = tokio::spawn(run(sink, rx, ctx));
         for seq in 1..=400u64 {
@@ -853,6 +870,70 @@ mod tests {
             (est.bytes_per_sec / rate - 1.0).abs() < 0.1,
             "measured {:.0} B/s on a {rate} B/s link",
             est.bytes_per_sec
+        );
+    }
+
+    /// What a delivery loop publishes after `batches` batches of 8-64 KiB
+    /// over a modelled 2 MB/s link behind 50 ms with `confirm_per_byte`,
+    /// sent `every` apart (zero: as fast as the window allows), from
+    /// `prior`.
+    async fn published_after(
+        prior_bytes_per_sec: f64,
+        batches: u64,
+        every: Duration,
+        confirm_per_byte: Duration,
+    ) -> weir_core::link_estimate::LinkEstimate {
+        let prior = weir_core::link_estimate::LinkEstimate {
+            bytes_per_sec: prior_bytes_per_sec,
+            per_transaction: Duration::from_millis(50),
+        };
+        let (ctx, releases, _ready, published) = context(prior);
+        let (tx, rx) = mpsc::channel(64);
+        let now = tokio::time::Instant::now();
+        let sink = ModelLink {
+            rate: 2e6,
+            rtt: Duration::from_millis(50),
+            free_at: now,
+            bunch: None,
+            epoch: now,
+            window: 8,
+            confirm_per_byte,
+        };
+        let handle = tokio::spawn(run(sink, rx, ctx));
+        for seq in 1..=batches {
+            let size = 8192 + (seq as usize * 7919) % (56 << 10);
+            let mut b = batch(seq);
+            b.records[0].payload = Bytes::from(vec![7u8; size]);
+            tx.send(b).await.unwrap();
+            tokio::time::sleep(every).await;
+        }
+        drop(tx);
+        handle.await.unwrap();
+        assert_eq!(releases.0.lock().unwrap().len() as u64, batches);
+        let est = *published.borrow();
+        est
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lone_transactions_do_not_take_the_bandwidth_below_the_prior() {
+        // Each batch alone on the link, and the broker spends 1 us per
+        // byte before confirming: a lone transaction's line has a slope of
+        // 1.5 us per byte (0.67 MB/s), which is not what the link carries
+        // when kept busy. Without evidence of saturation the prior stands.
+        let idle = published_after(
+            2e6,
+            80,
+            Duration::from_millis(300),
+            Duration::from_micros(1),
+        )
+        .await;
+        assert!(idle.bytes_per_sec >= 2e6, "{idle:?}");
+        // The same link kept busy (and the prior too high): measured.
+        let busy = published_after(4e6, 300, Duration::ZERO, Duration::ZERO).await;
+        assert!(
+            (busy.bytes_per_sec / 2e6 - 1.0).abs() < 0.1,
+            "measured {:.0} B/s on a 2 MB/s link",
+            busy.bytes_per_sec
         );
     }
 }
