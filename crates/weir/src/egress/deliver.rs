@@ -374,12 +374,19 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                         metrics.latency.stage(Stage::Confirm, now - done.sent);
                         link_free_at = now;
                         backoff = RETRY_INITIAL;
+                        if let Some(est) = estimator.as_mut() {
+                            measured(
+                                est,
+                                done.prepared.encoded.body.len() as u64,
+                                elapsed,
+                                (saturated.count_ones(), link_prior),
+                                &link,
+                                &metrics,
+                            );
+                        }
                         confirmed(
                             &done.prepared,
                             elapsed,
-                            (saturated.count_ones(), link_prior),
-                            &mut estimator,
-                            &link,
                             &metrics,
                             &observers,
                             delivered.as_ref(),
@@ -486,35 +493,42 @@ fn failed(
     tracing::warn!(sink, batch = head.encoded.seq, attempt = head.attempts, error = %error, "delivery failed; retrying");
 }
 
-/// Everything a confirmed transaction updates.
+/// A confirmed transaction of `bytes` that took `elapsed` on the link
+/// teaches the estimator; a full fit is published (`to_act_on`: lone
+/// transactions never take the bandwidth below the configured `prior`
+/// unless `saturated` says the link was seen busy).
+fn measured(
+    est: &mut LinkEstimator,
+    bytes: u64,
+    elapsed: Duration,
+    (saturated, prior): (u32, LinkEstimate),
+    link: &tokio::sync::watch::Sender<LinkEstimate>,
+    metrics: &Metrics,
+) {
+    // The transaction alone (not compression or queueing): Eq. 1's
+    // `T_sc + US / Th_up` for the bytes on the wire.
+    est.observe(bytes, elapsed);
+    let now = est.estimate();
+    metrics.set_link(&now);
+    // Only a window of varied sizes separates T_sc from bandwidth; small
+    // alike batches (an idle link) say little about the bandwidth, and
+    // acting on them would shrink C_out and the spare a node offers its
+    // peers. The scheduler keeps the last full fit (or the configured
+    // prior) until then.
+    if est.fit_kind() == weir_core::link_estimate::FitKind::Full {
+        link.send_replace(weir_core::link_estimate::to_act_on(now, prior, saturated));
+    }
+}
+
+/// Everything else a confirmed transaction updates.
 fn confirmed(
     done: &Prepared,
     elapsed: Duration,
-    (saturated, prior): (u32, LinkEstimate),
-    estimator: &mut Option<LinkEstimator>,
-    link: &tokio::sync::watch::Sender<weir_core::link_estimate::LinkEstimate>,
     metrics: &Metrics,
     observers: &[Arc<dyn DeliveryObserver>],
     delivered: Option<&mpsc::Sender<Delivered>>,
 ) {
     let encoded = &done.encoded;
-    if let Some(est) = estimator.as_mut() {
-        // The transaction alone (not compression or queueing): Eq. 1's
-        // `T_sc + US / Th_up` for the bytes on the wire.
-        est.observe(encoded.body.len() as u64, elapsed);
-        let now = est.estimate();
-        metrics.set_link(&now);
-        // Only a window of varied sizes separates T_sc from bandwidth;
-        // small alike batches (an idle link) say little about the
-        // bandwidth, and acting on them would shrink C_out and the spare a
-        // node offers its peers. The scheduler keeps the last full fit (or
-        // the configured prior) until then.
-        // Lone transactions alone never take the bandwidth below the
-        // configured prior (`link_estimate::to_act_on`).
-        if est.fit_kind() == weir_core::link_estimate::FitKind::Full {
-            link.send_replace(weir_core::link_estimate::to_act_on(now, prior, saturated));
-        }
-    }
     for o in observers {
         o.delivered(&done.batch.records);
     }
