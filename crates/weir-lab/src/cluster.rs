@@ -1199,52 +1199,56 @@ pub async fn run(a: &Args, out: &Path) -> anyhow::Result<(String, Value, String)
     Ok((table, Value::Array(runs), svg))
 }
 
-/// Each node's uplink estimate and `C_out` over the load of the PMRFS
-/// runs (or the first run), against the shaped rate.
+/// Each node's uplink estimate, `C_out` and what its uplink carried over
+/// the load of one run, against the shaped rate: PMRFS at 640 B (the
+/// in-process lab's size) if it ran, else the first PMRFS run, else the
+/// first run.
 fn uplink_svg(runs: &[Value]) -> anyhow::Result<String> {
-    let pick: Vec<&Value> = {
-        let p: Vec<&Value> = runs.iter().filter(|r| r["scheme"] == "pmrfs").collect();
-        if p.is_empty() {
-            runs.iter().take(1).collect()
-        } else {
-            p
-        }
-    };
-    let Some(first) = pick.first() else {
+    let pmrfs = |r: &&Value| r["scheme"] == "pmrfs";
+    let Some(first) = runs
+        .iter()
+        .filter(pmrfs)
+        .find(|r| r["record_bytes"] == 640)
+        .or_else(|| runs.iter().find(pmrfs))
+        .or_else(|| runs.first())
+    else {
         return Ok(String::new());
     };
     let mut series = Vec::new();
-    for r in &pick {
-        for node in r["input"].as_array().into_iter().flatten() {
-            let pts = |key: &str| -> Vec<(f64, f64)> {
-                node["uplink"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|s| {
-                        (
-                            s["t"].as_f64().unwrap_or(0.0),
-                            s[key].as_f64().unwrap_or(0.0) / 1e6,
-                        )
-                    })
-                    .collect()
-            };
-            let label = format!("{} B, node {}", r["record_bytes"], node["node"]);
-            series.push(report::Series {
-                name: format!("estimate, {label}"),
-                points: pts("estimate_bps"),
-            });
-            series.push(report::Series {
-                name: format!("C_out, {label}"),
-                points: pts("c_out_bps"),
-            });
-        }
+    for node in first["input"].as_array().into_iter().flatten() {
+        let pts = |key: &str| -> Vec<(f64, f64)> {
+            node["uplink"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|s| {
+                    (
+                        s["t"].as_f64().unwrap_or(0.0),
+                        s[key].as_f64().unwrap_or(0.0) / 1e6,
+                    )
+                })
+                .collect()
+        };
+        let label = format!("node {}", node["node"]);
+        series.push(report::Series {
+            name: format!("estimate, {label}"),
+            points: pts("estimate_bps"),
+        });
+        series.push(report::Series {
+            name: format!("C_out, {label}"),
+            points: pts("c_out_bps"),
+        });
+        series.push(report::Series {
+            name: format!("carried (wire), {label}"),
+            points: pts("carried_wire_bps"),
+        });
     }
     report::line_chart_svg(&report::LineChart {
         title: format!(
-            "Uplink estimate and C_out per node ({}, {}, track_uplink = {})",
+            "Uplink estimate, C_out and carried per node ({}, {}, {} B, track_uplink = {})",
             first["scheme"].as_str().unwrap_or(""),
             first["network"].as_str().unwrap_or(""),
+            first["record_bytes"],
             first["track_uplink"]
         ),
         x_label: "seconds into the load".into(),
