@@ -37,6 +37,7 @@
 //!   a transaction costs regardless of its size (round trip to the broker and
 //!   its confirm, framing, scheduling).
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 /// Transactions the estimators remember: enough for a robust fit (Theil–Sen
@@ -471,6 +472,99 @@ impl LinkEstimator {
     }
 }
 
+/// Confirmations of a busy link over which its rate is measured
+/// ([`LinkTimer`]): enough to average out a broker's bunched confirms, few
+/// enough to follow a changing link within seconds.
+pub const BUSY_SPAN: usize = 16;
+
+/// Fewest intervals between confirmations of a busy link before their
+/// span says more than one transaction does.
+pub const MIN_BUSY_SPAN: usize = 4;
+
+/// How the link served each confirmed transaction: the time Eq. 1
+/// charges it, and whether it was sent while the link was still busy with
+/// earlier ones (saturated). Times are offsets from the egress's epoch.
+///
+/// A transaction sent once the link was free of the one before (that one
+/// left the link `T_sc` before its confirmation) is timed from its send:
+/// `T_sc + US / Th_up` as measured. One sent while the link was still busy
+/// waited for it; the link carried it at the rate it carried the whole
+/// busy period, measured over the last [`BUSY_SPAN`] confirmations, so its
+/// time is `T_sc` plus its bytes at that rate. One confirmation alone would
+/// not do: a broker confirms in bunches after its fsyncs, so the gap before
+/// one confirmation is nothing or a whole fsync; and timing from the
+/// previous confirmation, as weir did, counts a paced sender's idle gaps as
+/// transfer (in the real-process JANUS lab, 1.8 MB/s on a 2.12 MB/s
+/// uplink, and `C_out` followed it down).
+#[derive(Debug, Clone, Default)]
+pub struct LinkTimer {
+    /// When the last transaction was confirmed.
+    last_confirmed: Duration,
+    /// The confirmations (time, bytes) of the link's current busy period.
+    busy: VecDeque<(Duration, u64)>,
+    /// One bit per recent confirmation (the last 64, newest lowest): sent
+    /// behind others.
+    saturated: u64,
+}
+
+impl LinkTimer {
+    /// A transaction of `bytes` sent at `started` was confirmed `now`, with
+    /// `t_sc` the fixed time in force; `link_time` is its time where the
+    /// sink knows it (an emulated link, which counts as saturated
+    /// throughout). Returns the time to charge it.
+    pub fn confirmed(
+        &mut self,
+        started: Duration,
+        now: Duration,
+        t_sc: Duration,
+        bytes: u64,
+        link_time: Option<Duration>,
+    ) -> Duration {
+        let (elapsed, behind) = match link_time {
+            Some(t) => (t, true),
+            None => self.served(started, now, t_sc, bytes),
+        };
+        self.saturated = (self.saturated << 1) | u64::from(behind);
+        self.last_confirmed = now;
+        elapsed
+    }
+
+    /// Of the last 64 confirmations, how many were sent behind others.
+    pub fn saturated(&self) -> u32 {
+        self.saturated.count_ones()
+    }
+
+    fn served(
+        &mut self,
+        started: Duration,
+        now: Duration,
+        t_sc: Duration,
+        bytes: u64,
+    ) -> (Duration, bool) {
+        let free_of_the_one_before = self.last_confirmed.saturating_sub(t_sc);
+        let behind = started < free_of_the_one_before;
+        if !behind {
+            self.busy.clear();
+        }
+        self.busy.push_back((now, bytes));
+        if self.busy.len() > BUSY_SPAN + 1 {
+            self.busy.pop_front();
+        }
+        if behind && self.busy.len() > MIN_BUSY_SPAN {
+            let first = self.busy[0].0;
+            let carried: u64 = self.busy.iter().skip(1).map(|b| b.1).sum();
+            let span = now.saturating_sub(first);
+            if carried > 0 && !span.is_zero() {
+                return (t_sc + span.mul_f64(bytes as f64 / carried as f64), true);
+            }
+        }
+        (
+            now.saturating_sub(started.max(free_of_the_one_before)),
+            behind,
+        )
+    }
+}
+
 /// Transactions among the last [`WINDOW`] that must have been sent while
 /// the link was still busy with earlier ones before a fit may put the
 /// bandwidth below the configured prior ([`to_act_on`]).
@@ -860,5 +954,34 @@ pub(crate) mod tests {
             ..slow
         };
         assert_eq!(to_act_on(fast, prior, 0), fast);
+    }
+
+    #[test]
+    fn a_transaction_is_timed_as_the_link_served_it() {
+        let ms = Duration::from_millis;
+        let t_sc = ms(50);
+        let mut t = LinkTimer::default();
+        // Alone: from its send to its confirmation.
+        assert_eq!(t.confirmed(ms(100), ms(160), t_sc, 10_000, None), ms(60));
+        // Sent at 105, before the first left the link (at 160 - 50): it
+        // started on the link at 110.
+        assert_eq!(t.confirmed(ms(105), ms(170), t_sc, 10_000, None), ms(60));
+        assert_eq!(t.saturated(), 1);
+        // Sent at 230, after the link was free (170 - 50): from its send.
+        assert_eq!(t.confirmed(ms(230), ms(295), t_sc, 10_000, None), ms(65));
+        assert_eq!(t.saturated(), 1);
+        // A busy run of 6 batches of 10 kB, all sent at 150, one confirmed
+        // every 5 ms: once 4 intervals are seen, each is charged T_sc plus
+        // its bytes at the run's rate (2 MB/s).
+        for k in 0..6u64 {
+            let e = t.confirmed(ms(150), ms(300 + 5 * k), t_sc, 10_000, None);
+            if k >= 3 {
+                assert_eq!(e, ms(55), "confirmation {k}");
+            }
+        }
+        assert_eq!(t.saturated(), 7);
+        // The sink's own time stands and counts as saturated.
+        assert_eq!(t.confirmed(ms(400), ms(500), t_sc, 1, Some(ms(7))), ms(7));
+        assert_eq!(t.saturated(), 8);
     }
 }

@@ -298,11 +298,6 @@ impl Testbed {
         Ok(())
     }
 
-    /// Bytes each node has sent up its uplink so far.
-    fn uplink_bytes(&self) -> anyhow::Result<Vec<u64>> {
-        uplink_bytes(self.nodes)
-    }
-
     fn remove_leftovers() {
         if let Ok(out) = std::process::Command::new("ip")
             .args(["netns", "list"])
@@ -369,18 +364,18 @@ fn split_amqp(url: &str) -> anyhow::Result<(String, String, String)> {
     Ok((format!("{scheme}://{creds}"), host, path.to_string()))
 }
 
-/// weir's config for node `k` of `n` in `cell`.
+/// weir's config for node `k` of the cluster in `cell`, whose uplink
+/// carries `uplink_bps` (the prior of `scheduler.uplink`).
 fn config_text(
     k: usize,
-    n: usize,
     dir: &Path,
     cell: &Cell,
+    uplink_bps: f64,
     a: &Args,
     amqp: &str,
     queue: &str,
-) -> anyhow::Result<String> {
-    let profile = weir::egress::link::LinkProfile::preset(&cell.network)
-        .with_context(|| format!("unknown network {:?} (known: wifi, 4g, 3g)", cell.network))?;
+) -> String {
+    let n = a.grid.nodes;
     let peers: Vec<String> = (1..=n)
         .filter(|&p| p != k)
         .map(|p| format!("{{ id = {p}, addr = \"{}:{PEER_PORT}\" }}", lan_addr(p)))
@@ -399,7 +394,7 @@ fn config_text(
         .map(|(c, _)| format!("[[classify.route]]\nmqtt = \"+/{c}/#\"\nclass = \"{c}\"\n"))
         .collect();
     let dir = toml_string(dir);
-    Ok(format!(
+    format!(
         r#"# weir-lab cluster: node {k} of {n}, {scheme} on {network}.
 [node]
 id = {k}
@@ -442,9 +437,9 @@ track_uplink = {track}
         network = cell.network,
         lan = lan_addr(k),
         peers = peers.join(", "),
-        bw = profile.bytes_per_sec.round() as u64,
+        bw = uplink_bps.round() as u64,
         track = !a.pin_uplink,
-    ))
+    )
 }
 
 fn toml_string(p: &Path) -> String {
@@ -710,8 +705,7 @@ async fn run_cell(
     index: usize,
 ) -> anyhow::Result<Value> {
     let n = a.grid.nodes;
-    let profile = weir::egress::link::LinkProfile::preset(&cell.network)
-        .with_context(|| format!("unknown network {:?} (known: wifi, 4g, 3g)", cell.network))?;
+    let profile = janus::preset(&cell.network)?;
     bed.shape(profile.bytes_per_sec)?;
     let base =
         std::env::temp_dir().join(format!("weir-lab-cluster-{}-{index}", std::process::id()));
@@ -758,7 +752,7 @@ async fn run_cell(
         let dir = base.join(format!("node-{k}"));
         std::fs::create_dir_all(&dir)?;
         let amqp = format!("{prefix}{}:{port}{vhost}", wan_addrs(k).1);
-        let text = config_text(k, n, &dir, cell, a, &amqp, &queue)?;
+        let text = config_text(k, &dir, cell, profile.bytes_per_sec, a, &amqp, &queue);
         weir::config::parse(&text, "weir-lab cluster config")
             .map_err(|e| anyhow::anyhow!("the lab's cluster config is invalid: {e}"))?;
         let path = dir.join("weir.toml");
@@ -801,7 +795,7 @@ async fn run_cell(
         cell.lt_rate,
     ];
     let start_us = unix_us(SystemTime::now() + START_LEAD);
-    let uplink_before = bed.uplink_bytes()?;
+    let uplink_before = uplink_bytes(bed.nodes)?;
     let mut loads = Vec::new();
     for k in 1..=n {
         let rates = if k <= a.grid.busy {
@@ -1010,7 +1004,7 @@ async fn run_cell(
         node.stop(Duration::from_secs(5)).await;
     }
     // After the nodes' own shutdown drain, like the consumer's count.
-    let uplink_after = bed.uplink_bytes()?;
+    let uplink_after = uplink_bytes(bed.nodes)?;
     stop_consumer.cancel();
     consumer.await.context("the consumer panicked")??;
     for l in lines {
@@ -1148,10 +1142,7 @@ async fn run_cell(
 /// into `out`.
 pub async fn run(a: &Args, out: &Path) -> anyhow::Result<(String, Value, String)> {
     for n in &a.grid.networks {
-        ensure!(
-            weir::egress::link::LinkProfile::preset(n).is_some(),
-            "unknown network {n:?} (known: wifi, 4g, 3g)"
-        );
+        janus::preset(n)?;
     }
     ensure!(
         a.grid.busy <= a.grid.nodes,
@@ -1290,14 +1281,13 @@ mod tests {
             };
             let text = config_text(
                 3,
-                4,
                 Path::new("/tmp/x"),
                 &cell,
+                2_250_000.0,
                 &a,
                 "amqp://guest:guest@10.251.3.1:5700/%2f",
                 "q",
-            )
-            .unwrap();
+            );
             let cfg = weir::config::parse(&text, "test").unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(cfg.scheduler.scheme.to_string(), scheme);
             assert!(cfg.scheduler.track_uplink);

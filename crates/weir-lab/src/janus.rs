@@ -199,6 +199,12 @@ pub(crate) fn grid(
     Ok(cells)
 }
 
+/// A JANUS Table III network by name, or an error naming the known ones.
+pub(crate) fn preset(network: &str) -> anyhow::Result<weir::egress::link::LinkProfile> {
+    weir::egress::link::LinkProfile::preset(network)
+        .with_context(|| format!("unknown network {network:?} (known: wifi, 4g, 3g)"))
+}
+
 /// Free loopback ports for the peer listeners: each node must know the
 /// others' before any starts.
 fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
@@ -223,8 +229,7 @@ fn config_text(
     let (scheme, network) = (&cell.scheme, &cell.network);
     let (max_batch_bytes, adaptive, serial_delay) =
         (a.max_batch_bytes, a.adaptive_batching, a.serial_delay);
-    let profile = weir::egress::link::LinkProfile::preset(network)
-        .with_context(|| format!("unknown network {network:?} (known: wifi, 4g, 3g)"))?;
+    let profile = preset(network)?;
     let peers: Vec<String> = (1..=ports.len())
         .filter(|&p| p != id)
         .map(|p| format!("{{ id = {p}, addr = \"127.0.0.1:{}\" }}", ports[p - 1]))

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use weir_core::admission::{next_offer, LinkClock};
-use weir_core::link_estimate::{LinkEstimate, LinkEstimator};
+use weir_core::link_estimate::{LinkEstimate, LinkEstimator, LinkTimer};
 use weir_core::scheduler::{Delivered, OutBatch};
 use weir_core::{ClassSet, NodeId};
 
@@ -25,62 +25,6 @@ use crate::metrics::Metrics;
 
 /// First retry delay after a failed delivery.
 const RETRY_INITIAL: Duration = Duration::from_millis(100);
-
-/// Confirmations of a busy link over which its rate is measured (see
-/// [`transaction_time`]): enough to average out a broker's bunched
-/// confirms, few enough to follow a changing link within seconds.
-const BUSY_SPAN: usize = 16;
-
-/// Fewest intervals between confirmations of a busy link before their
-/// span says more than one transaction does.
-const MIN_BUSY_SPAN: usize = 4;
-
-/// The time Eq. 1 charges a confirmed transaction of `bytes` sent at
-/// `started`, whose confirmation came `now`; `link_free_at` is the
-/// confirmation before it, `t_sc` the fixed time in force, and `busy` the
-/// confirmations (time, bytes) of the link's current busy period.
-///
-/// A transaction sent once the link was free of the one before (that
-/// one left the link `t_sc` before its confirmation) is timed from its
-/// send: `T_sc + US / Th_up` as measured. One sent while the link was
-/// still busy waited for it; the link carried it at the rate it carried
-/// the whole busy period, measured over the last [`BUSY_SPAN`]
-/// confirmations, so its time is `t_sc` plus its bytes at that rate. One
-/// confirmation alone would not do: a broker confirms in bunches after
-/// its fsyncs, so the gap before one confirmation is nothing or a whole
-/// fsync; and timing from the previous confirmation, as weir did, counts
-/// a paced sender's idle gaps as transfer (in the real-process JANUS lab,
-/// 1.8 MB/s on a 2.12 MB/s uplink, and `C_out` followed it down).
-///
-/// Also says whether the transaction was sent behind others (the link was
-/// saturated).
-fn transaction_time(
-    busy: &mut VecDeque<(Instant, u64)>,
-    now: Instant,
-    started: Instant,
-    link_free_at: Instant,
-    t_sc: Duration,
-    bytes: u64,
-) -> (Duration, bool) {
-    let free_of_the_one_before = link_free_at.checked_sub(t_sc).unwrap_or(link_free_at);
-    let behind = started < free_of_the_one_before;
-    if !behind {
-        busy.clear();
-    }
-    busy.push_back((now, bytes));
-    if busy.len() > BUSY_SPAN + 1 {
-        busy.pop_front();
-    }
-    if behind && busy.len() > MIN_BUSY_SPAN {
-        let first = busy[0].0;
-        let carried: u64 = busy.iter().skip(1).map(|b| b.1).sum();
-        let span = now - first;
-        if carried > 0 && !span.is_zero() {
-            return (t_sc + span.mul_f64(bytes as f64 / carried as f64), true);
-        }
-    }
-    (now - started.max(free_of_the_one_before), behind)
-}
 
 /// What the delivery loop needs besides its sink and its batches.
 #[derive(Debug, Clone)]
@@ -200,16 +144,10 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
     let mut open = true;
     let mut backoff = RETRY_INITIAL;
     let mut retry_at: Option<Instant> = None;
-    // When the link last finished a transaction, and the confirmations of
-    // its current busy period.
-    let mut link_free_at = Instant::now();
-    let mut busy = VecDeque::with_capacity(BUSY_SPAN + 1);
-    // One bit per recent confirmation (the last 64, newest lowest): sent
-    // while the link was busy with earlier ones. The emulated link times
-    // its own transfers and counts as evidence throughout.
-    let mut saturated: u64 = 0;
     // When the link will have carried what was sent, predicted.
     let epoch = Instant::now();
+    // How the link served each confirmed transaction.
+    let mut timer = LinkTimer::default();
     let mut clock = LinkClock::default();
     // The deadline passed: what is unconfirmed, and what the scheduler
     // handed over and was never taken, is undelivered.
@@ -351,35 +289,28 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                         let now = Instant::now();
                         // The transaction's own time: the link's where the
                         // sink knows it (an emulated link), else as the
-                        // link served it (`transaction_time`). On the
-                        // emulated link a broker's bunched confirms would
-                        // only blur what the link itself does.
-                        let t_sc = link.borrow().per_transaction;
-                        let (elapsed, behind) = match done.link_time {
-                            Some(t) => (t, true),
-                            None => transaction_time(
-                                &mut busy,
-                                now,
-                                done.started,
-                                link_free_at,
-                                t_sc,
-                                done.prepared.encoded.body.len() as u64,
-                            ),
-                        };
-                        saturated = (saturated << 1) | u64::from(behind);
+                        // link served it (`LinkTimer`). On the emulated
+                        // link a broker's bunched confirms would only blur
+                        // what the link itself does.
+                        let elapsed = timer.confirmed(
+                            done.started - epoch,
+                            now - epoch,
+                            link.borrow().per_transaction,
+                            done.prepared.encoded.body.len() as u64,
+                            done.link_time,
+                        );
                         if flight.is_empty() {
                             // Everything sent is confirmed, so carried.
                             clock.cleared(now - epoch);
                         }
                         metrics.latency.stage(Stage::Confirm, now - done.sent);
-                        link_free_at = now;
                         backoff = RETRY_INITIAL;
                         if let Some(est) = estimator.as_mut() {
                             measured(
                                 est,
                                 done.prepared.encoded.body.len() as u64,
                                 elapsed,
-                                (saturated.count_ones(), link_prior),
+                                (timer.saturated(), link_prior),
                                 &link,
                                 &metrics,
                             );
