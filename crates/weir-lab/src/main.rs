@@ -19,6 +19,8 @@
 //! - `cluster`: the JANUS evaluation with real processes: `weir run` per
 //!   network namespace, shaped uplinks, `weir-load offer` per node,
 //!   RabbitMQ behind delay lines, peering over a LAN bridge.
+//! - `formats`: seed 002's message formats (raw bytes, Base64, JSON)
+//!   through weir's gRPC ingress into RabbitMQ.
 //! - `delay`: the delay line (`weir-lab delay`, and the cluster's).
 //! - `relay`: a job through weir's own `App` (scheduler, batch plans, file
 //!   egress behind the emulated link).
@@ -29,6 +31,7 @@ mod batching;
 mod cluster;
 mod compression;
 mod delay;
+mod formats;
 mod janus;
 mod link;
 mod peers;
@@ -74,6 +77,11 @@ enum Experiment {
     /// delay lines, load from `weir-load offer` over MQTT, peering over
     /// gRPC. Needs root and RabbitMQ (scripts/services.sh).
     Cluster(cluster::Args),
+    /// Seed 002: a frame in each of the paper's message formats (raw
+    /// bytes, Base64 in bytes or string, Base64 in JSON) through weir's
+    /// gRPC ingress into RabbitMQ; encode, transfer and decode times
+    /// beside the paper's Tables 1-2. Needs RabbitMQ.
+    Formats(formats::Args),
     /// The table and chart of a peer benchmark (`scripts/peer-bench.sh`):
     /// records/s per system and size, p99 to PUBACK when paced.
     Peers(peers::Args),
@@ -91,6 +99,7 @@ impl Experiment {
             Experiment::Compression(_) => "compression",
             Experiment::Janus(_) => "janus",
             Experiment::Cluster(_) => "cluster",
+            Experiment::Formats(_) => "formats",
             Experiment::Peers(_) => "peers",
             Experiment::Delay(_) => "delay",
         }
@@ -129,6 +138,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Experiment::Compression(a) => compression::run(a).await,
             Experiment::Janus(a) => janus::run(a).await,
             Experiment::Cluster(a) => cluster::run(a, &cli.out).await,
+            Experiment::Formats(a) => formats::run(a).await,
             Experiment::Peers(a) => peers::run(a).await,
             Experiment::Delay(a) => delay::serve(a)
                 .await
