@@ -606,14 +606,7 @@ async fn consume(
         };
         let delivery = next.context("RabbitMQ cancelled the consumer")??;
         let consumed_us = unix_us(SystemTime::now());
-        let encoding = delivery
-            .properties
-            .content_encoding()
-            .as_ref()
-            .map_or("identity", |s| s.as_str())
-            .to_string();
-        let batch = weir_proto::decode_batch(&delivery.data, &encoding, 64 << 20)
-            .context("a message that is not a weir batch")?;
+        let batch = batch_of(&delivery)?;
         {
             let mut st = state.lock().expect("not poisoned");
             st.body_bytes += delivery.data.len() as u64;
@@ -657,6 +650,20 @@ async fn consume(
         .await;
     let _ = conn.close(200, "done".into()).await;
     Ok(())
+}
+
+/// The weir batch an AMQP message carries, decoded by its content
+/// encoding.
+pub(crate) fn batch_of(
+    delivery: &lapin::message::Delivery,
+) -> anyhow::Result<weir_proto::pb::Batch> {
+    let encoding = delivery
+        .properties
+        .content_encoding()
+        .as_ref()
+        .map_or("identity", |s| s.as_str());
+    weir_proto::decode_batch(&delivery.data, encoding, 64 << 20)
+        .context("a message that is not a weir batch")
 }
 
 fn unix_us(t: SystemTime) -> u64 {

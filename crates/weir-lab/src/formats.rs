@@ -269,14 +269,7 @@ async fn consume(
     while let Some(delivery) = consumer.next().await {
         let delivery = delivery?;
         let at = Instant::now();
-        let encoding = delivery
-            .properties
-            .content_encoding()
-            .as_ref()
-            .map_or("identity", |s| s.as_str())
-            .to_string();
-        let batch = weir_proto::decode_batch(&delivery.data, &encoding, 64 << 20)
-            .context("a message that is not a weir batch")?;
+        let batch = crate::cluster::batch_of(&delivery)?;
         for r in batch.records {
             if tx
                 .send(Received {
