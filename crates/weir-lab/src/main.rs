@@ -21,6 +21,8 @@
 //!   RabbitMQ behind delay lines, peering over a LAN bridge.
 //! - `formats`: seed 002's message formats (raw bytes, Base64, JSON)
 //!   through weir's gRPC ingress into RabbitMQ.
+//! - `scale`: peering at 16-256 nodes in simulated time with weir-core's
+//!   matching, all-to-all heartbeats against gossip.
 //! - `delay`: the delay line (`weir-lab delay`, and the cluster's).
 //! - `relay`: a job through weir's own `App` (scheduler, batch plans, file
 //!   egress behind the emulated link).
@@ -37,6 +39,7 @@ mod link;
 mod peers;
 mod relay;
 mod report;
+mod scale;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -82,6 +85,10 @@ enum Experiment {
     /// gRPC ingress into RabbitMQ; encode, transfer and decode times
     /// beside the paper's Tables 1-2. Needs RabbitMQ.
     Formats(formats::Args),
+    /// Peering at 16, 64 and 256 nodes, simulated (deterministic, weir-core's
+    /// matching and reservations): all-to-all heartbeats against gossip;
+    /// convergence, spare used, advert bytes per node.
+    Scale(scale::Args),
     /// The table and chart of a peer benchmark (`scripts/peer-bench.sh`):
     /// records/s per system and size, p99 to PUBACK when paced.
     Peers(peers::Args),
@@ -100,6 +107,7 @@ impl Experiment {
             Experiment::Janus(_) => "janus",
             Experiment::Cluster(_) => "cluster",
             Experiment::Formats(_) => "formats",
+            Experiment::Scale(_) => "scale",
             Experiment::Peers(_) => "peers",
             Experiment::Delay(_) => "delay",
         }
@@ -139,6 +147,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Experiment::Janus(a) => janus::run(a).await,
             Experiment::Cluster(a) => cluster::run(a, &cli.out).await,
             Experiment::Formats(a) => formats::run(a).await,
+            Experiment::Scale(a) => scale::run(a).await,
             Experiment::Peers(a) => peers::run(a).await,
             Experiment::Delay(a) => delay::serve(a)
                 .await
