@@ -83,7 +83,9 @@ pub use period::{
     heartbeat_offset, period_of, until_heartbeat, until_period, MAX_HEARTBEAT_JITTER,
 };
 pub use reservation::{Admission, ReservationConfig, Reservations, Reserved, FLOW_WINDOW};
-pub use round::{decide, first_asks, match_nodes, offers_in, spill_asks};
+pub use round::{
+    decide, first_asks, match_nodes, offers_in, spill_asks, Spill, MAX_SPILL_STEPS, REFUSAL_MEMORY,
+};
 pub use spare::{advertised, lendable, own_shortage, LEND_SHARE};
 pub use state::{Advert, BandwidthState};
 pub use view::{Observed, PeerView};

@@ -123,61 +123,141 @@ pub fn first_asks(grants: &[Grant], held: &[(NodeId, ClassId, f64)]) -> Vec<Gran
 
 /// The second step of a round: after the [`first_asks`] were answered
 /// (`answered`: each ask with the amount granted), asks providers with room
-/// for what the first ones could not grant, per class.
+/// for what the first ones could not grant, per class: [`Spill`]'s first
+/// step.
+pub fn spill_asks(answered: &[(Grant, f64)], offers: &[Offer]) -> Vec<Grant> {
+    Spill::new(answered).asks(offers)
+}
+
+/// Spill-over steps a round takes at most ([`Spill`]).
+pub const MAX_SPILL_STEPS: usize = 3;
+
+/// Rounds a receiver skips a provider in its spill-over after the provider
+/// refused it ([`Spill::skipping`]).
+pub const REFUSAL_MEMORY: u32 = 10;
+
+/// The spill-over of one round, step by step: what the receiver still
+/// lacks after its [`first_asks`], asked of providers with room.
 ///
 /// A provider that granted less than asked is full; the others are tried
-/// from the largest advertised spare down (`offers`, the view's), each for
+/// from the largest advertised spare down (the view's offers), each for
 /// what it grants already plus as much of the shortfall as it advertises,
 /// until the shortfall is covered on paper. The provider decides what it
-/// really has; one step of spill-over is enough for two receivers trading
-/// places, and the next round starts from whatever was granted.
-pub fn spill_asks(answered: &[(Grant, f64)], offers: &[Offer]) -> Vec<Grant> {
-    let full: Vec<NodeId> = answered
-        .iter()
-        .filter(|(a, got)| *got + MIN_AMOUNT < a.amount)
-        .map(|(a, _)| a.provider)
-        .collect();
-    let mut offers: Vec<Offer> = offers
-        .iter()
-        .filter(|o| o.amount > MIN_AMOUNT && !full.contains(&o.provider))
-        .copied()
-        .collect();
-    offers.sort_unstable_by(|a, b| {
-        b.amount
-            .total_cmp(&a.amount)
-            .then(a.provider.cmp(&b.provider))
-    });
-    let mut classes: Vec<ClassId> = answered.iter().map(|(a, _)| a.class).collect();
-    classes.sort_unstable();
-    classes.dedup();
-    let mut asks = Vec::new();
-    for class in classes {
-        let of_class = || answered.iter().filter(move |(a, _)| a.class == class);
-        let mut short: f64 = of_class()
-            .map(|(a, got)| non_negative(a.amount - non_negative(*got)))
-            .sum();
-        let Some(receiver) = of_class().next().map(|(a, _)| a.receiver) else {
-            continue;
-        };
-        for o in offers.iter_mut() {
-            if short <= MIN_AMOUNT {
-                break;
+/// really has. Adverts show what a provider can lend, not what it has
+/// reserved for others, so the provider on paper may be full too: the next
+/// step ([`Self::answered`], then [`Self::asks`] again) skips every
+/// provider that refused anything this round. One step was not enough:
+/// in `weir-lab scale`, after a provider died in a 16-node cluster,
+/// receivers the new matching sent to a provider still held (leases are
+/// renewed first) spilled every round onto the same full provider, and
+/// the spare matched stayed at 67.5 % of what it could be; at 64 nodes
+/// three steps a round still stopped at 91.6 % (32 providers advertising
+/// the same spare, the full ones first), so refusals are also remembered
+/// for [`REFUSAL_MEMORY`] rounds ([`Self::skipping`]).
+#[derive(Debug, Clone, Default)]
+pub struct Spill {
+    /// Per class: the receiver and what its first asks wanted in all.
+    wanted: Vec<(ClassId, NodeId, f64)>,
+    /// Per (provider, class): what it grants this round.
+    got: Vec<(NodeId, ClassId, f64)>,
+    /// Providers that granted less than asked this round.
+    refused: Vec<NodeId>,
+}
+
+impl Spill {
+    /// The round so far: the first asks and what each was granted.
+    pub fn new(answered: &[(Grant, f64)]) -> Self {
+        let mut spill = Spill::default();
+        for (ask, _) in answered {
+            match spill.wanted.iter_mut().find(|w| w.0 == ask.class) {
+                Some(w) => w.2 += non_negative(ask.amount),
+                None => spill
+                    .wanted
+                    .push((ask.class, ask.receiver, non_negative(ask.amount))),
             }
-            let more = o.amount.min(short);
-            let already = of_class()
-                .find(|(a, _)| a.provider == o.provider)
-                .map_or(0.0, |(_, got)| non_negative(*got));
-            short -= more;
-            o.amount -= more;
-            asks.push(Grant {
-                provider: o.provider,
-                receiver,
-                class,
-                amount: already + more,
-            });
+        }
+        spill.answered(answered);
+        spill
+    }
+
+    /// Also skips `providers` (those that refused this receiver in recent
+    /// rounds, [`REFUSAL_MEMORY`]): where many providers advertise the same
+    /// spare, the ones already full come first again every round, and a
+    /// few steps a round do not get past them.
+    pub fn skipping(mut self, providers: impl IntoIterator<Item = NodeId>) -> Self {
+        for p in providers {
+            if !self.refused.contains(&p) {
+                self.refused.push(p);
+            }
+        }
+        self
+    }
+
+    /// Providers that refused this round (or were skipped).
+    pub fn refused(&self) -> &[NodeId] {
+        &self.refused
+    }
+
+    /// Records what providers granted to a step's asks.
+    pub fn answered(&mut self, answered: &[(Grant, f64)]) {
+        for &(ask, got) in answered {
+            let got = non_negative(got);
+            if got + MIN_AMOUNT < ask.amount && !self.refused.contains(&ask.provider) {
+                self.refused.push(ask.provider);
+            }
+            match self
+                .got
+                .iter_mut()
+                .find(|g| g.0 == ask.provider && g.1 == ask.class)
+            {
+                Some(g) => g.2 = got,
+                None => self.got.push((ask.provider, ask.class, got)),
+            }
         }
     }
-    asks
+
+    /// The next step's asks, from the view's `offers`: empty once nothing
+    /// is short or no provider that has not refused has room on paper.
+    pub fn asks(&self, offers: &[Offer]) -> Vec<Grant> {
+        let mut offers: Vec<Offer> = offers
+            .iter()
+            .filter(|o| o.amount > MIN_AMOUNT && !self.refused.contains(&o.provider))
+            .copied()
+            .collect();
+        offers.sort_unstable_by(|a, b| {
+            b.amount
+                .total_cmp(&a.amount)
+                .then(a.provider.cmp(&b.provider))
+        });
+        let mut wanted = self.wanted.clone();
+        wanted.sort_unstable_by_key(|w| w.0);
+        let mut asks = Vec::new();
+        for (class, receiver, want) in wanted {
+            let granted = |provider: NodeId| {
+                self.got
+                    .iter()
+                    .find(|g| g.0 == provider && g.1 == class)
+                    .map_or(0.0, |g| g.2)
+            };
+            let have: f64 = self.got.iter().filter(|g| g.1 == class).map(|g| g.2).sum();
+            let mut short = non_negative(want - have);
+            for o in offers.iter_mut() {
+                if short <= MIN_AMOUNT {
+                    break;
+                }
+                let more = o.amount.min(short);
+                short -= more;
+                o.amount -= more;
+                asks.push(Grant {
+                    provider: o.provider,
+                    receiver,
+                    class,
+                    amount: granted(o.provider) + more,
+                });
+            }
+        }
+        asks
+    }
 }
 
 /// The offers in `view` of the live peers other than `me` (spare as each

@@ -662,6 +662,33 @@ fn spill_asks_cover_what_full_providers_refused() {
 }
 
 #[test]
+fn a_spill_step_skips_every_provider_that_refused_in_the_round() {
+    let offers: Vec<Offer> = [(1, 9.0), (3, 9.0), (4, 9.0)]
+        .iter()
+        .map(|&(provider, amount)| Offer { provider, amount })
+        .collect();
+    // The first ask, to 3 (held by others), was refused.
+    let mut spill = Spill::new(&[(ask(3, 6.0), 0.0)]);
+    // Step one: the largest advertised spare, 1 (ties by id).
+    assert_eq!(spill.asks(&offers), vec![ask(1, 6.0)]);
+    // 1 is full too (its adverts show what it can lend, not what it has
+    // reserved): the next step asks 4, where one step stopped before.
+    spill.answered(&[(ask(1, 6.0), 0.0)]);
+    assert_eq!(spill.asks(&offers), vec![ask(4, 6.0)]);
+    // 4 grants 4 of 6: nobody left with room.
+    spill.answered(&[(ask(4, 6.0), 4.0)]);
+    assert!(spill.asks(&offers).is_empty());
+    // Providers remembered from earlier rounds are skipped from the start.
+    let spill = Spill::new(&[(ask(3, 6.0), 0.0)]).skipping([1]);
+    assert_eq!(spill.asks(&offers), vec![ask(4, 6.0)]);
+    assert_eq!(spill.refused(), &[3, 1]);
+    // Granted in part: the rest is asked, on top of what it grants.
+    let mut spill = Spill::new(&[(ask(3, 6.0), 0.0)]);
+    spill.answered(&[(ask(1, 6.0), 2.0)]);
+    assert_eq!(spill.asks(&offers), vec![ask(4, 4.0)]);
+}
+
+#[test]
 fn own_rate_counts_only_this_nodes_arrivals_and_smooths_them() {
     let mut own = OwnRate::new(500);
     // 0.1 s windows. First: 3,000 bytes arrived, 1,000 of them from
