@@ -46,6 +46,7 @@ use tokio::sync::mpsc;
 use weir_proto::pb::ingress_client::IngressClient;
 use weir_proto::pb::PublishRequest;
 
+use crate::compression::random_bytes;
 use crate::report::{bar_panels_svg, round, BarPanel, Table};
 
 /// `weir-lab formats`.
@@ -354,7 +355,8 @@ pub async fn run(a: &Args) -> anyhow::Result<(String, Value, String)> {
         };
         let (tx, mut rx) = mpsc::channel(16);
         let consumer = tokio::spawn(consume(conn.create_channel().await?, queue.clone(), tx));
-        let frame = random_frame(a.frame_bytes);
+        // Incompressible, like a JPEG.
+        let frame = random_bytes(a.frame_bytes, 1);
         let mut samples: Vec<Samples> = FORMATS.iter().map(|_| Samples::default()).collect();
         let mut payload_bytes = [0usize; FORMATS.len()];
         let mut id = 0u64;
@@ -416,21 +418,6 @@ pub async fn run(a: &Args) -> anyhow::Result<(String, Value, String)> {
     let (samples, payload_bytes) = result?;
     let _ = std::fs::remove_dir_all(&dir);
     report(a, &samples, &payload_bytes)
-}
-
-/// `n` random bytes (splitmix64): incompressible like a JPEG.
-fn random_frame(n: usize) -> Vec<u8> {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut v = Vec::with_capacity(n + 8);
-    while v.len() < n {
-        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = x;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        v.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
-    }
-    v.truncate(n);
-    v
 }
 
 fn report(
@@ -545,7 +532,7 @@ mod tests {
 
     #[test]
     fn every_format_decodes_to_the_frame_and_base64_costs_a_third_more() {
-        let frame = random_frame(3000);
+        let frame = random_bytes(3000, 1);
         for f in FORMATS {
             let p = f.encode(&frame);
             let back = f.decode(&p).unwrap();

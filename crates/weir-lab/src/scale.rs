@@ -50,6 +50,7 @@ use weir_core::peer::{
 use weir_core::record::NodeId;
 use weir_proto::pb::{NodeState, ReserveReply, ReserveRequest};
 
+use crate::compression::SplitMix;
 use crate::report::{line_chart_svg, round, LineChart, Series, Table};
 
 /// `weir-lab scale`.
@@ -131,21 +132,10 @@ struct Node {
     issued: Duration,
 }
 
-/// splitmix64: the gossip partners, the same every run for one seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
+/// Uniform in `0..n`, from `rng` (the gossip partners, the same every run
+/// for one seed).
+fn below(rng: &mut SplitMix, n: usize) -> usize {
+    (rng.next_u64() % n as u64) as usize
 }
 
 /// Encoded bytes of a heartbeat's state and of a Reserve call's messages.
@@ -221,7 +211,7 @@ fn simulate(a: &Args, n: usize, mode: Mode) -> Outcome {
         .collect();
     let (state_bytes, reserve_bytes) = message_sizes();
     let framing = MEASURED_HEARTBEAT_BYTES - state_bytes;
-    let mut rng = Rng(a.seed ^ (n as u64) << 32);
+    let mut rng = SplitMix(a.seed ^ (n as u64) << 32);
     let mut sent_bytes = 0.0f64;
     let mut reserve_sent = 0.0f64;
     let (mut asked_total, mut granted_total) = (0.0f64, 0.0f64);
@@ -295,7 +285,7 @@ fn simulate(a: &Args, n: usize, mode: Mode) -> Outcome {
                             continue;
                         }
                         for _ in 0..a.fanout.min(n - 1) {
-                            let mut j = rng.below(n - 1);
+                            let mut j = below(&mut rng, n - 1);
                             if j >= i {
                                 j += 1;
                             }
