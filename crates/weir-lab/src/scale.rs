@@ -3,8 +3,10 @@
 //! Deterministic, in this process, in simulated time, with weir-core's own
 //! peering: each node keeps a [`PeerView`] of adverts, runs the shared
 //! matcher over it ([`decide`], PMRFS), asks providers with
-//! [`first_asks`] and [`spill_asks`], and each provider grants from its own
-//! [`Reservations`] (the authority over its spare). What is simulated is
+//! [`first_asks`] and then the candidate spill-over [`Spill`] (weir's
+//! client still takes the single step of `spill_asks`; docs/lab.md), and
+//! each provider grants from its own [`Reservations`] (the authority over
+//! its spare). What is simulated is
 //! only what carries adverts between nodes, two ways:
 //!
 //! - `all-to-all` (weir today): every node sends its advert to every other
@@ -122,8 +124,7 @@ struct Node {
     reservations: Reservations,
     /// Leases held as a receiver: (provider, rate).
     leases: Vec<(NodeId, f64)>,
-    /// Providers that refused it lately, skipped until then (as weir's
-    /// peer client keeps them).
+    /// Providers that gave it nothing lately, skipped until then.
     refusals: Vec<(NodeId, Duration)>,
     busy: bool,
     alive: bool,
@@ -330,8 +331,10 @@ fn simulate(a: &Args, n: usize, mode: Mode) -> Outcome {
                 answered.push((*ask, got));
             }
             let offers = offers_in(&nodes[i].view, me, t);
-            // As weir's peer client does: spill steps past every provider
-            // that refused this round.
+            // The candidate spill-over (weir_core::peer::Spill): steps
+            // past every provider that refused this round, and providers
+            // that gave nothing remembered. weir's client still takes one
+            // step (docs/lab.md says why).
             nodes[i].refusals.retain(|&(_, until)| until > t);
             let mut spill = Spill::new(&answered).skipping(nodes[i].refusals.iter().map(|r| r.0));
             for _ in 0..MAX_SPILL_STEPS {
@@ -357,7 +360,7 @@ fn simulate(a: &Args, n: usize, mode: Mode) -> Outcome {
                 spill.answered(&step);
             }
             let until = t + period * REFUSAL_MEMORY;
-            for &p in spill.refused() {
+            for p in spill.gave_nothing() {
                 if !nodes[i].refusals.iter().any(|r| r.0 == p) {
                     nodes[i].refusals.push((p, until));
                 }
@@ -595,9 +598,9 @@ mod tests {
         }
     }
 
-    /// With one spill step (weir before session 16's fix) a 16-node
-    /// cluster stayed at 67.5 % after a provider died; with three steps
-    /// and no memory of refusals, a 64-node one at 91.6 %.
+    /// With one spill step (weir's client today) a 16-node cluster stayed
+    /// at 67.5 % after a provider died; with three steps and no memory of
+    /// refusals, a 64-node one at 91.6 %.
     #[test]
     fn sixteen_and_sixty_four_nodes_recover_from_a_provider_failure() {
         for (n, mode) in [

@@ -153,7 +153,10 @@ pub const REFUSAL_MEMORY: u32 = 10;
 /// the spare matched stayed at 67.5 % of what it could be; at 64 nodes
 /// three steps a round still stopped at 91.6 % (32 providers advertising
 /// the same spare, the full ones first), so refusals are also remembered
-/// for [`REFUSAL_MEMORY`] rounds ([`Self::skipping`]).
+/// for [`REFUSAL_MEMORY`] rounds ([`Self::skipping`]). weir's peer client
+/// still takes one step ([`spill_asks`]): with these steps it lost 6-7
+/// points of throughput in the 4-node real-process lab at 720 B (see
+/// docs/lab.md); `weir-lab scale` uses them.
 #[derive(Debug, Clone, Default)]
 pub struct Spill {
     /// Per class: the receiver and what its first asks wanted in all.
@@ -196,6 +199,20 @@ impl Spill {
     /// Providers that refused this round (or were skipped).
     pub fn refused(&self) -> &[NodeId] {
         &self.refused
+    }
+
+    /// Providers that granted nothing at all this round: the ones to skip
+    /// in the next rounds' spill-over ([`REFUSAL_MEMORY`]). One that granted
+    /// part of an ask had room a moment ago and may again next round (in
+    /// the 4-node cluster lab, skipping those too left the providers'
+    /// links 5-10 % emptier).
+    pub fn gave_nothing(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.refused.iter().copied().filter(|p| {
+            self.got
+                .iter()
+                .filter(|g| g.0 == *p)
+                .all(|g| g.2 <= MIN_AMOUNT)
+        })
     }
 
     /// Records what providers granted to a step's asks.

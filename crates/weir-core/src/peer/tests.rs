@@ -686,6 +686,8 @@ fn a_spill_step_skips_every_provider_that_refused_in_the_round() {
     let mut spill = Spill::new(&[(ask(3, 6.0), 0.0)]);
     spill.answered(&[(ask(1, 6.0), 2.0)]);
     assert_eq!(spill.asks(&offers), vec![ask(4, 4.0)]);
+    // Only 3 gave nothing: 1 gave part, so later rounds may ask it again.
+    assert_eq!(spill.gave_nothing().collect::<Vec<_>>(), vec![3]);
 }
 
 #[test]

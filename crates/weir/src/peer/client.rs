@@ -16,9 +16,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::Streaming;
 use tracing::{debug, info, warn};
 use weir_core::janus::Grant;
-use weir_core::peer::{
-    decide, first_asks, offers_in, InFlight, Spill, MAX_SPILL_STEPS, REFUSAL_MEMORY,
-};
+use weir_core::peer::{decide, first_asks, offers_in, spill_asks, InFlight};
 use weir_core::token_bucket::Take;
 use weir_core::{ClassId, NodeId, Record};
 use weir_proto::pb::peer_client::PeerClient;
@@ -185,14 +183,10 @@ pub(super) async fn heartbeats(node: Arc<Node>, link: Link) {
 /// reservations, leases and liveness, then (when the scheme redirects) the
 /// matcher over this period's adverts (this node's as published, its
 /// peers' as heard), Reserves for what the matching gives this node
-/// (leases it holds renewed first: `first_asks`), and up to
-/// `MAX_SPILL_STEPS` more Reserves per provider with room for what was
-/// refused, past every provider that refused this round (`Spill`).
+/// (leases it holds renewed first: `first_asks`), and one more Reserve per
+/// provider with room for what was refused (`spill_asks`).
 pub(super) async fn rounds(node: Arc<Node>, links: watch::Receiver<Vec<Link>>) {
     let mut alive: BTreeSet<NodeId> = BTreeSet::new();
-    // Providers that refused this node lately, and until when they are
-    // skipped in its spill-over (`weir_core::peer::REFUSAL_MEMORY` rounds).
-    let mut refusals: Vec<(NodeId, Duration)> = Vec::new();
     loop {
         // Cancel safety: every branch only waits.
         tokio::select! {
@@ -231,23 +225,10 @@ pub(super) async fn rounds(node: Arc<Node>, links: watch::Receiver<Vec<Link>>) {
         let held: Vec<_> = node.leases().iter(now).collect();
         let answered = ask_all(&node, &links, first_asks(&grants, &held)).await;
         let offers = offers_in(&node.view(), node.me, now);
-        refusals.retain(|&(_, until)| until > now);
-        let mut spill = Spill::new(&answered).skipping(refusals.iter().map(|r| r.0));
-        for _ in 0..MAX_SPILL_STEPS {
-            let asks = spill.asks(&offers);
-            if asks.is_empty() {
-                break;
-            }
-            debug!(me = node.me, ?asks, "spill");
-            spill.answered(&ask_all(&node, &links, asks).await);
-        }
-        // New refusals only: a provider skipped is not asked, so it is
-        // tried again once its memory runs out.
-        let until = now + node.cfg.heartbeat * REFUSAL_MEMORY;
-        for &p in spill.refused() {
-            if !refusals.iter().any(|r| r.0 == p) {
-                refusals.push((p, until));
-            }
+        let spill = spill_asks(&answered, &offers);
+        if !spill.is_empty() {
+            debug!(me = node.me, ?spill, "spill");
+            ask_all(&node, &links, spill).await;
         }
     }
 }
