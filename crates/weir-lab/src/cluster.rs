@@ -442,7 +442,7 @@ track_uplink = {track}
     )
 }
 
-fn toml_string(p: &Path) -> String {
+pub(crate) fn toml_string(p: &Path) -> String {
     p.display()
         .to_string()
         .replace('\\', "\\\\")

@@ -199,14 +199,6 @@ struct Received {
     payload: bytes::Bytes,
 }
 
-/// Frees a loopback port by binding and dropping it.
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")
-        .context("cannot bind a loopback port")?
-        .local_addr()?
-        .port())
-}
-
 fn config_text(dir: &std::path::Path, grpc: u16, amqp: &str, queue: &str) -> String {
     format!(
         r#"# weir-lab formats: one gRPC stream into RabbitMQ.
@@ -246,11 +238,7 @@ exchange = "{queue}"
 queue = "{queue}"
 routing_key = "{queue}"
 "#,
-        dir = dir
-            .display()
-            .to_string()
-            .replace('\\', "\\\\")
-            .replace('"', "\\\"")
+        dir = crate::cluster::toml_string(dir)
     )
 }
 
@@ -306,7 +294,7 @@ pub async fn run(a: &Args) -> anyhow::Result<(String, Value, String)> {
     let dir = std::env::temp_dir().join(format!("weir-lab-formats-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let queue = format!("weir-lab.formats.{}", std::process::id());
-    let grpc = free_port()?;
+    let grpc = crate::janus::free_ports(1)?[0];
     let config = dir.join("weir.toml");
     std::fs::write(&config, config_text(&dir, grpc, &a.amqp, &queue))?;
 

@@ -207,7 +207,7 @@ pub(crate) fn preset(network: &str) -> anyhow::Result<weir::egress::link::LinkPr
 
 /// Free loopback ports for the peer listeners: each node must know the
 /// others' before any starts.
-fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
+pub(crate) fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
     let listeners = (0..n)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
         .collect::<Result<Vec<_>, _>>()

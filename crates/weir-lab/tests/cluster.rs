@@ -28,6 +28,21 @@ fn sibling(name: &str) -> PathBuf {
     p
 }
 
+/// What both runs share: 2 nodes (1 busy), PMRFS, 256 B records, 1 s of
+/// warm-up.
+const TWO_NODES: &[&str] = &[
+    "--nodes",
+    "2",
+    "--busy",
+    "1",
+    "--schemes",
+    "pmrfs",
+    "--record-bytes",
+    "256",
+    "--warmup",
+    "1",
+];
+
 /// The runs share the namespaces' names: one at a time.
 static TESTBED: Mutex<()> = Mutex::new(());
 
@@ -43,6 +58,7 @@ fn cluster(tag: &str, args: &[&str]) -> (Vec<Value>, String) {
         .arg("--out")
         .arg(&dir)
         .arg("cluster")
+        .args(TWO_NODES)
         .args(args)
         .arg("--weir")
         .arg(sibling("weir"))
@@ -76,20 +92,10 @@ fn a_provider_killed_and_a_provider_cut_off_lose_no_acknowledged_record() {
     let (runs, _) = cluster(
         "faults",
         &[
-            "--nodes",
-            "2",
-            "--busy",
-            "1",
-            "--schemes",
-            "pmrfs",
             "--networks",
             "3g",
-            "--record-bytes",
-            "256",
             "--seconds",
             "6",
-            "--warmup",
-            "1",
             "--lt-rates",
             "500",
             "--busy-rates",
@@ -145,18 +151,8 @@ fn a_small_real_process_cluster_delivers_every_acknowledged_record_once() {
     let (runs, svg) = cluster(
         "clean",
         &[
-            "--nodes",
-            "2",
-            "--busy",
-            "1",
-            "--schemes",
-            "pmrfs",
-            "--record-bytes",
-            "256",
             "--seconds",
             "2",
-            "--warmup",
-            "1",
             "--lt-rates",
             "300",
             "--busy-rates",
