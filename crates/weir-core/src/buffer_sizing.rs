@@ -26,7 +26,10 @@
 //!   it faithfully). Solving Eq. 2-4 by hand instead gives the bracket
 //!   `(1 - alpha) 2^(l/n - 1) + alpha` where Eq. 5 prints
 //!   `(1 - alpha) 2^(l/n) - alpha`; the two agree only when `E[N_0] = 0`
-//!   (a single flow). We follow Eq. 5, the form the paper evaluates.
+//!   (a single flow) or the brackets happen to coincide (`alpha = 1/2` at
+//!   `l/n = 2`). [`khan_buffer_size`] follows Eq. 5, the form the paper
+//!   evaluates; [`khan_buffer_size_rederived`] is the hand-solved form, and
+//!   the lab (`weir-lab buffers`) runs both over a shaped link.
 //! - The paper gives no worked numbers, and its values of `l` were measured
 //!   but not published, so the tests check the algebra against an independent
 //!   exact-arithmetic evaluation rather than against the paper's figures.
@@ -311,6 +314,38 @@ pub fn khan_buffer_size(input: &BufferSizingInput) -> Result<f64, BufferSizingEr
     Ok(buffer.max(0.0))
 }
 
+/// Eq. 3-4 of Khan et al. solved for `B` by hand: the buffer at which the
+/// average window `W_a` of Eq. 2, `l/n` RTTs after the event, again fills
+/// `C T` (`n W_a = C T`, with `n W_b = B + C T`).
+///
+/// ```text
+/// K = Psi + E[N_0]((1-alpha) 2^(l/n - 1) + alpha)
+/// B = (C T (1 - K) - alpha l MSS E[N_0]) / K
+/// ```
+///
+/// It differs from the printed Eq. 5 ([`khan_buffer_size`]) only in the
+/// bracket: `2^(l/n - 1) + alpha` where Eq. 5 prints `2^(l/n) - alpha`.
+/// `K` is never negative, so unlike Eq. 5 this form always has a solution;
+/// a negative `B` is clamped to 0 as there. The lab runs both
+/// (docs/lab.md, seed 004).
+pub fn khan_buffer_size_rederived(input: &BufferSizingInput) -> Result<f64, BufferSizingError> {
+    input.validate()?;
+    let drops = input.drop_distribution()?;
+    let alpha = input.long_flow_fraction;
+    let e0 = drops.expected_flows_without_drops();
+    let k = drops.psi() + (1.0 - alpha) * drops.without_drops_times_growth() / 2.0 + alpha * e0;
+    let ct = input.bandwidth_delay_product_bytes();
+    let mss = f64::from(input.mss_bytes);
+    let buffer = (ct * (1.0 - k) - alpha * input.drops_per_event as f64 * mss * e0) / k;
+    if !buffer.is_finite() {
+        return Err(BufferSizingError::Unbounded {
+            flows: input.flows,
+            drops_per_event: input.drops_per_event,
+        });
+    }
+    Ok(buffer.max(0.0))
+}
+
 /// Appenzeller et al. (SIGCOMM 2004), `C T / sqrt(n)` bytes for `n` long
 /// flows; below one flow it is sized as one, the rule of thumb.
 pub fn appenzeller(capacity_bytes_per_sec: f64, rtt: Duration, long_flows: f64) -> f64 {
@@ -498,6 +533,45 @@ mod tests {
             assert_rel(d.expected_flows_without_drops(), e0, 1e-12);
             assert_rel(d.psi(), psi, 1e-12);
             assert_rel(khan_buffer_size(&input).unwrap(), b, 1e-9);
+        }
+    }
+
+    /// Eq. 2 evaluated directly: the average window `xi` RTTs after the
+    /// event, for a pre-event window `w_b`.
+    fn eq2_window(i: &BufferSizingInput, w_b: f64, xi: u64) -> f64 {
+        let d = i.drop_distribution().unwrap();
+        let a = i.long_flow_fraction;
+        let mss = f64::from(i.mss_bytes);
+        let grown = a * (w_b + xi as f64 * mss) + (1.0 - a) * 2f64.powi(xi as i32 - 1) * w_b;
+        let shrunk: f64 = (1..=xi)
+            .map(|k| w_b / 2f64.powi(k as i32) * d.expected_flows_with_drops(k))
+            .sum();
+        grown * d.expected_flows_without_drops() + shrunk
+    }
+
+    #[test]
+    fn rederived_size_satisfies_eq2_to_4_and_printed_eq5_does_not() {
+        // l a multiple of n, so xi = l/n is whole and Eq. 2 needs no reading.
+        for (n, l, alpha) in [
+            (10, 20, 0.75),
+            (20, 40, 0.25),
+            (40, 120, 0.75),
+            (10, 30, 0.0),
+        ] {
+            let i = paper_setup(n, l, alpha);
+            let ct = i.bandwidth_delay_product_bytes();
+            let xi = l / n;
+            // Eq. 3 gives W_b from B; Eq. 4 asks n W_a = C T.
+            let refill = |b: f64| n as f64 * eq2_window(&i, (b + ct) / n as f64, xi) / ct;
+            let b = khan_buffer_size_rederived(&i).unwrap();
+            assert!(b > 0.0, "n {n} l {l}: {b}");
+            assert_rel(refill(b), 1.0, 1e-9);
+            if let Ok(printed) = khan_buffer_size(&i) {
+                assert!(
+                    (refill(printed) - 1.0).abs() > 1e-3,
+                    "n {n} l {l}: printed Eq. 5 fits too"
+                );
+            }
         }
     }
 

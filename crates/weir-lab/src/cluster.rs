@@ -182,7 +182,7 @@ fn bins(a: &Args) -> anyhow::Result<Bins> {
 }
 
 /// Runs a command to completion; its stderr in the error if it fails.
-fn sh(program: &str, args: &[&str]) -> anyhow::Result<()> {
+pub(crate) fn sh(program: &str, args: &[&str]) -> anyhow::Result<()> {
     let out = std::process::Command::new(program)
         .args(args)
         .output()

@@ -21,6 +21,8 @@
 //!   RabbitMQ behind delay lines, peering over a LAN bridge.
 //! - `formats`: seed 002's message formats (raw bytes, Base64, JSON)
 //!   through weir's gRPC ingress into RabbitMQ.
+//! - `buffers`: seed 004's router buffer sizes, real TCP flows through a
+//!   shaped link and a packet delay line in network namespaces.
 //! - `scale`: peering at 16-256 nodes in simulated time with weir-core's
 //!   matching, all-to-all heartbeats against gossip.
 //! - `delay`: the delay line (`weir-lab delay`, and the cluster's).
@@ -30,6 +32,7 @@
 //! - `report`: tables, JSON files, SVG plots, progress bars.
 
 mod batching;
+mod buffers;
 mod cluster;
 mod compression;
 mod delay;
@@ -85,6 +88,12 @@ enum Experiment {
     /// gRPC ingress into RabbitMQ; encode, transfer and decode times
     /// beside the paper's Tables 1-2. Needs RabbitMQ.
     Formats(formats::Args),
+    /// Seed 004: the output buffer of an IoT edge router sized by Eq. 5
+    /// (as printed and re-derived), Appenzeller's C T / sqrt(n) and C T,
+    /// each run with real TCP Reno flows through a tc tbf access link and
+    /// a packet delay line in network namespaces; utilisation, queuing
+    /// delay, loss, goodput (Figs. 5-11). Needs root.
+    Buffers(buffers::Args),
     /// Peering at 16, 64 and 256 nodes, simulated (deterministic, weir-core's
     /// matching and reservations): all-to-all heartbeats against gossip;
     /// convergence, spare used, advert bytes per node.
@@ -107,6 +116,7 @@ impl Experiment {
             Experiment::Janus(_) => "janus",
             Experiment::Cluster(_) => "cluster",
             Experiment::Formats(_) => "formats",
+            Experiment::Buffers(_) => "buffers",
             Experiment::Scale(_) => "scale",
             Experiment::Peers(_) => "peers",
             Experiment::Delay(_) => "delay",
@@ -147,6 +157,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Experiment::Janus(a) => janus::run(a).await,
             Experiment::Cluster(a) => cluster::run(a, &cli.out).await,
             Experiment::Formats(a) => formats::run(a).await,
+            Experiment::Buffers(a) => buffers::run(a).await,
             Experiment::Scale(a) => scale::run(a).await,
             Experiment::Peers(a) => peers::run(a).await,
             Experiment::Delay(a) => delay::serve(a)
