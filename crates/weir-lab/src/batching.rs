@@ -9,16 +9,17 @@
 //! - first-in-first-served (FIFS): one record per transaction;
 //! - with a fixed buffer of `s` records (the paper's Fig. 10): a batch
 //!   leaves when `s` records are buffered, the remainder when the job ends;
-//! - with weir's plan: a warm-up of six transactions of 1..32 records plus
-//!   the FIFS run feed a [`LinkEstimator`] and a [`BatchSizer`] (the online
-//!   fits weir runs on its own transactions, starting from weir's default
-//!   priors, which are deliberately wrong for this link); the arrival rate
-//!   and record size are measured from the FIFS run; the reference record
-//!   comes from [`ReferencePolicy`] for the class's rank; and
-//!   [`BatchSizer::plan`] gives the closing rule. The relay then closes a
-//!   batch when the link is free and [`BatchPlan::should_close`] says so
-//!   (target reached, byte cap, or the oldest record waited `max_wait`),
-//!   exactly as weir's scheduler does, not knowing when the job ends.
+//! - with weir's plan, online: weir-core's per-class [`Planner`] (the one
+//!   weir's scheduler runs) re-plans every PBTT window from that window's
+//!   arrivals and the current fit of a [`LinkEstimator`]; every finished
+//!   transaction refines both. It starts from weir's default priors
+//!   (deliberately wrong for this link) and runs job after job with a quiet
+//!   pause between, as a relay would: the first job is planned on the
+//!   priors, the later ones on what the earlier transactions measured. The
+//!   relay closes a batch when the link is free and the plan in force says
+//!   so ([`BatchPlan::should_close`]: target reached, byte cap, or the
+//!   oldest record waited `max_wait`), not knowing when the job ends; each
+//!   close records the plan's target beside the records it sent.
 //!
 //! Runs are independent emulated links, so several run at once (`--jobs`):
 //! they only sleep.
@@ -32,19 +33,24 @@ use serde_json::json;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-use weir_core::batching::{
-    BatchLimits, BatchPlan, BatchSizer, ClassTraffic, LatencyLine, PlanReason, ReferencePolicy,
-};
-use weir_core::link_estimate::{two_transfer_probe, LinkEstimate, LinkEstimator};
+use weir_core::batching::{BatchLimits, BatchPlan, LatencyLine, PlanReason, ReferencePolicy};
+use weir_core::class::{ClassId, ClassSet, LatencyClass};
+use weir_core::link_estimate::{LinkEstimate, LinkEstimator};
+use weir_core::scheduler::planner::Planner;
 
 use crate::link::{Link, LinkSummary};
 use crate::relay;
 use crate::report::{self, HLine, LineChart, Mark, Series, Table};
 
-/// Batch sizes of the warm-up: six distinct sizes give the fits 15
-/// distinct-size pairs (Theil–Sen needs 6) and span the sizes the plan will
-/// consider.
-pub const WARMUP_SIZES: [u32; 6] = [1, 2, 4, 8, 16, 32];
+/// The PBTT window the online planner re-plans on: weir's default
+/// `scheduler.window`.
+pub const PLAN_WINDOW: Duration = Duration::from_millis(100);
+
+/// The paper's serial upload line, Eq. 3: `L_bf-up(s) = 5.0393 s + 277.52`
+/// ms, fitted on 49 serial buffered uploads (Table 4).
+pub const PAPER_EQ3_INTERCEPT_MS: f64 = 277.52;
+/// The slope of Eq. 3, ms per record.
+pub const PAPER_EQ3_SLOPE_MS: f64 = 5.0393;
 
 /// Records in the paper's job (Fig. 10).
 pub const PAPER_JOB_RECORDS: u32 = 50;
@@ -109,7 +115,7 @@ impl std::str::FromStr for Sizes {
 /// defaults, or the `--quick` ones.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// Records in the job [default: 50, the paper's job; quick: 20].
+    /// Records in the job [default: 50, the paper's job; quick: 30].
     #[arg(long)]
     pub records: Option<u32>,
     /// Fixed batch sizes to measure, a range `2..50` or a list `2,5,10`
@@ -123,15 +129,15 @@ pub struct Args {
     #[arg(long)]
     pub record_bytes: Option<u64>,
     /// Milliseconds between arrivals [default: 10, the paper's "about every
-    /// 10 ms"; quick: 2].
+    /// 10 ms"; quick: 5].
     #[arg(long)]
     pub interval_ms: Option<f64>,
-    /// Fixed time per transaction `T_cc`, ms [default: 148, so FIFS of 50
-    /// lands near the paper's 7694 ms; quick: 20].
+    /// Fixed time per transaction `T_cc`, ms [default: 277.52, the
+    /// intercept of the paper's Eq. 3, from its serial uploads; quick: 50].
     #[arg(long)]
     pub transaction_ms: Option<f64>,
     /// Milliseconds one record adds to a transaction (sets the bandwidth)
-    /// [default: 5, the paper's Eq. 3 slope; quick: 1].
+    /// [default: 5.0393, the slope of the paper's Eq. 3; quick: 1].
     #[arg(long)]
     pub per_record_ms: Option<f64>,
     /// Latency bound of the class, ms (a latency-tolerant class).
@@ -170,11 +176,15 @@ impl Args {
         let q = self.quick;
         let records = self
             .records
-            .unwrap_or(if q { 20 } else { PAPER_JOB_RECORDS });
+            .unwrap_or(if q { 30 } else { PAPER_JOB_RECORDS });
         let record_bytes = self.record_bytes.unwrap_or(1400);
-        let interval_ms = self.interval_ms.unwrap_or(if q { 2.0 } else { 10.0 });
-        let tx_ms = self.transaction_ms.unwrap_or(if q { 20.0 } else { 148.0 });
-        let per_record_ms = self.per_record_ms.unwrap_or(if q { 1.0 } else { 5.0 });
+        let interval_ms = self.interval_ms.unwrap_or(if q { 5.0 } else { 10.0 });
+        let tx_ms = self
+            .transaction_ms
+            .unwrap_or(if q { 50.0 } else { PAPER_EQ3_INTERCEPT_MS });
+        let per_record_ms = self
+            .per_record_ms
+            .unwrap_or(if q { 1.0 } else { PAPER_EQ3_SLOPE_MS });
         let sizes = match &self.sizes {
             Some(s) => s.0.clone(),
             None if q => vec![2, 5, 10, 20],
@@ -201,13 +211,108 @@ impl Args {
 }
 
 /// How the relay closes batches.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub enum Closing {
     /// Fixed buffers: the k-th batch holds `sizes[k % len]` records (the
     /// last one what is left when the job ends). `[1]` is FIFS.
     Sizes(Vec<u32>),
-    /// weir's rule: when the link is free and the plan says close.
-    Plan(BatchPlan),
+    /// weir's rule: when the link is free and the plan in force says close.
+    Online(Box<Online>),
+}
+
+/// weir's batch planning, online, for one class: weir-core's [`Planner`]
+/// re-plans every [`PLAN_WINDOW`] from the window's arrivals and the
+/// [`LinkEstimator`]'s fit, which every finished transaction refines.
+#[derive(Debug, Clone)]
+pub struct Online {
+    classes: ClassSet,
+    planner: Planner,
+    estimator: LinkEstimator,
+    /// End of the window being counted (set by the first arrival).
+    window_end: Option<Instant>,
+    /// Arrivals not yet counted in a window: (when, bytes).
+    uncounted: VecDeque<(Instant, u64)>,
+}
+
+impl Online {
+    /// A planner for one class with latency `bound` at class rank `rank`
+    /// (its reference record by weir's default policy), on weir's priors.
+    pub fn new(bound: Duration, rank: usize) -> anyhow::Result<Self> {
+        let classes = ClassSet::new(vec![LatencyClass::new("job", bound)])
+            .map_err(|e| anyhow::anyhow!("the job's class: {e:?}"))?;
+        let reference = ReferencePolicy::default().reference(rank, bound, Duration::ZERO);
+        Ok(Online {
+            classes,
+            planner: Planner::new(1, BatchLimits::default(), vec![reference]),
+            estimator: LinkEstimator::new(WEIR_PRIOR)?,
+            window_end: None,
+            uncounted: VecDeque::new(),
+        })
+    }
+
+    /// The plan in force.
+    pub fn plan(&self) -> BatchPlan {
+        self.planner.plans()[0]
+    }
+
+    /// The link estimate in force.
+    pub fn link(&self) -> LinkEstimate {
+        self.estimator.estimate()
+    }
+
+    /// The fitted `L_up(s)` for records of `record_bytes`.
+    pub fn upload_line(&self, record_bytes: f64) -> LatencyLine {
+        self.planner
+            .sizer(ClassId(0))
+            .expect("one class")
+            .upload_line(record_bytes, &self.link())
+    }
+
+    fn arrived(&mut self, at: Instant, bytes: u64) {
+        self.window_end.get_or_insert(at + PLAN_WINDOW);
+        self.uncounted.push_back((at, bytes));
+    }
+
+    /// Re-plans for every window that ended by `now`, each from the
+    /// arrivals within it (windows that ended while the link was busy are
+    /// counted in arrears, from the arrival times).
+    fn catch_up(&mut self, now: Instant) {
+        let Some(mut end) = self.window_end else {
+            return;
+        };
+        while end <= now {
+            let (mut records, mut bytes) = (0u64, 0u64);
+            while let Some(&(at, b)) = self.uncounted.front() {
+                if at >= end {
+                    break;
+                }
+                self.uncounted.pop_front();
+                records += 1;
+                bytes += b;
+            }
+            let link = self.link();
+            self.planner
+                .replan(&self.classes, &[(records, bytes)], PLAN_WINDOW, &link);
+            end += PLAN_WINDOW;
+        }
+        self.window_end = Some(end);
+    }
+
+    fn observe(&mut self, records: u32, bytes: u64, elapsed: Duration) {
+        self.estimator.observe(bytes, elapsed);
+        self.planner.observe(ClassId(0), records as usize, elapsed);
+    }
+}
+
+/// One close of a planned run: the plan in force, and what was sent.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PlannedBatch {
+    /// When the batch left, since the job's first arrival.
+    pub at: Duration,
+    /// The plan in force.
+    pub plan: BatchPlan,
+    /// Records sent.
+    pub sent: u32,
 }
 
 /// One completed transaction.
@@ -230,6 +335,8 @@ pub struct JobRun {
     pub transactions: Vec<Transaction>,
     /// Arrival times since the first arrival.
     pub arrivals: Vec<Duration>,
+    /// For a planned run, each close: planned against sent.
+    pub plans: Vec<PlannedBatch>,
 }
 
 impl JobRun {
@@ -244,8 +351,9 @@ struct Arrival {
     at: Instant,
 }
 
-/// Runs `job` once over its emulated link, closing batches by `closing`.
-pub async fn run_job(job: Job, closing: Closing) -> JobRun {
+/// Runs `job` once over its emulated link, closing batches by `closing`
+/// (an online planner keeps what it learned for the next job).
+pub async fn run_job(job: Job, closing: &mut Closing) -> JobRun {
     let n = job.records as usize;
     let (tx, mut rx) = mpsc::channel::<Arrival>(n.max(1));
     let epoch = Instant::now();
@@ -267,13 +375,20 @@ pub async fn run_job(job: Job, closing: Closing) -> JobRun {
     let mut pending: VecDeque<Arrival> = VecDeque::with_capacity(n);
     let mut arrivals = Vec::with_capacity(n);
     let mut transactions = Vec::new();
+    let mut plans = Vec::new();
     let mut open = true;
     let mut last_done = epoch;
+    let note = |closing: &mut Closing, a: &Arrival| {
+        if let Closing::Online(o) = closing {
+            o.arrived(a.at, a.bytes);
+        }
+    };
     loop {
         // Everything that arrived while the link was busy joins the queue.
         loop {
             match rx.try_recv() {
                 Ok(a) => {
+                    note(closing, &a);
                     arrivals.push(a.at - epoch);
                     pending.push_back(a);
                 }
@@ -290,6 +405,7 @@ pub async fn run_job(job: Job, closing: Closing) -> JobRun {
             }
             match rx.recv().await {
                 Some(a) => {
+                    note(closing, &a);
                     arrivals.push(a.at - epoch);
                     pending.push_back(a);
                 }
@@ -298,27 +414,41 @@ pub async fn run_job(job: Job, closing: Closing) -> JobRun {
             continue;
         }
         let now = Instant::now();
-        let (take, deadline) = match &closing {
+        let (take, deadline) = match closing {
             Closing::Sizes(sizes) => {
                 let s = sizes[transactions.len() % sizes.len()].max(1) as usize;
                 let ready = pending.len() >= s || !open;
                 (ready.then(|| s.min(pending.len())), None)
             }
-            Closing::Plan(plan) => {
-                let target = plan.target_records.max(1) as usize;
+            Closing::Online(o) => {
+                o.catch_up(now);
+                let plan = o.plan();
+                // As weir's drain does: the plan decides when a batch
+                // closes, from everything queued; the batch then takes what
+                // is queued, up to the byte cap.
+                let queued: u64 = pending.iter().map(|a| a.bytes).sum();
+                let age = now - pending[0].at;
+                let close = plan.should_close(age, pending.len() as u32, queued);
                 let mut k = 0;
                 let mut bytes = 0u64;
-                for a in pending.iter().take(target) {
+                for a in &pending {
                     if k > 0 && bytes + a.bytes > plan.max_bytes {
                         break;
                     }
                     k += 1;
                     bytes += a.bytes;
                 }
-                let full = k < pending.len().min(target);
-                let age = now - pending[0].at;
-                let close = full || plan.should_close(age, k as u32, bytes);
-                (close.then_some(k), Some(pending[0].at + plan.max_wait))
+                if close {
+                    plans.push(PlannedBatch {
+                        at: now - epoch,
+                        plan,
+                        sent: k as u32,
+                    });
+                }
+                // Wake at the oldest record's wait or the next re-plan.
+                let wake =
+                    (pending[0].at + plan.max_wait).min(o.window_end.unwrap_or(now + PLAN_WINDOW));
+                (close.then_some(k), Some(wake))
             }
         };
         match take {
@@ -327,10 +457,18 @@ pub async fn run_job(job: Job, closing: Closing) -> JobRun {
                 let start = Instant::now();
                 job.link.transact(bytes).await;
                 last_done = Instant::now();
+                let elapsed = last_done - start;
+                if let Closing::Online(o) = closing {
+                    // The windows that ended on the way are re-planned at
+                    // the next decision, once their arrivals are read, with
+                    // this transaction already in the fits (weir re-plans
+                    // them on time, before it: a transaction earlier).
+                    o.observe(k as u32, bytes, elapsed);
+                }
                 transactions.push(Transaction {
                     records: k as u32,
                     bytes,
-                    elapsed: last_done - start,
+                    elapsed,
                 });
             }
             None => {
@@ -345,6 +483,7 @@ pub async fn run_job(job: Job, closing: Closing) -> JobRun {
                 tokio::select! {
                     a = rx.recv(), if open => match a {
                         Some(a) => {
+                            note(closing, &a);
                             arrivals.push(a.at - epoch);
                             pending.push_back(a);
                         }
@@ -361,81 +500,8 @@ pub async fn run_job(job: Job, closing: Closing) -> JobRun {
         wall: last_done - epoch,
         transactions,
         arrivals,
+        plans,
     }
-}
-
-/// What weir's model made of the warm-up and the FIFS run.
-#[derive(Debug, Clone)]
-pub struct Model {
-    /// The link estimator's fit.
-    pub link: LinkEstimate,
-    /// The paper's two-transfer probe on the warm-up's 1- and 32-record
-    /// transactions, for comparison.
-    pub probe: Option<LinkEstimate>,
-    /// The batch sizer's `L_up(s)`.
-    pub upload: LatencyLine,
-    /// The class's traffic as measured.
-    pub traffic: ClassTraffic,
-    /// The plan.
-    pub plan: BatchPlan,
-}
-
-/// Feeds weir's online fits with the transactions of `warmup` and `fifs`
-/// (starting from [`WEIR_PRIOR`]) and plans the class of rank `rank` with
-/// latency `bound`.
-pub fn fit_model(
-    warmup: &JobRun,
-    fifs: &JobRun,
-    bound: Duration,
-    rank: usize,
-) -> anyhow::Result<Model> {
-    let mut estimator = LinkEstimator::new(WEIR_PRIOR)?;
-    let mut sizer = BatchSizer::new(BatchLimits::default());
-    for t in warmup.transactions.iter().chain(&fifs.transactions) {
-        estimator.observe(t.bytes, t.elapsed);
-        sizer.observe(t.records, t.elapsed);
-    }
-    let link = estimator.estimate();
-    let smallest = warmup.transactions.iter().min_by_key(|t| t.bytes);
-    let largest = warmup.transactions.iter().max_by_key(|t| t.bytes);
-    let probe = match (smallest, largest) {
-        (Some(s), Some(l)) => two_transfer_probe(s.bytes, s.elapsed, l.bytes, l.elapsed).ok(),
-        _ => None,
-    };
-
-    let arr = &fifs.arrivals;
-    anyhow::ensure!(
-        arr.len() >= 2,
-        "the FIFS run needs at least two records to measure a rate"
-    );
-    let span = (arr[arr.len() - 1] - arr[0]).as_secs_f64();
-    let arrival_rate = if span > 0.0 {
-        (arr.len() - 1) as f64 / span
-    } else {
-        f64::INFINITY
-    };
-    let (records, bytes) = fifs.transactions.iter().fold((0u64, 0u64), |(r, b), t| {
-        (r + t.records as u64, b + t.bytes)
-    });
-    let mean_record_bytes = bytes as f64 / records.max(1) as f64;
-
-    let upload = sizer.upload_line(mean_record_bytes, &link);
-    let single = Duration::from_secs_f64(upload.at(1.0).max(0.0));
-    let reference = ReferencePolicy::default().reference(rank, bound, single);
-    let traffic = ClassTraffic {
-        arrival_rate,
-        mean_record_bytes,
-        latency_bound: bound,
-        reference,
-    };
-    let plan = sizer.plan(&traffic, &link);
-    Ok(Model {
-        link,
-        probe,
-        upload,
-        traffic,
-        plan,
-    })
 }
 
 /// Runs `(label, job, closing)` triples, up to `jobs` at once.
@@ -450,7 +516,8 @@ async fn run_all(
         let permits = Arc::clone(&permits);
         set.spawn(async move {
             let _permit = permits.acquire_owned().await.expect("never closed");
-            (i, label, run_job(job, closing).await)
+            let mut closing = closing;
+            (i, label, run_job(job, &mut closing).await)
         });
     }
     let mut out = Vec::new();
@@ -478,49 +545,73 @@ fn walls(runs: &[(String, JobRun)], label: &str) -> Vec<f64> {
         .collect()
 }
 
+/// Planned against sent, one pair per close.
+fn planned_vs_sent(run: &JobRun) -> Vec<(u32, u32)> {
+    run.plans
+        .iter()
+        .map(|p| (p.plan.target_records, p.sent))
+        .collect()
+}
+
+fn plan_json(plan: &BatchPlan) -> serde_json::Value {
+    json!({
+        "target_records": plan.target_records,
+        "max_bytes": plan.max_bytes,
+        "max_wait_ms": report::round(report::ms(plan.max_wait), 1),
+        "expected_records": plan.expected_records,
+        "reason": reason_text(plan.reason),
+    })
+}
+
+fn closes_json(run: &JobRun) -> serde_json::Value {
+    run.plans
+        .iter()
+        .map(|p| {
+            json!({
+                "at_ms": report::round(report::ms(p.at), 1),
+                "planned": p.plan.target_records,
+                "sent": p.sent,
+                "max_wait_ms": report::round(report::ms(p.plan.max_wait), 1),
+                "reason": reason_text(p.plan.reason),
+            })
+        })
+        .collect()
+}
+
 /// Runs the experiment: returns the table for stdout, the JSON and the SVG.
 pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, String)> {
     let (job, sizes) = args.job()?;
     let bound = Duration::from_millis(args.bound_ms);
     let repeat = args.repeat as usize;
     let relay_runs = if args.no_relay { 0 } else { 1 + repeat };
-    let total = 2 + repeat * (1 + sizes.len()) + repeat - 1 + relay_runs;
+    let total = repeat * (1 + sizes.len()) + 1 + repeat + relay_runs;
     let bar = report::progress(total as u64, "batching");
 
-    // Phase 1: the warm-up and the first FIFS run, which the model learns
-    // from.
-    let warmup_job = Job {
-        records: WARMUP_SIZES.iter().sum(),
-        ..job
-    };
-    let first = run_all(
-        vec![
-            (
-                "warm-up".into(),
-                warmup_job,
-                Closing::Sizes(WARMUP_SIZES.to_vec()),
-            ),
-            ("fifs".into(), job, Closing::Sizes(vec![1])),
-        ],
-        args.jobs,
-        &bar,
-    )
-    .await?;
-    let (warmup, fifs0) = (&first[0].1, &first[1].1);
-    let model = fit_model(warmup, fifs0, bound, args.class_rank)?;
-
-    // Phase 2: the other FIFS runs, the sweep and weir's plan.
+    // Phase 1: FIFS and the fixed buffers, each on its own emulated link.
     let mut runs = Vec::new();
-    for _ in 1..repeat {
-        runs.push(("fifs".to_string(), job, Closing::Sizes(vec![1])));
-    }
     for _ in 0..repeat {
+        runs.push(("fifs".to_string(), job, Closing::Sizes(vec![1])));
         for &s in &sizes {
             runs.push((format!("size {s}"), job, Closing::Sizes(vec![s])));
         }
-        runs.push(("weir".to_string(), job, Closing::Plan(model.plan)));
     }
-    let mut results = run_all(runs, args.jobs, &bar).await?;
+    let results = run_all(runs, args.jobs, &bar).await?;
+
+    // Phase 2: weir's plan, online: one planner, job after job with a
+    // quiet pause between; the first on weir's priors.
+    let mut closing = Closing::Online(Box::new(Online::new(bound, args.class_rank)?));
+    bar.set_message("weir's plan");
+    let planned_first = run_job(job, &mut closing).await;
+    bar.inc(1);
+    let mut planned = Vec::new();
+    for _ in 0..repeat {
+        tokio::time::sleep(RELAY_PAUSE).await;
+        planned.push(run_job(job, &mut closing).await);
+        bar.inc(1);
+    }
+    let Closing::Online(learned) = &closing else {
+        unreachable!("built as Online above")
+    };
 
     // Phase 3: the same job through weir's relay: a first job on its
     // priors, then `repeat` more once it has learned from its own traffic.
@@ -546,17 +637,17 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
         Some((first, later))
     };
     bar.finish_and_clear();
-    results.push(("fifs".into(), fifs0.clone()));
 
     let fifs_runs = walls(&results, "fifs");
     let fifs_ms = report::mean(&fifs_runs);
-    let chosen_runs = walls(&results, "weir");
-    let chosen_ms = report::mean(&chosen_runs);
-    let chosen_batches: Vec<Vec<u32>> = results
+    let fifs_tx = results
         .iter()
-        .filter(|(l, _)| l == "weir")
-        .map(|(_, r)| r.batch_sizes())
-        .collect();
+        .find(|(l, _)| l == "fifs")
+        .map_or(0, |(_, r)| r.transactions.len());
+    let chosen_runs: Vec<f64> = planned.iter().map(|r| report::ms(r.wall)).collect();
+    let chosen_ms = report::mean(&chosen_runs);
+    let first_ms = report::ms(planned_first.wall);
+    let chosen_batches: Vec<Vec<u32>> = planned.iter().map(JobRun::batch_sizes).collect();
     let series: Vec<(u32, Vec<f64>, f64)> = sizes
         .iter()
         .map(|&s| {
@@ -570,19 +661,43 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
         .map(|(s, _, m)| (*s, *m))
         .min_by(|a, b| a.1.total_cmp(&b.1))
         .unwrap_or((1, fifs_ms));
-    let plan = model.plan;
-    let chosen_batch = plan.target_records;
     let speedup = fifs_ms / chosen_ms;
+    let paper_job = job.records == PAPER_JOB_RECORDS;
+    let vs_paper = |ms: f64| {
+        if paper_job {
+            format!("{:.2}x", PAPER_FIFS_MS / ms)
+        } else {
+            "-".into()
+        }
+    };
+    // The plan behind the last job's largest batch: what the model settled on.
+    let last = planned.last().unwrap_or(&planned_first);
+    let settled = last
+        .plans
+        .iter()
+        .max_by_key(|p| p.sent)
+        .map_or_else(|| learned.plan(), |p| p.plan);
+    let chosen_batch = settled.target_records;
+    let link = learned.link();
+    let mean_record_bytes = job.record_bytes as f64;
+    let upload = learned.upload_line(mean_record_bytes);
 
     // The table.
-    let mut t = Table::new(["run", "batch", "transactions", "wall ms", "vs FIFS"]);
-    let fifs_tx = fifs0.transactions.len().to_string();
+    let mut t = Table::new([
+        "run",
+        "batch",
+        "transactions",
+        "wall ms",
+        "vs FIFS",
+        "vs paper's FIFS",
+    ]);
     t.row([
-        "FIFS (one record per transaction)".to_string(),
+        "FIFS (one record per transaction, serial)".to_string(),
         "1".into(),
-        fifs_tx,
+        fifs_tx.to_string(),
         format!("{fifs_ms:.0}"),
         "1.00x".into(),
+        vs_paper(fifs_ms),
     ]);
     for (s, _, m) in &series {
         t.row([
@@ -594,30 +709,40 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
             job.records.div_ceil(*s).to_string(),
             format!("{m:.0}"),
             format!("{:.2}x", fifs_ms / m),
+            vs_paper(*m),
         ]);
     }
     t.row([
-        format!(
-            "weir's plan (close at {} or {:.0} ms)",
-            plan.target_records,
-            plan.max_wait.as_secs_f64() * 1e3
-        ),
-        chosen_batch.to_string(),
-        chosen_batches.first().map_or(0, Vec::len).to_string(),
+        "weir's plan, online, first job (priors)".to_string(),
+        "-".into(),
+        planned_first.transactions.len().to_string(),
+        format!("{first_ms:.0}"),
+        format!("{:.2}x", fifs_ms / first_ms),
+        vs_paper(first_ms),
+    ]);
+    t.row([
+        "weir's plan, online (later jobs)".to_string(),
+        format!("{chosen_batch} planned"),
+        planned
+            .first()
+            .map_or(0, |r| r.transactions.len())
+            .to_string(),
         format!("{chosen_ms:.0}"),
         format!("{speedup:.2}x"),
+        vs_paper(chosen_ms),
     ]);
     let relay_ms = relay.as_ref().map(|(first, later)| {
         let runs: Vec<f64> = later.iter().map(|r| report::ms(r.wall)).collect();
         (report::ms(first.wall), report::mean(&runs), runs)
     });
-    if let (Some((first, later)), Some((first_ms, ms, _))) = (&relay, &relay_ms) {
+    if let (Some((first, later)), Some((relay_first_ms, ms, _))) = (&relay, &relay_ms) {
         t.row([
             "relay, first job (weir's priors)".to_string(),
             "-".into(),
             first.batches.len().to_string(),
-            format!("{first_ms:.0}"),
-            format!("{:.2}x", fifs_ms / first_ms),
+            format!("{relay_first_ms:.0}"),
+            format!("{:.2}x", fifs_ms / relay_first_ms),
+            vs_paper(*relay_first_ms),
         ]);
         t.row([
             "relay (weir's scheduler)".to_string(),
@@ -625,24 +750,29 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
             later.first().map_or(0, |r| r.batches.len()).to_string(),
             format!("{ms:.0}"),
             format!("{:.2}x", fifs_ms / ms),
+            vs_paper(*ms),
         ]);
     }
-    t.row([
-        "paper: FIFS".to_string(),
-        "1".into(),
-        "50".into(),
-        format!("{PAPER_FIFS_MS:.0}"),
-        "1.00x".into(),
-    ]);
-    t.row([
-        "paper: buffered".to_string(),
-        PAPER_BATCH.to_string(),
-        "1".into(),
-        format!("{PAPER_BATCHED_MS:.0}"),
-        format!("{PAPER_SPEEDUP:.2}x"),
-    ]);
+    if paper_job {
+        t.row([
+            "paper: FIFS (asynchronous uploads, measured)".to_string(),
+            "1".into(),
+            "50".into(),
+            format!("{PAPER_FIFS_MS:.0}"),
+            "-".into(),
+            "1.00x".into(),
+        ]);
+        t.row([
+            "paper: buffered (serial, measured)".to_string(),
+            PAPER_BATCH.to_string(),
+            "1".into(),
+            format!("{PAPER_BATCHED_MS:.0}"),
+            "-".into(),
+            format!("{PAPER_SPEEDUP:.2}x"),
+        ]);
+    }
     let mut text = format!(
-        "batching: {} records of {} B every {:.1} ms; link T_cc {:.0} ms, {:.0} B/s ({:.1} ms per record); {} run(s) each\n\n",
+        "batching: {} records of {} B every {:.1} ms; link T_cc {:.2} ms, {:.0} B/s ({:.4} ms per record); {} run(s) each\n\n",
         job.records,
         job.record_bytes,
         job.interval.as_secs_f64() * 1e3,
@@ -653,25 +783,25 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
     );
     text.push_str(&t.render());
     text.push_str(&format!(
-        "\nweir's model: link fit {:.0} B/s, T_sc {:.1} ms (prior {:.0} B/s, {:.0} ms); L_up(s) = {:.2} ms * s + {:.1} ms; \
-         lambda {:.1}/s, d {:.0} B, reference i = {}, bound {} ms\n\
-         plan: {}, target {} records, max_wait {:.1} ms, byte cap {} B; batches sent {:?}\n\
-         speedup {:.2}x (goal >= {PAPER_SPEEDUP}x: {}); best fixed size {} at {:.0} ms; weir's plan within {:.1}% of it\n",
-        model.link.bytes_per_sec,
-        model.link.per_transaction.as_secs_f64() * 1e3,
+        "\nweir's plan, online (re-planned every {:.0} ms from the window's arrivals): link fit {:.0} B/s, T_sc {:.1} ms \
+         (prior {:.0} B/s, {:.0} ms); L_up(s) = {:.2} ms * s + {:.1} ms; bound {} ms\n\
+         settled plan: {}, target {} records, max_wait {:.1} ms\n\
+         planned / sent, first job: {:?}\n\
+         planned / sent, later jobs: {:?}\n\
+         speedup {:.2}x over the serial FIFS (goal >= {PAPER_SPEEDUP}x: {}); best fixed size {} at {:.0} ms; weir's plan within {:.1}% of it\n",
+        report::ms(PLAN_WINDOW),
+        link.bytes_per_sec,
+        link.per_transaction.as_secs_f64() * 1e3,
         WEIR_PRIOR.bytes_per_sec,
         WEIR_PRIOR.per_transaction.as_secs_f64() * 1e3,
-        model.upload.per_unit * 1e3,
-        model.upload.fixed * 1e3,
-        model.traffic.arrival_rate,
-        model.traffic.mean_record_bytes,
-        model.traffic.reference,
+        upload.per_unit * 1e3,
+        upload.fixed * 1e3,
         args.bound_ms,
-        reason_text(plan.reason),
-        plan.target_records,
-        plan.max_wait.as_secs_f64() * 1e3,
-        plan.max_bytes,
-        chosen_batches.first().cloned().unwrap_or_default(),
+        reason_text(settled.reason),
+        settled.target_records,
+        settled.max_wait.as_secs_f64() * 1e3,
+        planned_vs_sent(&planned_first),
+        planned.iter().map(planned_vs_sent).collect::<Vec<_>>(),
         speedup,
         if speedup >= PAPER_SPEEDUP { "met" } else { "NOT met" },
         best_batch,
@@ -679,9 +809,9 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
         (chosen_ms / best_ms - 1.0) * 100.0,
     ));
 
-    if let (Some((first, later)), Some((first_ms, ms, _))) = (&relay, &relay_ms) {
+    if let (Some((first, later)), Some((relay_first_ms, ms, _))) = (&relay, &relay_ms) {
         text.push_str(&format!(
-            "relay (weir's App, file egress behind the same link): first job {first_ms:.0} ms in batches {:?}; \
+            "relay (weir's App, file egress behind the same link): first job {relay_first_ms:.0} ms in batches {:?}; \
              later jobs {ms:.0} ms ({:.2}x FIFS) in batches {:?}\n",
             first.batches,
             fifs_ms / ms,
@@ -689,8 +819,8 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
         ));
     }
     let relay_json = match (&relay, &relay_ms) {
-        (Some((first, later)), Some((first_ms, ms, runs))) => json!({
-            "first_ms": first_ms,
+        (Some((first, later)), Some((relay_first_ms, ms, runs))) => json!({
+            "first_ms": relay_first_ms,
             "first_batches": first.batches,
             "ms": report::round(*ms, 1),
             "runs_ms": runs,
@@ -707,12 +837,13 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
             "record_bytes": job.record_bytes,
             "interval_ms": report::ms(job.interval),
             "link": job.link.summary(),
-            "per_record_ms": report::round(job.record_bytes as f64 / job.link.bytes_per_sec * 1e3, 3),
+            "per_record_ms": report::round(job.record_bytes as f64 / job.link.bytes_per_sec * 1e3, 4),
             "latency_bound_ms": args.bound_ms,
             "class_rank": args.class_rank,
             "repeat": repeat,
             "sizes": sizes,
-            "warmup_sizes": WARMUP_SIZES,
+            "plan_window_ms": report::ms(PLAN_WINDOW),
+            "pause_between_jobs_ms": report::ms(RELAY_PAUSE),
             "prior": LinkSummary::from(WEIR_PRIOR),
         },
         "fifs_ms": report::round(fifs_ms, 1),
@@ -724,30 +855,26 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
             "speedup": report::round(fifs_ms / m, 3),
         })).collect::<Vec<_>>(),
         "model": {
-            "link_estimate": LinkSummary::from(model.link),
-            "probe": model.probe.map(LinkSummary::from),
+            "link_estimate": LinkSummary::from(link),
             "upload_line": {
-                "per_record_ms": report::round(model.upload.per_unit * 1e3, 3),
-                "fixed_ms": report::round(model.upload.fixed * 1e3, 1),
+                "per_record_ms": report::round(upload.per_unit * 1e3, 3),
+                "fixed_ms": report::round(upload.fixed * 1e3, 1),
             },
-            "arrival_rate": report::round(model.traffic.arrival_rate, 2),
-            "mean_record_bytes": report::round(model.traffic.mean_record_bytes, 1),
-            "reference": model.traffic.reference,
-            "plan": {
-                "target_records": plan.target_records,
-                "max_bytes": plan.max_bytes,
-                "max_wait_ms": report::ms(plan.max_wait),
-                "expected_records": plan.expected_records,
-                "reason": reason_text(plan.reason),
-            },
+            "plan": plan_json(&settled),
+        },
+        "planned_vs_sent": {
+            "first_job": closes_json(&planned_first),
+            "later_jobs": planned.iter().map(closes_json).collect::<Vec<_>>(),
         },
         "chosen_batch": chosen_batch,
         "chosen_batches": chosen_batches,
+        "chosen_first_ms": report::round(first_ms, 1),
         "chosen_ms": report::round(chosen_ms, 1),
         "chosen_runs_ms": chosen_runs,
         "best_batch": best_batch,
         "best_ms": report::round(best_ms, 1),
         "speedup": report::round(speedup, 3),
+        "speedup_vs_paper_fifs": paper_job.then(|| report::round(PAPER_FIFS_MS / chosen_ms, 3)),
         "best_speedup": report::round(fifs_ms / best_ms, 3),
         "relay": relay_json,
         "paper": {
@@ -755,6 +882,8 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
             "batched_ms": PAPER_BATCHED_MS,
             "batch": PAPER_BATCH,
             "speedup": PAPER_SPEEDUP,
+            "eq3_intercept_ms": PAPER_EQ3_INTERCEPT_MS,
+            "eq3_slope_ms": PAPER_EQ3_SLOPE_MS,
         },
         "goal": { "speedup_at_least": PAPER_SPEEDUP, "met": speedup >= PAPER_SPEEDUP },
     });
@@ -773,12 +902,12 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
             points: series.iter().map(|(s, _, m)| (*s as f64, *m)).collect(),
         }],
         hlines: vec![HLine {
-            name: format!("FIFS {fifs_ms:.0} ms"),
+            name: format!("FIFS, serial {fifs_ms:.0} ms"),
             y: fifs_ms,
             paper: false,
         }],
         marks: vec![Mark {
-            label: format!("weir's plan: {chosen_ms:.0} ms ({speedup:.1}x)"),
+            label: format!("weir's plan, online: {chosen_ms:.0} ms ({speedup:.1}x)"),
             x: chosen_batch as f64,
             y: chosen_ms,
             paper: false,
@@ -792,9 +921,9 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
         });
     }
     // The paper's numbers belong on the plot of the paper's job only.
-    if job.records == PAPER_JOB_RECORDS {
+    if paper_job {
         chart.hlines.push(HLine {
-            name: format!("paper FIFS {PAPER_FIFS_MS:.0} ms"),
+            name: format!("paper FIFS (asynchronous) {PAPER_FIFS_MS:.0} ms"),
             y: PAPER_FIFS_MS,
             paper: true,
         });
@@ -837,7 +966,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn fixed_buffers_flush_the_remainder_at_the_end_of_the_job() {
-        let run = run_job(tiny_job(), Closing::Sizes(vec![4])).await;
+        let run = run_job(tiny_job(), &mut Closing::Sizes(vec![4])).await;
         assert_eq!(run.batch_sizes(), vec![4, 4, 2]);
         assert_eq!(run.arrivals.len(), 10);
         // Virtual time: the first batch leaves at 3 ms and takes 54 ms;
@@ -847,60 +976,67 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn fifs_sends_one_record_per_transaction() {
-        let run = run_job(tiny_job(), Closing::Sizes(vec![1])).await;
+        let run = run_job(tiny_job(), &mut Closing::Sizes(vec![1])).await;
         assert_eq!(run.batch_sizes(), vec![1; 10]);
         assert_eq!(run.wall, Duration::from_millis(10 * 51));
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn plans_close_at_the_wait_when_the_link_is_idle() {
-        let plan = BatchPlan {
-            target_records: 6,
-            max_bytes: 10_000,
-            max_wait: Duration::from_micros(2500),
-            expected_records: 3,
-            reason: PlanReason::Batching(weir_core::batching::SizeLimit::Lemma2),
-        };
-        let run = run_job(tiny_job(), Closing::Plan(plan)).await;
-        // Three records by the 2.5 ms wait; six queued while the link was
-        // busy (the target); the last one after its wait.
-        assert_eq!(run.batch_sizes(), vec![3, 6, 1]);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_model_batches_on_the_papers_kind_of_link() {
-        let job = Job {
+    /// The paper's job on the paper's Eq. 3 link.
+    fn paper_job() -> Job {
+        Job {
             records: 50,
             record_bytes: 1400,
             interval: Duration::from_millis(10),
             link: Link {
-                per_transaction: Duration::from_millis(148),
-                bytes_per_sec: 1400.0 / 0.005,
+                per_transaction: Duration::from_secs_f64(PAPER_EQ3_INTERCEPT_MS / 1e3),
+                bytes_per_sec: 1400.0 / (PAPER_EQ3_SLOPE_MS / 1e3),
             },
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_online_plan_learns_the_link_and_batches_on_what_it_learned() {
+        let job = paper_job();
+        let fifs = run_job(job, &mut Closing::Sizes(vec![1])).await;
+        let mut closing =
+            Closing::Online(Box::new(Online::new(Duration::from_secs(10), 2).unwrap()));
+        let first = run_job(job, &mut closing).await;
+        let mut later = Vec::new();
+        for _ in 0..2 {
+            tokio::time::sleep(RELAY_PAUSE).await;
+            later.push(run_job(job, &mut closing).await);
+        }
+        let second = &later[1];
+        let Closing::Online(o) = &closing else {
+            unreachable!()
         };
-        let warmup = run_job(
-            Job {
-                records: WARMUP_SIZES.iter().sum(),
-                ..job
-            },
-            Closing::Sizes(WARMUP_SIZES.to_vec()),
-        )
-        .await;
-        let fifs = run_job(job, Closing::Sizes(vec![1])).await;
-        let m = fit_model(&warmup, &fifs, Duration::from_secs(10), 2).unwrap();
-        // The fits recover the link from a wrong prior.
-        assert!((m.upload.fixed - 0.148).abs() < 0.002, "{:?}", m.upload);
-        assert!((m.upload.per_unit - 0.005).abs() < 0.0002, "{:?}", m.upload);
-        assert!((m.traffic.arrival_rate - 100.0).abs() < 1.0);
-        assert_eq!(m.traffic.reference, 11);
-        // Lemma 2 sets the size: B * T_cc / d = 29.6 records.
-        assert!(m.plan.batches(), "{:?}", m.plan);
-        assert_eq!(m.plan.target_records, 29);
-        let chosen = run_job(job, Closing::Plan(m.plan)).await;
+        // The fits recover the link from weir's wrong priors (18 Mbit/s,
+        // 50 ms) using only the jobs' own transactions.
+        let line = o.upload_line(1400.0);
+        assert!((line.fixed - 0.27752).abs() < 0.01, "{line:?}");
+        assert!((line.per_unit - 0.0050393).abs() < 0.0005, "{line:?}");
+        for run in [&first, &later[0], second] {
+            let sent: u32 = run.batch_sizes().iter().sum();
+            assert_eq!(sent, 50, "every record sent once");
+            // Every close is recorded, and stays within the byte cap.
+            assert_eq!(run.plans.len(), run.transactions.len());
+            for p in &run.plans {
+                assert!(
+                    p.sent == 1 || u64::from(p.sent) * 1400 <= p.plan.max_bytes,
+                    "{p:?}"
+                );
+            }
+        }
+        // After learning, the plan batches and the job beats FIFS by far.
         assert!(
-            chosen.wall * 4 < fifs.wall,
+            second.plans.iter().any(|p| p.plan.batches() && p.sent > 1),
+            "{:?}",
+            second.plans
+        );
+        assert!(
+            second.wall * 4 < fifs.wall,
             "{:?} vs {:?}",
-            chosen.wall,
+            second.wall,
             fifs.wall
         );
     }

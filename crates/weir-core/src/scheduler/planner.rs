@@ -52,6 +52,11 @@ impl Planner {
         &self.plans
     }
 
+    /// The batch sizer of `class`: its fitted `L_up(s)` (for reports).
+    pub fn sizer(&self, class: ClassId) -> Option<&BatchSizer> {
+        self.sizers.get(class.index())
+    }
+
     /// One confirmed transaction of `records` records led by `class` that
     /// took `elapsed` on the link.
     pub fn observe(&mut self, class: ClassId, records: usize, elapsed: Duration) {
