@@ -10,13 +10,21 @@
 //! after the last byte (the transaction's acknowledgement). Effective
 //! throughput is uncompressed bytes over that wall-clock.
 //!
-//! The model's side does what weir does online: a [`CompressionChooser`]
-//! table per payload kind is filled by compressing a few samples of the
-//! payload with every candidate (`CR` and `Th_c`), the link is characterised
-//! by the paper's two-transfer probe (two raw transfers of different sizes,
-//! Eq. 5-6), and then [`CompressionChooser::predict`] (Eq. 3 and 19-20) and
-//! [`CompressionChooser::choose`] are asked about the whole payload. The
-//! oracle is the candidate with the best *measured* throughput.
+//! The model's side learns online, as weir's egress does, and never from
+//! the payload it is judged on. Per link and payload kind, a fresh
+//! [`CompressionChooser`] first sends a stream of `--stream` earlier
+//! payloads of the same kind (other seeds): for each it
+//! [`decide`](CompressionChooser::decide)s from what the earlier ones taught
+//! it, compresses the first 64 KiB with a codec when a sample is due (one
+//! unmeasured candidate per transfer, then the stalest now and then) and
+//! observes it, sends the payload piped with the chosen codec and observes
+//! that compression. Each transfer's prediction is set beside what it
+//! measured: the model's error on what weir actually sends. The link is
+//! characterised once, by the paper's two-transfer probe (two raw
+//! transfers of different sizes, Eq. 5-6). Then the payload of the table
+//! comes: every codec sends it (the oracle is the best *measured*), the
+//! chooser, as the stream left it, predicts each (Eq. 3 and 19-20) and picks
+//! one.
 //!
 //! Payloads, generated deterministically from a seed: `accel-csv`,
 //! timestamped 100 Hz accelerometer rows like the paper's accel.csv
@@ -33,7 +41,9 @@ use anyhow::Context;
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use weir_core::compression::{ChooserConfig, Codec, CompressionChooser, DEFAULT_CANDIDATES};
+use weir_core::compression::{
+    ChooserConfig, Codec, CompressionChooser, DEFAULT_CANDIDATES, SAMPLE_SLICE_BYTES,
+};
 use weir_core::link_estimate::{two_transfer_probe, LinkEstimate};
 
 use crate::link::{Link, LinkSummary};
@@ -77,14 +87,11 @@ pub struct Args {
     /// 1/6/9, zstd 1/3/9/19].
     #[arg(long, value_delimiter = ',', value_parser = parse_codec)]
     pub codecs: Option<Vec<Codec>>,
-    /// Bytes per sample the chooser learns from [default: 1 MiB, larger
-    /// than zstd's small-input parameter tables, like the transfers; quick:
-    /// 16 KiB].
-    #[arg(long)]
-    pub sample_bytes: Option<usize>,
-    /// Samples per codec and payload (spread over the payload).
-    #[arg(long, default_value_t = 3)]
-    pub samples: usize,
+    /// Earlier payloads of each kind the chooser sends, and learns from,
+    /// before the measured one [default: 10: every candidate sampled once,
+    /// then a few transfers on what it learned].
+    #[arg(long, default_value_t = 10)]
+    pub stream: usize,
     /// Uncompressed bytes the compressor takes at a time.
     #[arg(long, default_value_t = 64 * 1024)]
     pub chunk_bytes: usize,
@@ -349,42 +356,77 @@ pub async fn piped_transfer(
     })
 }
 
-/// What the samples said about one codec on one payload.
+/// What the chooser had learned about one codec when the measured payload
+/// came.
 #[derive(Debug, Clone, Copy)]
-struct SampleStats {
+struct Learned {
     codec: Codec,
     ratio: f64,
     compress_bytes_per_sec: f64,
 }
 
-/// Feeds `chooser` with `samples` samples of `sample_bytes` spread over
-/// `data`, for every compressing candidate (what weir's occasional sampling
-/// fills its tables with).
-fn learn(
+/// One transfer of the online stream.
+#[derive(Debug, Clone, Copy)]
+struct StreamTransfer {
+    codec: Codec,
+    /// The codec sampled on this transfer's first 64 KiB, if one was due.
+    sampled: Option<Codec>,
+    predicted: Option<f64>,
+    measured: f64,
+    /// Every compressing candidate had been measured before the decision.
+    settled: bool,
+}
+
+/// Sends `payloads` one after another as weir's egress would: decide from
+/// what the earlier ones taught `chooser`, sample when due, send piped,
+/// observe.
+async fn stream(
     chooser: &mut CompressionChooser,
-    kind: &str,
-    data: &[u8],
-    sample_bytes: usize,
-    samples: usize,
-) -> anyhow::Result<Vec<SampleStats>> {
-    let sample = sample_bytes.clamp(1, data.len().max(1));
-    let n = samples.max(1);
-    let codecs: Vec<Codec> = chooser.candidates().to_vec();
-    for k in 0..n {
-        let span = data.len().saturating_sub(sample);
-        let at = if n > 1 { span * k / (n - 1) } else { 0 };
-        let piece = &data[at..(at + sample).min(data.len())];
-        for &codec in codecs.iter().filter(|c| !c.is_none()) {
-            let (compressed, elapsed) = compress_timed(codec, piece)?;
-            chooser.observe(kind, codec, piece.len() as u64, compressed, elapsed);
+    kind: &'static str,
+    payloads: Vec<Arc<Vec<u8>>>,
+    link: Link,
+    estimate: &LinkEstimate,
+    chunk: usize,
+    bar: &indicatif::ProgressBar,
+) -> anyhow::Result<Vec<StreamTransfer>> {
+    let compressing = chooser.candidates().iter().filter(|c| !c.is_none()).count();
+    let epoch = Instant::now();
+    let mut out = Vec::new();
+    for (k, data) in payloads.into_iter().enumerate() {
+        let size = data.len() as u64;
+        let decision = chooser.decide(kind, size, estimate, epoch.elapsed());
+        if let Some(codec) = decision.sample {
+            let slice = Arc::clone(&data);
+            let (n, compressed, elapsed) = tokio::task::spawn_blocking(move || {
+                let n = SAMPLE_SLICE_BYTES.min(slice.len());
+                compress_timed(codec, &slice[..n]).map(|(c, e)| (n as u64, c, e))
+            })
+            .await??;
+            chooser.observe(kind, codec, n, compressed, elapsed);
         }
+        let t = piped_transfer(data, decision.codec, link, chunk).await?;
+        chooser.observe(kind, decision.codec, size, t.wire_bytes, t.compress_time);
+        out.push(StreamTransfer {
+            codec: decision.codec,
+            sampled: decision.sample,
+            predicted: decision.predicted,
+            measured: size as f64 / t.wall.as_secs_f64(),
+            settled: k >= compressing,
+        });
+        bar.inc(1);
     }
+    Ok(out)
+}
+
+/// What `chooser` holds about every candidate of `kind`.
+fn learned(chooser: &CompressionChooser, kind: &str) -> Vec<Learned> {
     let table = chooser.table(kind);
-    Ok(codecs
+    chooser
+        .candidates()
         .iter()
         .map(|&codec| {
             let st = table.and_then(|t| t.stats(codec));
-            SampleStats {
+            Learned {
                 codec,
                 ratio: st.and_then(|s| s.ratio()).unwrap_or(1.0),
                 compress_bytes_per_sec: st
@@ -392,7 +434,7 @@ fn learn(
                     .unwrap_or(f64::INFINITY),
             }
         })
-        .collect())
+        .collect()
 }
 
 /// One codec in one condition.
@@ -404,8 +446,8 @@ struct Candidate {
     measured: f64,
     /// The model's, bytes/s.
     predicted: Option<f64>,
-    /// What the chooser's samples said about it.
-    sample: Option<SampleStats>,
+    /// What the chooser had learned of it from the stream.
+    learned: Option<Learned>,
 }
 
 /// One link and payload.
@@ -419,6 +461,7 @@ struct Condition {
     estimate: LinkEstimate,
     cands: Vec<Candidate>,
     choice: weir_core::compression::Choice,
+    stream: Vec<StreamTransfer>,
 }
 
 /// Runs the experiment: returns the table for stdout, the JSON and the SVG.
@@ -431,9 +474,6 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
         .codecs
         .clone()
         .unwrap_or_else(|| DEFAULT_CANDIDATES.to_vec());
-    let sample_bytes = args
-        .sample_bytes
-        .unwrap_or(if q { 16 << 10 } else { 1 << 20 });
     let repeat = args.repeat.max(1) as usize;
     anyhow::ensure!(
         !links_mbps.is_empty() && links_mbps.iter().all(|r| r.is_finite() && *r > 0.0),
@@ -455,7 +495,9 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
         .collect();
     let largest = sizes.iter().copied().max().unwrap_or(1);
     let conditions_n = sizes.len() * Payload::ALL.len();
-    let steps = Payload::ALL.len() + links_mbps.len() + conditions_n * (1 + codecs.len() * repeat);
+    let steps = Payload::ALL.len()
+        + links_mbps.len()
+        + conditions_n * (args.stream + codecs.len() * repeat);
     let bar = report::progress(steps as u64, "compression");
 
     let mut payloads = Vec::new();
@@ -489,18 +531,27 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
         bar.inc(1);
 
         for (p, full) in &payloads {
-            bar.set_message(format!("{} at {rate} MB/s: sampling", p.name()));
-            let mut chooser = CompressionChooser::new(config.clone()).expect("validated above");
-            let (samples, sb, src) = (args.samples, sample_bytes, Arc::clone(full));
+            bar.set_message(format!("{} at {rate} MB/s: learning online", p.name()));
             let kind = p.name();
-            let (chooser_back, stats) = tokio::task::spawn_blocking(move || {
-                let stats = learn(&mut chooser, kind, &src, sb, samples);
-                (chooser, stats)
-            })
+            let mut chooser = CompressionChooser::new(config.clone()).expect("validated above");
+            let mut earlier = Vec::new();
+            for k in 0..args.stream {
+                let (p, seed) = (*p, args.seed.wrapping_add(1 + k as u64));
+                earlier.push(Arc::new(
+                    tokio::task::spawn_blocking(move || p.generate(size, seed)).await?,
+                ));
+            }
+            let stream = stream(
+                &mut chooser,
+                kind,
+                earlier,
+                link,
+                &estimate,
+                args.chunk_bytes,
+                &bar,
+            )
             .await?;
-            let chooser = chooser_back;
-            let samples = stats.context("compressing a sample")?;
-            bar.inc(1);
+            let learned_now = learned(&chooser, kind);
 
             let data = Arc::new(full[..size.min(full.len())].to_vec());
             let mut cands = Vec::new();
@@ -521,7 +572,7 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
                     runs,
                     measured,
                     predicted,
-                    sample: samples.iter().find(|s| s.codec == codec).copied(),
+                    learned: learned_now.iter().find(|s| s.codec == codec).copied(),
                 });
             }
             let choice = chooser.choose(kind, data.len() as u64, &estimate);
@@ -534,6 +585,7 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
                 estimate,
                 cands,
                 choice,
+                stream,
             });
         }
     }
@@ -542,12 +594,11 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
     // Tables, JSON and the plot.
     let mbps = |x: f64| x / MB;
     let mut text = format!(
-        "compression: T_sc {:.0} ms per transfer, raw transfer {:.2} s on each link, chunks of {} B, {} sample(s) of {} B per codec, {} run(s) each\n",
+        "compression: T_sc {:.0} ms per transfer, raw transfer {:.2} s on each link, chunks of {} B, the chooser learning online from {} earlier payloads per condition, {} run(s) each\n",
         t_sc.as_secs_f64() * 1e3,
         raw_secs,
         args.chunk_bytes,
-        args.samples,
-        sample_bytes,
+        args.stream,
         repeat
     );
     let mut json_conditions = Vec::new();
@@ -561,6 +612,7 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
         "oracle MB/s",
         "chosen/oracle",
         "model err %",
+        "online err %",
         "best/raw",
         "best/gzip-6",
     ]);
@@ -576,11 +628,12 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
             estimate,
             cands,
             choice,
+            stream,
         } = cond;
         let mut t = Table::new([
             "codec",
-            "sample CR",
-            "sample Th_c MB/s",
+            "learned CR",
+            "learned Th_c MB/s",
             "CR",
             "Th_c MB/s",
             "wall ms",
@@ -599,6 +652,17 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
         let err = |c: &Candidate| c.predicted.map(|pr| (pr - c.measured) / c.measured * 100.0);
         let errs: Vec<f64> = cands.iter().filter_map(err).map(f64::abs).collect();
         let model_error_pct = report::mean(&errs);
+        // The stream: each transfer's prediction against what it measured,
+        // once every candidate had been measured.
+        let stream_err =
+            |t: &StreamTransfer| t.predicted.map(|pr| (pr - t.measured) / t.measured * 100.0);
+        let settled_errs: Vec<f64> = stream
+            .iter()
+            .filter(|t| t.settled)
+            .filter_map(stream_err)
+            .map(f64::abs)
+            .collect();
+        let stream_error_pct = (!settled_errs.is_empty()).then(|| report::mean(&settled_errs));
         let raw = cands.iter().find(|c| c.codec.is_none()).map(|c| c.measured);
         let gzip6 = cands
             .iter()
@@ -636,7 +700,7 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
                 (false, true) => " (best)",
                 _ => "",
             };
-            let sample = c.sample.filter(|_| !c.codec.is_none());
+            let sample = c.learned.filter(|_| !c.codec.is_none());
             // The compressor's own speed in the transfer (not waiting for the
             // link): what the sample's Th_c tried to foresee.
             let th_c = (comp > 0.0 && !c.codec.is_none()).then(|| *bytes as f64 / (comp / 1e3));
@@ -664,8 +728,8 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
                 "ratio": report::round(*bytes as f64 / wire, 3),
                 "compress_ms": report::round(comp, 2),
                 "compress_mbps": th_c.map(|v| report::round(mbps(v), 2)),
-                "sample_ratio": sample.map(|s| report::round(s.ratio, 3)),
-                "sample_compress_mbps": sample.map(|s| report::round(mbps(s.compress_bytes_per_sec), 2)),
+                "learned_ratio": sample.map(|s| report::round(s.ratio, 3)),
+                "learned_compress_mbps": sample.map(|s| report::round(mbps(s.compress_bytes_per_sec), 2)),
                 "wall_ms": report::round(wall, 2),
             }));
         }
@@ -684,6 +748,23 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
             }
         ));
         text.push_str(&t.render());
+        text.push_str("online stream (codec sent [sampled]: predicted / measured MB/s):");
+        for (k, tr) in stream.iter().enumerate() {
+            text.push_str(&format!(
+                "{}{} {}{}: {} / {:.3}",
+                if k % 3 == 0 { "\n  " } else { "; " },
+                k,
+                tr.codec,
+                tr.sampled.map_or(String::new(), |c| format!(" [{c}]")),
+                tr.predicted
+                    .map_or("-".into(), |v| format!("{:.3}", mbps(v))),
+                mbps(tr.measured),
+            ));
+        }
+        text.push_str(&format!(
+            "\n  model error once every candidate was measured (mean abs.): {}\n",
+            stream_error_pct.map_or("-".into(), |e| format!("{e:.1}%"))
+        ));
         summary.row([
             format!("{rate}"),
             p.name().to_string(),
@@ -693,6 +774,7 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
             format!("{:.3}", mbps(oracle.measured)),
             format!("{:.1}%", share * 100.0),
             format!("{model_error_pct:.1}"),
+            stream_error_pct.map_or("-".into(), |e| format!("{e:.1}")),
             best_vs_raw.map_or("-".into(), |v| format!("{v:.2}x")),
             best_vs_gzip6.map_or("-".into(), |v| format!("{v:.2}x")),
         ]);
@@ -710,6 +792,15 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
             "oracle_mbps": report::round(mbps(oracle.measured), 4),
             "chosen_share_of_oracle": report::round(share, 4),
             "model_error_pct": report::round(model_error_pct, 2),
+            "stream_model_error_pct": stream_error_pct.map(|e| report::round(e, 2)),
+            "stream": stream.iter().map(|t| json!({
+                "codec": t.codec.to_string(),
+                "sampled": t.sampled.map(|c| c.to_string()),
+                "predicted_mbps": t.predicted.map(|v| report::round(mbps(v), 4)),
+                "measured_mbps": report::round(mbps(t.measured), 4),
+                "error_pct": stream_err(t).map(|e| report::round(e, 2)),
+                "settled": t.settled,
+            })).collect::<Vec<_>>(),
             "chosen_model_error_pct": err(chosen).map(|e| report::round(e, 2)),
             "best_vs_raw": best_vs_raw.map(|v| report::round(v, 3)),
             "best_vs_gzip6": best_vs_gzip6.map(|v| report::round(v, 3)),
@@ -747,8 +838,8 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
             "t_sc_ms": report::ms(t_sc),
             "raw_secs": raw_secs,
             "codecs": codecs.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            "sample_bytes": sample_bytes,
-            "samples": args.samples,
+            "stream": args.stream,
+            "sample_slice_bytes": SAMPLE_SLICE_BYTES,
             "chunk_bytes": args.chunk_bytes,
             "repeat": repeat,
             "seed": args.seed,

@@ -125,6 +125,19 @@ fn compression_quick_run_reports_every_condition() {
             other => panic!("unknown payload {other}"),
         }
     }
+    // The chooser learned online from earlier payloads, never from the
+    // one it is judged on: every transfer of the stream is recorded, with
+    // the prediction it was sent on.
+    for c in conditions {
+        let stream = c["stream"].as_array().expect("stream");
+        assert_eq!(stream.len(), 10, "the default stream: {c}");
+        assert!(
+            stream.iter().any(|t| t["sampled"].is_string()),
+            "candidates are sampled as the stream goes: {c}"
+        );
+        assert!(stream.iter().any(|t| t["settled"] == true), "{c}");
+        assert!(num(c, "stream_model_error_pct").is_finite(), "{c}");
+    }
     assert!(j["goals"]["none_on_incompressible"].as_bool().unwrap());
     assert!(stdout.contains("summary"));
     std::fs::remove_dir_all(&dir).unwrap();
