@@ -1072,6 +1072,12 @@ async fn run_cell(
     let carried = st.records.max(1) as f64;
     let wire_per_record = uplink_bytes as f64 / carried;
     let capacity_rps = n as f64 * profile.bytes_per_sec / wire_per_record;
+    let own_links_rps = janus::own_links_limit(
+        offered
+            .iter()
+            .map(|o| o.offered.iter().sum::<u64>() as f64 / o.seconds.max(1e-9)),
+        profile.bytes_per_sec / wire_per_record,
+    );
     let offered_rps: f64 = offered
         .iter()
         .map(|o| o.offered.iter().sum::<u64>() as f64 / o.seconds.max(1e-9))
@@ -1121,6 +1127,7 @@ async fn run_cell(
         "track_uplink": !a.pin_uplink,
         "offered_rps": round(offered_rps, 1),
         "capacity_limit_rps": round(nan0(offered_rps.min(capacity_rps)), 1),
+        "own_links_limit_rps": round(nan0(own_links_rps), 1),
         "delivered_rps": round(delivered, 1),
         "delivered_on_time_rps": round(on_time as f64 / a.grid.seconds, 1),
         "lost": lost,

@@ -187,6 +187,9 @@ fn a_small_real_process_cluster_delivers_every_acknowledged_record_once() {
     assert!(num(r, "batch_bytes_per_record") > 256.0, "{r}");
     let limit = num(r, "capacity_limit_rps");
     assert!(limit > 0.0 && limit <= num(r, "offered_rps") + 1e-6, "{r}");
+    // Without redirection the nodes' own uplinks allow no more.
+    let own = num(r, "own_links_limit_rps");
+    assert!(own > 0.0 && own <= limit + 1e-6, "{r}");
     assert!(num(r, "delivered_rps") > 0.0, "{r}");
     assert!(
         num(r, "delivered_on_time_rps") <= num(r, "delivered_rps"),

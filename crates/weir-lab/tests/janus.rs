@@ -72,6 +72,9 @@ fn a_quick_janus_grid_writes_every_field_and_delivers_every_record() {
         assert!(num(r, "wire_bytes_per_record") > 640.0, "{r}");
         let limit = num(r, "capacity_limit_rps");
         assert!(limit > 0.0 && limit <= num(r, "offered_rps") + 1e-6, "{r}");
+        // Without redirection the nodes' own uplinks allow no more.
+        let own = num(r, "own_links_limit_rps");
+        assert!(own > 0.0 && own <= limit + 1e-6, "{r}");
         assert!(num(r, "delivered_rps") <= limit * 1.05, "{r}");
         assert!(
             num(r, "delivered_on_time_rps") <= num(r, "delivered_rps"),
