@@ -3,8 +3,8 @@
 //! Deterministic, in this process, in simulated time, with weir-core's own
 //! peering: each node keeps a [`PeerView`] of adverts, runs the shared
 //! matcher over it ([`decide`], PMRFS), asks providers with
-//! [`first_asks`] and then the candidate spill-over [`Spill`] (weir's
-//! client still takes the single step of `spill_asks`; docs/lab.md), and
+//! [`first_asks`] and then the spill-over [`Spill`] (as weir's client
+//! does), and
 //! each provider grants from its own [`Reservations`] (the authority over
 //! its spare). What is simulated is
 //! only what carries adverts between nodes, two ways:
@@ -331,12 +331,11 @@ fn simulate(a: &Args, n: usize, mode: Mode) -> Outcome {
                 answered.push((*ask, got));
             }
             let offers = offers_in(&nodes[i].view, me, t);
-            // The candidate spill-over (weir_core::peer::Spill): steps
-            // past every provider that refused this round, and providers
-            // that gave nothing remembered. weir's client still takes one
-            // step (docs/lab.md says why).
+            // The spill-over weir's client runs (weir_core::peer::Spill):
+            // steps past every provider that refused this round, and
+            // providers that gave nothing lately asked last.
             nodes[i].refusals.retain(|&(_, until)| until > t);
-            let mut spill = Spill::new(&answered).skipping(nodes[i].refusals.iter().map(|r| r.0));
+            let mut spill = Spill::new(&answered).deferring(nodes[i].refusals.iter().map(|r| r.0));
             for _ in 0..MAX_SPILL_STEPS {
                 let asks = spill.asks(&offers);
                 if asks.is_empty() {

@@ -132,8 +132,8 @@ pub fn spill_asks(answered: &[(Grant, f64)], offers: &[Offer]) -> Vec<Grant> {
 /// Spill-over steps a round takes at most ([`Spill`]).
 pub const MAX_SPILL_STEPS: usize = 3;
 
-/// Rounds a receiver skips a provider in its spill-over after the provider
-/// refused it ([`Spill::skipping`]).
+/// Rounds a receiver asks a provider last in its spill-over after the
+/// provider gave it nothing ([`Spill::deferring`]).
 pub const REFUSAL_MEMORY: u32 = 10;
 
 /// The spill-over of one round, step by step: what the receiver still
@@ -152,11 +152,14 @@ pub const REFUSAL_MEMORY: u32 = 10;
 /// renewed first) spilled every round onto the same full provider, and
 /// the spare matched stayed at 67.5 % of what it could be; at 64 nodes
 /// three steps a round still stopped at 91.6 % (32 providers advertising
-/// the same spare, the full ones first), so refusals are also remembered
-/// for [`REFUSAL_MEMORY`] rounds ([`Self::skipping`]). weir's peer client
-/// still takes one step ([`spill_asks`]): with these steps it lost 6-7
-/// points of throughput in the 4-node real-process lab at 720 B (see
-/// docs/lab.md); `weir-lab scale` uses them.
+/// the same spare, the full ones first), so providers that gave nothing
+/// are also remembered for [`REFUSAL_MEMORY`] rounds and asked last
+/// ([`Self::deferring`]) rather than skipped: with few providers the one
+/// that was full may be the only one with room a round later. weir's peer
+/// client runs these steps; in the 4-node real-process lab at 720 B they
+/// and the single step of [`spill_asks`] were indistinguishable (95.4 %
+/// and 95.3 % of the limit, means of 12 and 10 cells, each spread over
+/// 91.7-99.4 %; docs/lab.md).
 #[derive(Debug, Clone, Default)]
 pub struct Spill {
     /// Per class: the receiver and what its first asks wanted in all.
@@ -165,6 +168,8 @@ pub struct Spill {
     got: Vec<(NodeId, ClassId, f64)>,
     /// Providers that granted less than asked this round.
     refused: Vec<NodeId>,
+    /// Providers asked only after every other with room.
+    deferred: Vec<NodeId>,
 }
 
 impl Spill {
@@ -183,20 +188,22 @@ impl Spill {
         spill
     }
 
-    /// Also skips `providers` (those that refused this receiver in recent
-    /// rounds, [`REFUSAL_MEMORY`]): where many providers advertise the same
-    /// spare, the ones already full come first again every round, and a
-    /// few steps a round do not get past them.
-    pub fn skipping(mut self, providers: impl IntoIterator<Item = NodeId>) -> Self {
+    /// Asks `providers` (those that gave this receiver nothing in recent
+    /// rounds, [`REFUSAL_MEMORY`]) only after every other provider with
+    /// room: where many providers advertise the same spare, the ones
+    /// already full would come first again every round, and a few steps a
+    /// round would not get past them; where there are few, they are still
+    /// asked when nobody else has room.
+    pub fn deferring(mut self, providers: impl IntoIterator<Item = NodeId>) -> Self {
         for p in providers {
-            if !self.refused.contains(&p) {
-                self.refused.push(p);
+            if !self.deferred.contains(&p) {
+                self.deferred.push(p);
             }
         }
         self
     }
 
-    /// Providers that refused this round (or were skipped).
+    /// Providers that refused this round.
     pub fn refused(&self) -> &[NodeId] {
         &self.refused
     }
@@ -241,9 +248,11 @@ impl Spill {
             .filter(|o| o.amount > MIN_AMOUNT && !self.refused.contains(&o.provider))
             .copied()
             .collect();
+        let deferred = |p: NodeId| self.deferred.contains(&p);
         offers.sort_unstable_by(|a, b| {
-            b.amount
-                .total_cmp(&a.amount)
+            deferred(a.provider)
+                .cmp(&deferred(b.provider))
+                .then(b.amount.total_cmp(&a.amount))
                 .then(a.provider.cmp(&b.provider))
         });
         let mut wanted = self.wanted.clone();

@@ -662,7 +662,7 @@ fn spill_asks_cover_what_full_providers_refused() {
 }
 
 #[test]
-fn a_spill_step_skips_every_provider_that_refused_in_the_round() {
+fn a_spill_step_skips_this_rounds_refusers_and_asks_remembered_ones_last() {
     let offers: Vec<Offer> = [(1, 9.0), (3, 9.0), (4, 9.0)]
         .iter()
         .map(|&(provider, amount)| Offer { provider, amount })
@@ -678,10 +678,17 @@ fn a_spill_step_skips_every_provider_that_refused_in_the_round() {
     // 4 grants 4 of 6: nobody left with room.
     spill.answered(&[(ask(4, 6.0), 4.0)]);
     assert!(spill.asks(&offers).is_empty());
-    // Providers remembered from earlier rounds are skipped from the start.
-    let spill = Spill::new(&[(ask(3, 6.0), 0.0)]).skipping([1]);
+    // Providers remembered from earlier rounds are asked last: not at all
+    // while others cover the shortfall on paper...
+    let spill = Spill::new(&[(ask(3, 6.0), 0.0)]).deferring([1]);
     assert_eq!(spill.asks(&offers), vec![ask(4, 6.0)]);
-    assert_eq!(spill.refused(), &[3, 1]);
+    assert_eq!(spill.refused(), &[3]);
+    // ...and for what the others cannot cover.
+    let few: Vec<Offer> = [(1, 9.0), (3, 9.0), (4, 2.0)]
+        .iter()
+        .map(|&(provider, amount)| Offer { provider, amount })
+        .collect();
+    assert_eq!(spill.asks(&few), vec![ask(4, 2.0), ask(1, 4.0)]);
     // Granted in part: the rest is asked, on top of what it grants.
     let mut spill = Spill::new(&[(ask(3, 6.0), 0.0)]);
     spill.answered(&[(ask(1, 6.0), 2.0)]);

@@ -16,7 +16,9 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::Streaming;
 use tracing::{debug, info, warn};
 use weir_core::janus::Grant;
-use weir_core::peer::{decide, first_asks, offers_in, spill_asks, InFlight};
+use weir_core::peer::{
+    decide, first_asks, offers_in, InFlight, Spill, MAX_SPILL_STEPS, REFUSAL_MEMORY,
+};
 use weir_core::token_bucket::Take;
 use weir_core::{ClassId, NodeId, Record};
 use weir_proto::pb::peer_client::PeerClient;
@@ -183,10 +185,15 @@ pub(super) async fn heartbeats(node: Arc<Node>, link: Link) {
 /// reservations, leases and liveness, then (when the scheme redirects) the
 /// matcher over this period's adverts (this node's as published, its
 /// peers' as heard), Reserves for what the matching gives this node
-/// (leases it holds renewed first: `first_asks`), and one more Reserve per
-/// provider with room for what was refused (`spill_asks`).
+/// (leases it holds renewed first: `first_asks`), and up to
+/// `MAX_SPILL_STEPS` more Reserves per provider with room for what was
+/// refused, past every provider that refused this round, asking last those
+/// that gave nothing lately (`Spill`).
 pub(super) async fn rounds(node: Arc<Node>, links: watch::Receiver<Vec<Link>>) {
     let mut alive: BTreeSet<NodeId> = BTreeSet::new();
+    // Providers that gave this node nothing lately, and until when they
+    // are asked last in its spill-over (`REFUSAL_MEMORY` rounds).
+    let mut refusals: Vec<(NodeId, Duration)> = Vec::new();
     loop {
         // Cancel safety: every branch only waits.
         tokio::select! {
@@ -225,10 +232,22 @@ pub(super) async fn rounds(node: Arc<Node>, links: watch::Receiver<Vec<Link>>) {
         let held: Vec<_> = node.leases().iter(now).collect();
         let answered = ask_all(&node, &links, first_asks(&grants, &held)).await;
         let offers = offers_in(&node.view(), node.me, now);
-        let spill = spill_asks(&answered, &offers);
-        if !spill.is_empty() {
-            debug!(me = node.me, ?spill, "spill");
-            ask_all(&node, &links, spill).await;
+        refusals.retain(|&(_, until)| until > now);
+        let mut spill = Spill::new(&answered).deferring(refusals.iter().map(|r| r.0));
+        for _ in 0..MAX_SPILL_STEPS {
+            let asks = spill.asks(&offers);
+            if asks.is_empty() {
+                break;
+            }
+            debug!(me = node.me, ?asks, "spill");
+            spill.answered(&ask_all(&node, &links, asks).await);
+        }
+        let until = now + node.cfg.heartbeat * REFUSAL_MEMORY;
+        for p in spill.gave_nothing() {
+            match refusals.iter_mut().find(|r| r.0 == p) {
+                Some(r) => r.1 = until,
+                None => refusals.push((p, until)),
+            }
         }
     }
 }
