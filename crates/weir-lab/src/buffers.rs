@@ -51,10 +51,9 @@
 //! `T` is measured too: the smallest TCP connect time through the empty
 //! testbed.
 
-use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::{self, JoinHandle};
@@ -70,6 +69,7 @@ use weir_core::buffer_sizing::{
 
 use crate::cluster::sh;
 use crate::compression::SplitMix;
+use crate::netns::{delay_between, enter, in_ns};
 use crate::report::{self, HLine, LineChart, Mark, Series, Table};
 
 const NS_DEV: &str = "weir-bsz-dev";
@@ -194,23 +194,6 @@ impl Measured {
     }
 }
 
-/// Enters network namespace `ns` on this thread: sockets it opens, and
-/// processes it starts, are in there.
-fn enter(ns: &str) -> anyhow::Result<()> {
-    let f = File::open(format!("/run/netns/{ns}"))
-        .with_context(|| format!("network namespace {ns} is missing"))?;
-    // SAFETY: setns on a valid descriptor; it changes this thread only.
-    let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-    ensure!(rc == 0, "setns {ns}: {}", io::Error::last_os_error());
-    Ok(())
-}
-
-fn in_ns(ns: &str, args: &[&str]) -> anyhow::Result<()> {
-    let mut all = vec!["netns", "exec", ns];
-    all.extend_from_slice(args);
-    sh("ip", &all)
-}
-
 /// The four namespaces, their veths and routes, and the delay line;
 /// removed when dropped.
 struct Testbed {
@@ -305,35 +288,8 @@ impl Testbed {
             }
         }
         // The delay line: a TUN device in the wan namespace; what arrives
-        // from either veth is routed into it, and what this process writes
-        // back comes out of it and is routed on by the main table.
-        let tun = open_tun(NS_WAN, "dly0")?;
-        for kv in [
-            "net.ipv4.conf.all.rp_filter=0",
-            "net.ipv4.conf.default.rp_filter=0",
-            "net.ipv4.conf.dly0.rp_filter=0",
-        ] {
-            in_ns(NS_WAN, &["sysctl", "-qw", kv])?;
-        }
-        sh(
-            "ip",
-            &["-n", NS_WAN, "link", "set", "dly0", "mtu", "1500", "up"],
-        )?;
-        sh(
-            "ip",
-            &[
-                "-n", NS_WAN, "route", "add", "default", "dev", "dly0", "table", "100",
-            ],
-        )?;
-        for (dev, pref) in [("w0", "100"), ("w1", "101")] {
-            sh(
-                "ip",
-                &[
-                    "-n", NS_WAN, "rule", "add", "iif", dev, "lookup", "100", "pref", pref,
-                ],
-            )?;
-        }
-        bed.delay_line = delay_line(tun, one_way, bed.stop.clone())?;
+        // from either veth goes through it.
+        bed.delay_line = delay_between(NS_WAN, ["w0", "w1"], one_way, bed.stop.clone())?;
         Ok(bed)
     }
 
@@ -368,96 +324,6 @@ impl Drop for Testbed {
         }
         Testbed::remove();
     }
-}
-
-/// Opens TUN device `name` (IP packets, no extra header) in namespace
-/// `ns`, from a thread that enters it.
-fn open_tun(ns: &str, name: &str) -> anyhow::Result<File> {
-    let ns = ns.to_string();
-    let name = name.to_string();
-    thread::spawn(move || -> anyhow::Result<File> {
-        enter(&ns)?;
-        const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
-        const IFF_TUN: libc::c_short = 0x0001;
-        const IFF_NO_PI: libc::c_short = 0x1000;
-        #[repr(C)]
-        struct IfReq {
-            name: [u8; libc::IFNAMSIZ],
-            flags: libc::c_short,
-            _pad: [u8; 22],
-        }
-        let mut req = IfReq {
-            name: [0; libc::IFNAMSIZ],
-            flags: IFF_TUN | IFF_NO_PI,
-            _pad: [0; 22],
-        };
-        ensure!(
-            name.len() < libc::IFNAMSIZ,
-            "interface name {name} is too long"
-        );
-        req.name[..name.len()].copy_from_slice(name.as_bytes());
-        // SAFETY: a NUL-terminated path; the descriptor is owned by the File.
-        let fd = unsafe { libc::open(c"/dev/net/tun".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-        ensure!(fd >= 0, "open /dev/net/tun: {}", io::Error::last_os_error());
-        // SAFETY: fd was just opened and is owned from here on.
-        let file = unsafe { File::from_raw_fd(fd) };
-        // SAFETY: TUNSETIFF reads and writes one struct ifreq.
-        let rc = unsafe { libc::ioctl(file.as_raw_fd(), TUNSETIFF, &mut req) };
-        ensure!(rc == 0, "TUNSETIFF {name}: {}", io::Error::last_os_error());
-        Ok(file)
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("the TUN thread panicked"))?
-}
-
-/// Reads packets from `tun` and writes each back `delay` after it arrived,
-/// in order, until `stop`.
-fn delay_line(
-    tun: File,
-    delay: Duration,
-    stop: Arc<AtomicBool>,
-) -> anyhow::Result<Vec<JoinHandle<()>>> {
-    let mut writer = tun.try_clone().context("cannot clone the TUN descriptor")?;
-    let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
-    let reader = thread::spawn(move || {
-        let mut tun = tun;
-        let mut buf = vec![0u8; 65536];
-        let mut poll = libc::pollfd {
-            fd: tun.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        while !stop.load(Ordering::Relaxed) {
-            // SAFETY: one valid pollfd.
-            let ready = unsafe { libc::poll(&mut poll, 1, 100) };
-            if ready <= 0 {
-                continue;
-            }
-            match tun.read(&mut buf) {
-                Ok(n) => {
-                    if tx
-                        .send((Instant::now() + delay, buf[..n].to_vec()))
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return,
-            }
-        }
-    });
-    let sender = thread::spawn(move || {
-        for (due, packet) in rx {
-            let now = Instant::now();
-            if due > now {
-                thread::sleep(due - now);
-            }
-            // A packet the kernel refuses is a packet lost on the line.
-            let _ = writer.write(&packet);
-        }
-    });
-    Ok(vec![reader, sender])
 }
 
 /// One sample of the router's queue (`tc -s qdisc`).

@@ -29,6 +29,8 @@
 
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
@@ -46,7 +48,9 @@ use tokio::sync::mpsc;
 use weir_proto::pb::ingress_client::IngressClient;
 use weir_proto::pb::PublishRequest;
 
+use crate::cluster::sh;
 use crate::compression::random_bytes;
+use crate::netns::{delay_between, enter};
 use crate::report::{bar_panels_svg, round, BarPanel, Table};
 
 /// `weir-lab formats`.
@@ -69,6 +73,108 @@ pub struct Args {
     /// The weir binary (default: next to weir-lab).
     #[arg(long)]
     pub weir: Option<PathBuf>,
+    /// Put the client behind a shaped link to weir: a JANUS Table III
+    /// network (`4g`, `wifi`, `3g`), its rate by `tc tbf` towards weir and
+    /// its latency each way by a packet delay line, the client in a network
+    /// namespace of its own (the paper's multi-VM and remote cases; needs
+    /// root). Unset: the client on weir's host (the paper's single VM).
+    #[arg(long)]
+    pub network: Option<String>,
+}
+
+/// Namespaces of the shaped path: the client's, and the link's.
+const NS_CLI: &str = "weir-fmt-cli";
+const NS_WAN: &str = "weir-fmt-wan";
+/// weir's end of the shaped path (in this process's namespace).
+const WEIR_ADDR: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 73, 1, 1);
+
+/// The client's path to weir over a shaped link: client namespace ->
+/// link namespace (tbf towards weir, a TUN delay line both ways) -> this
+/// namespace, where weir and RabbitMQ are. Removed when dropped.
+struct ShapedPath {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl ShapedPath {
+    fn build(bytes_per_sec: f64, delay: Duration) -> anyhow::Result<ShapedPath> {
+        ShapedPath::remove();
+        for ns in [NS_CLI, NS_WAN] {
+            sh("ip", &["netns", "add", ns])?;
+            sh("ip", &["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        let mut path = ShapedPath {
+            stop: Arc::new(AtomicBool::new(false)),
+            threads: Vec::new(),
+        };
+        sh(
+            "ip",
+            &[
+                "link", "add", "c0", "netns", NS_CLI, "type", "veth", "peer", "name", "w0",
+                "netns", NS_WAN,
+            ],
+        )?;
+        sh(
+            "ip",
+            &[
+                "link", "add", "wfmt0", "type", "veth", "peer", "name", "w1", "netns", NS_WAN,
+            ],
+        )?;
+        for (ns, dev, cidr) in [
+            (Some(NS_CLI), "c0", "10.73.0.2/24"),
+            (Some(NS_WAN), "w0", "10.73.0.1/24"),
+            (Some(NS_WAN), "w1", "10.73.1.2/24"),
+            (None, "wfmt0", "10.73.1.1/24"),
+        ] {
+            let ip = |args: &[&str]| match ns {
+                Some(ns) => {
+                    let mut all = vec!["-n", ns];
+                    all.extend_from_slice(args);
+                    sh("ip", &all)
+                }
+                None => sh("ip", args),
+            };
+            ip(&["addr", "add", cidr, "dev", dev])?;
+            ip(&["link", "set", dev, "up"])?;
+        }
+        sh(
+            "ip",
+            &["-n", NS_CLI, "route", "add", "default", "via", "10.73.0.1"],
+        )?;
+        sh(
+            "ip",
+            &["route", "replace", "10.73.0.0/24", "via", "10.73.1.2"],
+        )?;
+        // The uplink: the rate towards weir, a queue of 200 ms at it.
+        let rate = format!("{}bit", (bytes_per_sec * 8.0).round() as u64);
+        let limit = ((bytes_per_sec * 0.2) as u64).max(64 * 1024).to_string();
+        sh(
+            "tc",
+            &[
+                "-n", NS_WAN, "qdisc", "add", "dev", "w1", "root", "tbf", "rate", &rate, "burst",
+                "32kb", "limit", &limit,
+            ],
+        )
+        .context("tc tbf on the client's uplink")?;
+        path.threads = delay_between(NS_WAN, ["w0", "w1"], delay, path.stop.clone())?;
+        Ok(path)
+    }
+
+    fn remove() {
+        for ns in [NS_CLI, NS_WAN] {
+            let _ = sh("ip", &["netns", "del", ns]);
+        }
+    }
+}
+
+impl Drop for ShapedPath {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        ShapedPath::remove();
+    }
 }
 
 /// The paper's five formats, in its tables' order.
@@ -199,7 +305,12 @@ struct Received {
     payload: bytes::Bytes,
 }
 
-fn config_text(dir: &std::path::Path, grpc: u16, amqp: &str, queue: &str) -> String {
+fn config_text(
+    dir: &std::path::Path,
+    listen: std::net::SocketAddr,
+    amqp: &str,
+    queue: &str,
+) -> String {
     format!(
         r#"# weir-lab formats: one gRPC stream into RabbitMQ.
 [node]
@@ -215,7 +326,7 @@ dir = "{dir}/spool"
 [ingress.mqtt]
 enabled = false
 [ingress.grpc]
-listen = "127.0.0.1:{grpc}"
+listen = "{listen}"{anonymous}
 # The frames are random bytes, as a JPEG does not compress either.
 [compression]
 enabled = false
@@ -238,7 +349,13 @@ exchange = "{queue}"
 queue = "{queue}"
 routing_key = "{queue}"
 "#,
-        dir = crate::cluster::toml_string(dir)
+        dir = crate::cluster::toml_string(dir),
+        // Off loopback only on the lab's own namespace path.
+        anonymous = if listen.ip().is_loopback() {
+            ""
+        } else {
+            "\nallow_anonymous = true"
+        },
     )
 }
 
@@ -276,6 +393,74 @@ async fn consume(
     Ok(())
 }
 
+/// The client's rounds: every format each round, published to weir and
+/// awaited at the consumer (`rx`).
+async fn client_rounds(
+    endpoint: String,
+    frame_bytes: usize,
+    warmup: usize,
+    rounds: usize,
+    mut rx: mpsc::Receiver<Received>,
+) -> anyhow::Result<(Vec<Samples>, [usize; FORMATS.len()])> {
+    let started = Instant::now();
+    let mut client = loop {
+        match IngressClient::connect(endpoint.clone()).await {
+            Ok(c) => break c,
+            Err(_) if started.elapsed() < Duration::from_secs(15) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e).context("cannot reach weir's gRPC ingress"),
+        }
+    };
+    // Incompressible, like a JPEG.
+    let frame = random_bytes(frame_bytes, 1);
+    let mut samples: Vec<Samples> = FORMATS.iter().map(|_| Samples::default()).collect();
+    let mut payload_bytes = [0usize; FORMATS.len()];
+    let mut id = 0u64;
+    for round_no in 0..warmup + rounds {
+        for (k, &f) in FORMATS.iter().enumerate() {
+            let t0 = Instant::now();
+            let payload = f.encode(&frame);
+            let encode = t0.elapsed();
+            payload_bytes[k] = payload.len();
+            id += 1;
+            let sent = Instant::now();
+            client
+                .publish(PublishRequest {
+                    stream: "frames".into(),
+                    payload: payload.into(),
+                    id,
+                })
+                .await
+                .with_context(|| format!("publishing a {} payload", f.name()))?;
+            let ack = sent.elapsed();
+            let got = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+                .await
+                .with_context(|| format!("no {} record reached RabbitMQ in 30 s", f.name()))?
+                .context("the consumer stopped")?;
+            let transfer = got.at.saturating_duration_since(sent);
+            let t1 = Instant::now();
+            let decoded = f.decode(&got.payload)?;
+            let decode = t1.elapsed();
+            let expected: &[u8] = if f == Format::Base { &[1] } else { &frame };
+            ensure!(
+                decoded == expected,
+                "the {} record came back different",
+                f.name()
+            );
+            if round_no >= warmup {
+                let s = &mut samples[k];
+                s.encode.push(encode);
+                s.ack.push(ack);
+                s.transfer.push(transfer);
+                s.decode.push(decode);
+                s.total.push(encode + transfer + decode);
+            }
+        }
+    }
+    Ok((samples, payload_bytes))
+}
+
 /// Runs the experiment; the table, the JSON rows and the plot.
 pub async fn run(a: &Args) -> anyhow::Result<(String, Value, String)> {
     ensure!(a.rounds > 0, "--rounds must be at least 1");
@@ -295,8 +480,22 @@ pub async fn run(a: &Args) -> anyhow::Result<(String, Value, String)> {
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let queue = format!("weir-lab.formats.{}", std::process::id());
     let grpc = crate::janus::free_ports(1)?[0];
+    let link = match &a.network {
+        Some(n) => Some(crate::janus::preset(n)?),
+        None => None,
+    };
+    let path = match &link {
+        Some(l) => Some(ShapedPath::build(l.bytes_per_sec, l.delay)?),
+        None => None,
+    };
+    let ip = if path.is_some() {
+        WEIR_ADDR
+    } else {
+        std::net::Ipv4Addr::LOCALHOST
+    };
+    let listen = std::net::SocketAddr::from((ip, grpc));
     let config = dir.join("weir.toml");
-    std::fs::write(&config, config_text(&dir, grpc, &a.amqp, &queue))?;
+    std::fs::write(&config, config_text(&dir, listen, &a.amqp, &queue))?;
 
     // The consumer's queue first, declared as weir declares it.
     let conn = Connection::connect(&a.amqp, ConnectionProperties::default())
@@ -324,73 +523,44 @@ pub async fn run(a: &Args) -> anyhow::Result<(String, Value, String)> {
         .with_context(|| format!("starting {}", weir.display()))?;
 
     let result = async {
-        let endpoint = format!("http://127.0.0.1:{grpc}");
+        // weir up: its gRPC port answers (from here, whichever the path).
         let started = Instant::now();
-        let mut client = loop {
-            match IngressClient::connect(endpoint.clone()).await {
-                Ok(c) => break c,
-                Err(_) if started.elapsed() < Duration::from_secs(15) => {
-                    if let Some(status) = child.try_wait()? {
-                        bail!(
-                            "weir exited ({status}) before listening: see {}",
-                            dir.join("weir.log").display()
-                        );
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(e) => return Err(e).context("weir's gRPC ingress did not come up"),
-            }
-        };
-        let (tx, mut rx) = mpsc::channel(16);
-        let consumer = tokio::spawn(consume(conn.create_channel().await?, queue.clone(), tx));
-        // Incompressible, like a JPEG.
-        let frame = random_bytes(a.frame_bytes, 1);
-        let mut samples: Vec<Samples> = FORMATS.iter().map(|_| Samples::default()).collect();
-        let mut payload_bytes = [0usize; FORMATS.len()];
-        let mut id = 0u64;
-        for round_no in 0..a.warmup + a.rounds {
-            for (k, &f) in FORMATS.iter().enumerate() {
-                let t0 = Instant::now();
-                let payload = f.encode(&frame);
-                let encode = t0.elapsed();
-                payload_bytes[k] = payload.len();
-                id += 1;
-                let sent = Instant::now();
-                client
-                    .publish(PublishRequest {
-                        stream: "frames".into(),
-                        payload: payload.into(),
-                        id,
-                    })
-                    .await
-                    .with_context(|| format!("publishing a {} payload", f.name()))?;
-                let ack = sent.elapsed();
-                let got = tokio::time::timeout(Duration::from_secs(10), rx.recv())
-                    .await
-                    .with_context(|| format!("no {} record reached RabbitMQ in 10 s", f.name()))?
-                    .context("the consumer stopped")?;
-                let transfer = got.at.saturating_duration_since(sent);
-                let t1 = Instant::now();
-                let decoded = f.decode(&got.payload)?;
-                let decode = t1.elapsed();
-                let expected: &[u8] = if f == Format::Base { &[1] } else { &frame };
-                ensure!(
-                    decoded == expected,
-                    "the {} record came back different",
-                    f.name()
+        while tokio::net::TcpStream::connect(listen).await.is_err() {
+            if let Some(status) = child.try_wait()? {
+                bail!(
+                    "weir exited ({status}) before listening: see {}",
+                    dir.join("weir.log").display()
                 );
-                if round_no >= a.warmup {
-                    let s = &mut samples[k];
-                    s.encode.push(encode);
-                    s.ack.push(ack);
-                    s.transfer.push(transfer);
-                    s.decode.push(decode);
-                    s.total.push(encode + transfer + decode);
-                }
             }
+            ensure!(
+                started.elapsed() < Duration::from_secs(15),
+                "weir's gRPC ingress did not come up"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        let (tx, rx) = mpsc::channel(16);
+        let consumer = tokio::spawn(consume(conn.create_channel().await?, queue.clone(), tx));
+        // The client on a thread of its own, in its namespace when the
+        // path is shaped (the sockets it opens stay there).
+        let endpoint = format!("http://{listen}");
+        let (warmup, rounds, frame_bytes) = (a.warmup, a.rounds, a.frame_bytes);
+        let in_client_ns = path.is_some();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        std::thread::spawn(move || {
+            let run = || -> anyhow::Result<(Vec<Samples>, [usize; FORMATS.len()])> {
+                if in_client_ns {
+                    enter(NS_CLI)?;
+                }
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?
+                    .block_on(client_rounds(endpoint, frame_bytes, warmup, rounds, rx))
+            };
+            let _ = done_tx.send(run());
+        });
+        let out = done_rx.await.context("the client thread panicked")?;
         consumer.abort();
-        Ok((samples, payload_bytes))
+        out
     }
     .await;
 
@@ -403,13 +573,15 @@ pub async fn run(a: &Args) -> anyhow::Result<(String, Value, String)> {
         .exchange_delete(queue.as_str().into(), ExchangeDeleteOptions::default())
         .await;
     let _ = conn.close(200, "done".into()).await;
+    drop(path);
     let (samples, payload_bytes) = result?;
     let _ = std::fs::remove_dir_all(&dir);
-    report(a, &samples, &payload_bytes)
+    report(a, link.as_ref(), &samples, &payload_bytes)
 }
 
 fn report(
     a: &Args,
+    link: Option<&weir::egress::link::LinkProfile>,
     samples: &[Samples],
     payload_bytes: &[usize],
 ) -> anyhow::Result<(String, Value, String)> {
@@ -453,6 +625,11 @@ fn report(
             "payload_bytes": payload_bytes[k],
             "frame_bytes": a.frame_bytes,
             "rounds": s.total.len(),
+            "network": a.network.as_deref().unwrap_or("host"),
+            "link": link.map(|l| json!({
+                "tbf_bits_per_sec": (l.bytes_per_sec * 8.0).round(),
+                "delay_each_way_ms": l.delay.as_secs_f64() * 1e3,
+            })),
             "encode": encode,
             "ack": ack,
             "transfer": transfer,
@@ -473,8 +650,17 @@ fn report(
         .expect("listed");
     let total = |k: usize| step(&samples[k].total).median_ms;
     let mut text = table.render();
+    let path = match link {
+        Some(l) => format!(
+            "from a client behind a {} link ({:.0} Mbit/s by tbf, {} ms each way)",
+            a.network.as_deref().unwrap_or(""),
+            l.bytes_per_sec * 8.0 / 1e6,
+            l.delay.as_millis()
+        ),
+        None => "from a client on weir's host".into(),
+    };
     text.push_str(&format!(
-        "\n{} B frames, {} rounds each (the paper: 1000), through weir's gRPC ingress into RabbitMQ.\n",
+        "\n{} B frames, {} rounds each (the paper: 1000), {path}, through weir's gRPC ingress into RabbitMQ.\n",
         a.frame_bytes, a.rounds
     ));
     for (k, f) in FORMATS.iter().enumerate() {

@@ -25,6 +25,8 @@
 //!   shaped link and a packet delay line in network namespaces.
 //! - `scale`: peering at 16-256 nodes in simulated time with weir-core's
 //!   matching, all-to-all heartbeats against gossip.
+//! - `netns`: entering network namespaces from a thread, and the TUN
+//!   packet delay line (`buffers`, `formats` over a shaped link).
 //! - `delay`: the delay line (`weir-lab delay`, and the cluster's).
 //! - `relay`: a job through weir's own `App` (scheduler, batch plans, file
 //!   egress behind the emulated link).
@@ -39,6 +41,7 @@ mod delay;
 mod formats;
 mod janus;
 mod link;
+mod netns;
 mod peers;
 mod relay;
 mod report;
