@@ -84,7 +84,8 @@ pub use period::{
 };
 pub use reservation::{Admission, ReservationConfig, Reservations, Reserved, FLOW_WINDOW};
 pub use round::{
-    decide, first_asks, match_nodes, offers_in, spill_asks, Spill, MAX_SPILL_STEPS, REFUSAL_MEMORY,
+    decide, first_asks, match_nodes, offers_in, spill_asks, Refusals, Spill, MAX_SPILL_STEPS,
+    REFUSAL_MEMORY,
 };
 pub use spare::{advertised, lendable, own_shortage, LEND_SHARE};
 pub use state::{Advert, BandwidthState};

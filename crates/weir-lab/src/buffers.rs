@@ -69,7 +69,7 @@ use weir_core::buffer_sizing::{
 
 use crate::cluster::sh;
 use crate::compression::SplitMix;
-use crate::netns::{delay_between, enter, in_ns};
+use crate::netns::{delay_between, enter, in_ns, veth_pair};
 use crate::report::{self, HLine, LineChart, Mark, Series, Table};
 
 const NS_DEV: &str = "weir-bsz-dev";
@@ -228,19 +228,8 @@ impl Testbed {
             ),
         ];
         for ((ns_a, a, cidr_a), (ns_b, b, cidr_b)) in pairs {
-            sh(
-                "ip",
-                &[
-                    "link", "add", a, "netns", ns_a, "type", "veth", "peer", "name", b, "netns",
-                    ns_b,
-                ],
-            )?;
-            for (ns, dev, cidr) in [(ns_a, a, cidr_a), (ns_b, b, cidr_b)] {
-                sh("ip", &["-n", ns, "addr", "add", cidr, "dev", dev])?;
-                // One segment per packet, as a device's NIC sends them.
-                sh("ip", &["-n", ns, "link", "set", dev, "gso_max_segs", "1"])?;
-                sh("ip", &["-n", ns, "link", "set", dev, "up"])?;
-            }
+            // One segment per packet, as a device's NIC sends them.
+            veth_pair((Some(ns_a), a, cidr_a), (Some(ns_b), b, cidr_b), true)?;
         }
         sh(
             "ip",
@@ -384,16 +373,7 @@ fn connect(to: SocketAddr) -> io::Result<TcpStream> {
     let s = TcpStream::connect_timeout(&to, Duration::from_secs(3))?;
     s.set_nodelay(true)?;
     s.set_write_timeout(Some(Duration::from_millis(200)))?;
-    // SAFETY: setsockopt with a c_int option value of the right size.
-    unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_SNDBUF,
-            (&SEND_BUFFER as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
+    set_socket_option(&s, libc::SO_SNDBUF, &SEND_BUFFER)?;
     Ok(s)
 }
 
@@ -403,15 +383,25 @@ fn abort(s: TcpStream) {
         l_onoff: 1,
         l_linger: 0,
     };
-    // SAFETY: setsockopt with a struct linger of the right size.
-    unsafe {
+    let _ = set_socket_option(&s, libc::SO_LINGER, &linger);
+}
+
+/// Sets the `SOL_SOCKET` option `name` of `s` to `value`.
+fn set_socket_option<T>(s: &TcpStream, name: libc::c_int, value: &T) -> io::Result<()> {
+    // SAFETY: `value` is a live `T`, and its size goes with it.
+    let rc = unsafe {
         libc::setsockopt(
             s.as_raw_fd(),
             libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&linger as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        );
+            name,
+            (value as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 

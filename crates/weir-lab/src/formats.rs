@@ -50,7 +50,7 @@ use weir_proto::pb::PublishRequest;
 
 use crate::cluster::sh;
 use crate::compression::random_bytes;
-use crate::netns::{delay_between, enter};
+use crate::netns::{delay_between, enter, veth_pair};
 use crate::report::{bar_panels_svg, round, BarPanel, Table};
 
 /// `weir-lab formats`.
@@ -107,36 +107,16 @@ impl ShapedPath {
             stop: Arc::new(AtomicBool::new(false)),
             threads: Vec::new(),
         };
-        sh(
-            "ip",
-            &[
-                "link", "add", "c0", "netns", NS_CLI, "type", "veth", "peer", "name", "w0",
-                "netns", NS_WAN,
-            ],
-        )?;
-        sh(
-            "ip",
-            &[
-                "link", "add", "wfmt0", "type", "veth", "peer", "name", "w1", "netns", NS_WAN,
-            ],
-        )?;
-        for (ns, dev, cidr) in [
+        veth_pair(
             (Some(NS_CLI), "c0", "10.73.0.2/24"),
             (Some(NS_WAN), "w0", "10.73.0.1/24"),
-            (Some(NS_WAN), "w1", "10.73.1.2/24"),
+            false,
+        )?;
+        veth_pair(
             (None, "wfmt0", "10.73.1.1/24"),
-        ] {
-            let ip = |args: &[&str]| match ns {
-                Some(ns) => {
-                    let mut all = vec!["-n", ns];
-                    all.extend_from_slice(args);
-                    sh("ip", &all)
-                }
-                None => sh("ip", args),
-            };
-            ip(&["addr", "add", cidr, "dev", dev])?;
-            ip(&["link", "set", dev, "up"])?;
-        }
+            (Some(NS_WAN), "w1", "10.73.1.2/24"),
+            false,
+        )?;
         sh(
             "ip",
             &["-n", NS_CLI, "route", "add", "default", "via", "10.73.0.1"],

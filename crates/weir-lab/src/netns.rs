@@ -165,3 +165,38 @@ pub(crate) fn delay_between(
     }
     delay_line(tun, delay, stop)
 }
+
+/// One end of a veth pair: its namespace (`None`: this process's), its
+/// name and its address.
+pub(crate) type End<'a> = (Option<&'a str>, &'a str, &'a str);
+
+/// Runs `ip args` in namespace `ns` (this process's when `None`).
+fn ip(ns: Option<&str>, args: &[&str]) -> anyhow::Result<()> {
+    match ns {
+        Some(ns) => {
+            let mut all = vec!["-n", ns];
+            all.extend_from_slice(args);
+            sh("ip", &all)
+        }
+        None => sh("ip", args),
+    }
+}
+
+/// A veth pair between `a` and `b`, each end addressed and up; with
+/// `one_segment`, each end hands the wire one TCP segment per packet
+/// (`gso_max_segs 1`), as a device's NIC would.
+pub(crate) fn veth_pair(a: End, b: End, one_segment: bool) -> anyhow::Result<()> {
+    let mut add = vec!["link", "add", a.1];
+    add.extend(a.0.iter().flat_map(|ns| ["netns", *ns]));
+    add.extend(["type", "veth", "peer", "name", b.1]);
+    add.extend(b.0.iter().flat_map(|ns| ["netns", *ns]));
+    sh("ip", &add)?;
+    for (ns, dev, cidr) in [a, b] {
+        ip(ns, &["addr", "add", cidr, "dev", dev])?;
+        if one_segment {
+            ip(ns, &["link", "set", dev, "gso_max_segs", "1"])?;
+        }
+        ip(ns, &["link", "set", dev, "up"])?;
+    }
+    Ok(())
+}

@@ -46,8 +46,8 @@ use weir_core::class::ClassId;
 use weir_core::janus::redirect::Strategy;
 use weir_core::janus::{BandwidthTuple, Grant};
 use weir_core::peer::{
-    decide, first_asks, lendable, offers_in, Advert, BandwidthState, Pacing, PeerView,
-    ReservationConfig, Reservations, Spill, MAX_SPILL_STEPS, REFUSAL_MEMORY,
+    decide, first_asks, lendable, offers_in, Advert, BandwidthState, Pacing, PeerView, Refusals,
+    ReservationConfig, Reservations, MAX_SPILL_STEPS,
 };
 use weir_core::record::NodeId;
 use weir_proto::pb::{NodeState, ReserveReply, ReserveRequest};
@@ -125,7 +125,7 @@ struct Node {
     /// Leases held as a receiver: (provider, rate).
     leases: Vec<(NodeId, f64)>,
     /// Providers that gave it nothing lately, skipped until then.
-    refusals: Vec<(NodeId, Duration)>,
+    refusals: Refusals,
     busy: bool,
     alive: bool,
     /// When this node's latest advert was issued (gossip's stamp).
@@ -203,7 +203,7 @@ fn simulate(a: &Args, n: usize, mode: Mode) -> Outcome {
             view: PeerView::new(dead_after),
             reservations: Reservations::new(i as NodeId + 1, config),
             leases: Vec::new(),
-            refusals: Vec::new(),
+            refusals: Refusals::default(),
             busy: i < busy_count,
             alive: true,
             advert: Advert::default(),
@@ -334,8 +334,7 @@ fn simulate(a: &Args, n: usize, mode: Mode) -> Outcome {
             // The spill-over weir's client runs (weir_core::peer::Spill):
             // steps past every provider that refused this round, and
             // providers that gave nothing lately asked last.
-            nodes[i].refusals.retain(|&(_, until)| until > t);
-            let mut spill = Spill::new(&answered).deferring(nodes[i].refusals.iter().map(|r| r.0));
+            let mut spill = nodes[i].refusals.spill(&answered, t);
             for _ in 0..MAX_SPILL_STEPS {
                 let asks = spill.asks(&offers);
                 if asks.is_empty() {
@@ -358,12 +357,7 @@ fn simulate(a: &Args, n: usize, mode: Mode) -> Outcome {
                 }
                 spill.answered(&step);
             }
-            let until = t + period * REFUSAL_MEMORY;
-            for p in spill.gave_nothing() {
-                if !nodes[i].refusals.iter().any(|r| r.0 == p) {
-                    nodes[i].refusals.push((p, until));
-                }
-            }
+            nodes[i].refusals.remember(&spill, t, period);
             nodes[i].leases = answered
                 .iter()
                 .filter(|(_, got)| *got > 0.0)

@@ -286,6 +286,34 @@ impl Spill {
     }
 }
 
+/// What a receiver remembers between rounds for its spill-over: the
+/// providers that gave it nothing lately, each until when it is asked last
+/// ([`Spill::deferring`]; [`REFUSAL_MEMORY`] periods, refreshed when it
+/// gives nothing again).
+#[derive(Debug, Clone, Default)]
+pub struct Refusals(Vec<(NodeId, Duration)>);
+
+impl Refusals {
+    /// The spill-over of the round at `now` after the first asks were
+    /// `answered`, with the providers remembered at `now` asked last.
+    pub fn spill(&mut self, answered: &[(Grant, f64)], now: Duration) -> Spill {
+        self.0.retain(|&(_, until)| until > now);
+        Spill::new(answered).deferring(self.0.iter().map(|r| r.0))
+    }
+
+    /// Remembers the providers that gave nothing in `spill`, the round at
+    /// `now` of a receiver whose rounds are `period` apart.
+    pub fn remember(&mut self, spill: &Spill, now: Duration, period: Duration) {
+        let until = now + period * REFUSAL_MEMORY;
+        for p in spill.gave_nothing() {
+            match self.0.iter_mut().find(|r| r.0 == p) {
+                Some(r) => r.1 = until,
+                None => self.0.push((p, until)),
+            }
+        }
+    }
+}
+
 /// The offers in `view` of the live peers other than `me` (spare as each
 /// last advertised it).
 pub fn offers_in(view: &PeerView, me: NodeId, now: Duration) -> Vec<Offer> {

@@ -698,6 +698,28 @@ fn a_spill_step_skips_this_rounds_refusers_and_asks_remembered_ones_last() {
 }
 
 #[test]
+fn providers_that_gave_nothing_are_asked_last_for_the_memory_and_then_not() {
+    let offers: Vec<Offer> = [(1, 9.0), (4, 9.0)]
+        .iter()
+        .map(|&(provider, amount)| Offer { provider, amount })
+        .collect();
+    let period = Duration::from_millis(100);
+    let first = [(ask(3, 6.0), 0.0)];
+    let mut memory = Refusals::default();
+    // Round at 0: 1 (the largest spare, first by id) gives nothing.
+    let mut spill = memory.spill(&first, Duration::ZERO);
+    assert_eq!(spill.asks(&offers), vec![ask(1, 6.0)]);
+    spill.answered(&[(ask(1, 6.0), 0.0)]);
+    memory.remember(&spill, Duration::ZERO, period);
+    // Within REFUSAL_MEMORY periods, 1 comes after 4.
+    let later = period * (REFUSAL_MEMORY - 1);
+    assert_eq!(memory.spill(&first, later).asks(&offers), vec![ask(4, 6.0)]);
+    // Then it is forgotten: the largest spare first again.
+    let after = period * REFUSAL_MEMORY;
+    assert_eq!(memory.spill(&first, after).asks(&offers), vec![ask(1, 6.0)]);
+}
+
+#[test]
 fn own_rate_counts_only_this_nodes_arrivals_and_smooths_them() {
     let mut own = OwnRate::new(500);
     // 0.1 s windows. First: 3,000 bytes arrived, 1,000 of them from

@@ -16,9 +16,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::Streaming;
 use tracing::{debug, info, warn};
 use weir_core::janus::Grant;
-use weir_core::peer::{
-    decide, first_asks, offers_in, InFlight, Spill, MAX_SPILL_STEPS, REFUSAL_MEMORY,
-};
+use weir_core::peer::{decide, first_asks, offers_in, InFlight, Refusals, MAX_SPILL_STEPS};
 use weir_core::token_bucket::Take;
 use weir_core::{ClassId, NodeId, Record};
 use weir_proto::pb::peer_client::PeerClient;
@@ -191,9 +189,8 @@ pub(super) async fn heartbeats(node: Arc<Node>, link: Link) {
 /// that gave nothing lately (`Spill`).
 pub(super) async fn rounds(node: Arc<Node>, links: watch::Receiver<Vec<Link>>) {
     let mut alive: BTreeSet<NodeId> = BTreeSet::new();
-    // Providers that gave this node nothing lately, and until when they
-    // are asked last in its spill-over (`REFUSAL_MEMORY` rounds).
-    let mut refusals: Vec<(NodeId, Duration)> = Vec::new();
+    // Providers that gave this node nothing lately: asked last.
+    let mut refusals = Refusals::default();
     loop {
         // Cancel safety: every branch only waits.
         tokio::select! {
@@ -232,8 +229,7 @@ pub(super) async fn rounds(node: Arc<Node>, links: watch::Receiver<Vec<Link>>) {
         let held: Vec<_> = node.leases().iter(now).collect();
         let answered = ask_all(&node, &links, first_asks(&grants, &held)).await;
         let offers = offers_in(&node.view(), node.me, now);
-        refusals.retain(|&(_, until)| until > now);
-        let mut spill = Spill::new(&answered).deferring(refusals.iter().map(|r| r.0));
+        let mut spill = refusals.spill(&answered, now);
         for _ in 0..MAX_SPILL_STEPS {
             let asks = spill.asks(&offers);
             if asks.is_empty() {
@@ -242,13 +238,7 @@ pub(super) async fn rounds(node: Arc<Node>, links: watch::Receiver<Vec<Link>>) {
             debug!(me = node.me, ?asks, "spill");
             spill.answered(&ask_all(&node, &links, asks).await);
         }
-        let until = now + node.cfg.heartbeat * REFUSAL_MEMORY;
-        for p in spill.gave_nothing() {
-            match refusals.iter_mut().find(|r| r.0 == p) {
-                Some(r) => r.1 = until,
-                None => refusals.push((p, until)),
-            }
-        }
+        refusals.remember(&spill, now, node.cfg.heartbeat);
     }
 }
 
