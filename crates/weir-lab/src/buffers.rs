@@ -67,9 +67,9 @@ use weir_core::buffer_sizing::{
     BufferSizingInput,
 };
 
-use crate::cluster::sh;
 use crate::compression::SplitMix;
-use crate::netns::{delay_between, enter, in_ns, veth_pair};
+use crate::netns::sh;
+use crate::netns::{self, delay_between, enter, in_ns, veth_pair};
 use crate::report::{self, HLine, LineChart, Mark, Series, Table};
 
 const NS_DEV: &str = "weir-bsz-dev";
@@ -326,23 +326,13 @@ struct Sample {
 }
 
 fn read_queue() -> anyhow::Result<Sample> {
-    let out = std::process::Command::new("tc")
-        .args(["-s", "-j", "qdisc", "show", "dev", UPLINK])
-        .output()
-        .context("cannot run tc")?;
-    ensure!(out.status.success(), "tc -s qdisc show failed");
-    let v: Value = serde_json::from_slice(&out.stdout).context("tc's JSON")?;
-    let q = v
-        .as_array()
-        .and_then(|qs| qs.iter().find(|q| q["kind"] == "tbf"))
-        .context("no tbf on the access link")?;
-    let n = |k: &str| q[k].as_u64().unwrap_or(0);
+    let q = netns::tbf_counters(None, UPLINK)?;
     Ok(Sample {
         at: Duration::ZERO,
-        bytes: n("bytes"),
-        packets: n("packets"),
-        drops: n("drops"),
-        backlog: n("backlog"),
+        bytes: q.bytes,
+        packets: q.packets,
+        drops: q.drops,
+        backlog: q.backlog,
     })
 }
 

@@ -63,6 +63,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::janus::{self, nan0, Cell, Delivered, Summary, CLASSES};
+use crate::netns::{self, sh};
 use crate::report::{self, round};
 
 /// Namespaces are `weir-lab-n<k>`; links in the root namespace `wlw<k>`
@@ -179,21 +180,6 @@ fn bins(a: &Args) -> anyhow::Result<Bins> {
         );
     }
     Ok(b)
-}
-
-/// Runs a command to completion; its stderr in the error if it fails.
-pub(crate) fn sh(program: &str, args: &[&str]) -> anyhow::Result<()> {
-    let out = std::process::Command::new(program)
-        .args(args)
-        .output()
-        .with_context(|| format!("cannot run {program}"))?;
-    ensure!(
-        out.status.success(),
-        "`{program} {}` failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(())
 }
 
 fn ns(k: usize) -> String {
@@ -336,6 +322,25 @@ fn uplink_bytes(nodes: usize) -> anyhow::Result<Vec<u64>> {
                 .with_context(|| format!("{p}: not a number"))
         })
         .collect()
+}
+
+/// TCP segments retransmitted so far in the namespace of process `pid`
+/// (`RetransSegs` of its `/proc/<pid>/net/snmp`).
+fn tcp_retransmits(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/net/snmp")).ok()?;
+    snmp_value(&text, "Tcp:", "RetransSegs")
+}
+
+/// One counter of a `/proc/net/snmp` table: a header line of names and a
+/// line of values, both starting with `table`.
+fn snmp_value(text: &str, table: &str, name: &str) -> Option<u64> {
+    let mut lines = text.lines().filter(|l| l.starts_with(table));
+    let names = lines.next()?.split_whitespace();
+    let values = lines.next()?.split_whitespace();
+    names
+        .zip(values)
+        .find(|(n, _)| *n == name)
+        .and_then(|(_, v)| v.parse().ok())
 }
 
 /// `amqp://user:pass@host:port/vhost` as (`amqp://user:pass@`, `host:port`,
@@ -916,6 +921,7 @@ async fn run_cell(
 
     // Each node's uplink as it sees it, through the load.
     let admins: Vec<SocketAddr> = nodes.iter().map(Node::admin).collect();
+    let pids: Vec<Option<u32>> = nodes.iter().map(|n| n.child.id()).collect();
     let seconds = a.grid.warmup + a.grid.seconds;
     let sampler = tokio::spawn(async move {
         let mut series = vec![Vec::new(); admins.len()];
@@ -940,10 +946,19 @@ async fn run_cell(
                 .map(|d| d.as_secs_f64())
                 .unwrap_or_else(|e| -e.duration().as_secs_f64());
             if t >= 0.0 {
-                for ((addr, s), carried) in admins.iter().zip(series.iter_mut()).zip(&carried) {
+                for (k, ((addr, s), carried)) in admins
+                    .iter()
+                    .zip(series.iter_mut())
+                    .zip(&carried)
+                    .enumerate()
+                {
                     let Ok(text) = scrape(*addr).await else {
                         continue;
                     };
+                    // The shaped queue and TCP's retransmissions: whether
+                    // the link or the sender set the pace.
+                    let tbf = netns::tbf_counters(Some(&ns(k + 1)), "wan0").unwrap_or_default();
+                    let retrans = pids[k].and_then(tcp_retransmits).unwrap_or(0);
                     let m = |name: &str| metric(&text, name).unwrap_or(f64::NAN);
                     let rates: Vec<f64> = CLASSES
                         .iter()
@@ -962,6 +977,12 @@ async fn run_cell(
                         "batches": metric_sum(&text, "weir_batches_confirmed_total"),
                         "batch_bytes": metric_sum(&text, "weir_egress_bytes_total"),
                         "rates_bps": rates.iter().map(|r| round(nan0(*r), 0)).collect::<Vec<_>>(),
+                        "queued_records": metric_sum(&text, "weir_class_queued_records"),
+                        "confirm_s_sum": m("weir_egress_stage_seconds_sum{stage=\"confirm\"}"),
+                        "confirm_count": m("weir_egress_stage_seconds_count{stage=\"confirm\"}"),
+                        "tbf_backlog_bytes": tbf.backlog,
+                        "tbf_drops": tbf.drops,
+                        "tcp_retransmits": retrans,
                     }));
                 }
             }
@@ -1335,6 +1356,15 @@ mod tests {
             )
         );
         assert!(split_amqp("amqps://x").is_err());
+    }
+
+    #[test]
+    fn retransmits_are_read_from_the_tcp_table() {
+        let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\n\
+                    Tcp: RtoAlgorithm ActiveOpens RetransSegs InErrs\nTcp: 1 12 345 0\n";
+        assert_eq!(snmp_value(snmp, "Tcp:", "RetransSegs"), Some(345));
+        assert_eq!(snmp_value(snmp, "Tcp:", "OutRsts"), None);
+        assert_eq!(snmp_value(snmp, "Udp:", "RetransSegs"), None);
     }
 
     #[test]

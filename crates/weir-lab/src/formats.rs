@@ -48,8 +48,8 @@ use tokio::sync::mpsc;
 use weir_proto::pb::ingress_client::IngressClient;
 use weir_proto::pb::PublishRequest;
 
-use crate::cluster::sh;
 use crate::compression::random_bytes;
+use crate::netns::sh;
 use crate::netns::{delay_between, enter, veth_pair};
 use crate::report::{bar_panels_svg, round, BarPanel, Table};
 

@@ -647,12 +647,19 @@ pub(crate) fn summarise(
         let mean = report::mean(&lat);
         let sd = (lat.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / lat.len() as f64).sqrt();
         let late = lat.iter().filter(|&&x| x > *bound as f64).count();
+        let mut sorted = lat.clone();
+        sorted.sort_by(f64::total_cmp);
+        let p99 = sorted
+            .get((sorted.len() * 99 / 100).min(sorted.len().saturating_sub(1)))
+            .copied();
         classes.insert(
             name.to_string(),
             json!({
                 "bound_ms": bound,
                 "latency_ms_mean": round(nan0(mean), 1),
                 "latency_ms_sd": round(nan0(sd), 1),
+                "latency_ms_p99": round(nan0(p99.unwrap_or(f64::NAN)), 1),
+                "latency_ms_max": round(nan0(sorted.last().copied().unwrap_or(f64::NAN)), 1),
                 "violation_pct": round(nan0(100.0 * late as f64 / lat.len() as f64), 2),
                 "accepted": accepted[c],
                 "refused": refused[c],

@@ -14,7 +14,20 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
 
-use crate::cluster::sh;
+/// Runs a command to completion; its stderr in the error if it fails.
+pub(crate) fn sh(program: &str, args: &[&str]) -> anyhow::Result<()> {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("cannot run {program}"))?;
+    ensure!(
+        out.status.success(),
+        "`{program} {}` failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
+}
 
 /// Enters network namespace `ns` on this thread: sockets it opens, and
 /// processes it starts, are in there.
@@ -199,4 +212,68 @@ pub(crate) fn veth_pair(a: End, b: End, one_segment: bool) -> anyhow::Result<()>
         ip(ns, &["link", "set", dev, "up"])?;
     }
     Ok(())
+}
+
+/// The counters of the `tbf` qdisc on `dev` (`tc -s qdisc`), in namespace
+/// `ns` (`None`: the calling thread's).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct TbfCounters {
+    /// Bytes sent (Ethernet frames, as tbf charges them).
+    pub bytes: u64,
+    /// Packets sent.
+    pub packets: u64,
+    /// Packets dropped (the queue was full).
+    pub drops: u64,
+    /// Bytes waiting now.
+    pub backlog: u64,
+}
+
+/// Reads [`TbfCounters`] with `tc -s -j` (`tc -n ns` inside a namespace).
+pub(crate) fn tbf_counters(ns: Option<&str>, dev: &str) -> anyhow::Result<TbfCounters> {
+    let mut cmd = std::process::Command::new("tc");
+    if let Some(ns) = ns {
+        cmd.args(["-n", ns]);
+    }
+    let out = cmd
+        .args(["-s", "-j", "qdisc", "show", "dev", dev])
+        .output()
+        .context("cannot run tc")?;
+    ensure!(out.status.success(), "tc -s qdisc show dev {dev} failed");
+    tbf_from_json(&out.stdout).with_context(|| format!("no tbf on {dev}"))
+}
+
+fn tbf_from_json(json: &[u8]) -> Option<TbfCounters> {
+    let v: serde_json::Value = serde_json::from_slice(json).ok()?;
+    let q = v.as_array()?.iter().find(|q| q["kind"] == "tbf")?;
+    let n = |k: &str| q[k].as_u64().unwrap_or(0);
+    Some(TbfCounters {
+        bytes: n("bytes"),
+        packets: n("packets"),
+        drops: n("drops"),
+        backlog: n("backlog"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tbf_counters_come_from_the_tbf_entry_of_tc_json() {
+        let json = br#"[{"kind":"noqueue","handle":"0:"},
+            {"kind":"tbf","handle":"8001:","root":true,"options":{"rate":2250000},
+             "bytes":123456,"packets":99,"drops":3,"overlimits":7,"requeues":0,
+             "backlog":4542,"qlen":3}]"#;
+        assert_eq!(
+            tbf_from_json(json),
+            Some(TbfCounters {
+                bytes: 123456,
+                packets: 99,
+                drops: 3,
+                backlog: 4542
+            })
+        );
+        assert_eq!(tbf_from_json(br#"[{"kind":"noqueue"}]"#), None);
+        assert_eq!(tbf_from_json(b"not json"), None);
+    }
 }

@@ -239,24 +239,25 @@ fn a_renewal_is_not_shrunk_by_the_traffic_it_carries() {
     let carried = res.carried(at(900));
     assert!((carried - 6.0).abs() < 0.1, "{carried}");
     let spare = lendable(&late(&[4.0, 0.0, 0.0]), 6.0);
-    assert!((spare - 9.0).abs() < 1e-9);
+    assert!((spare - 10.0 * LEND_SHARE).abs() < 1e-9);
     assert_eq!(
         res.grant(E1, LT, 6.0, Duration::ZERO, at(900), spare)
             .amount,
         6.0
     );
     // ...and another receiver only what is left beside E1's 6.
-    assert!((res.grant(3, LT, 9.0, Duration::ZERO, at(900), spare).amount - 3.0).abs() < 1e-9);
+    let rest = spare - 6.0;
+    assert!((res.grant(3, LT, 9.0, Duration::ZERO, at(900), spare).amount - rest).abs() < 1e-9);
     // A node short by 1 lends 1 less; short by more than it could
     // lend, nothing.
-    assert!((lendable(&late(&[0.0, 0.0, -1.0]), 6.0) - 4.4).abs() < 1e-9);
+    assert!((lendable(&late(&[0.0, 0.0, -1.0]), 6.0) - (6.0 * LEND_SHARE - 1.0)).abs() < 1e-9);
     assert_eq!(lendable(&late(&[0.0, 0.0, -9.0]), 6.0), 0.0);
     // What it carries explains a shortage of 2: it asks for nothing;
     // of 8, it asks for the 2 its own traffic needs.
     let t = |lt| BandwidthTuple(vec![0.0, 0.0, lt]);
     assert_eq!(own_shortage(&late(&[0.0, 0.0, -2.0]), 6.0), t(0.0));
     assert_eq!(own_shortage(&late(&[0.0, 0.0, -8.0]), 6.0), t(-2.0));
-    assert!((res.reserved() - 9.0).abs() < 1e-9);
+    assert!((res.reserved() - spare).abs() < 1e-9);
     // A reservation carrying nothing counts once, as reserved.
     let mut idle = Reservations::new(E2, config());
     idle.grant(E1, LT, 6.0, Duration::ZERO, at(0), 10.0);
@@ -579,23 +580,28 @@ fn advertised_asks_its_own_shortage_or_offers_what_it_can_lend() {
         advertised(&late(&[0.0, 0.0, -8.0]), 6.0, 0.0),
         t([0.0, 0.0, -2.0])
     );
-    // Late, short by 1 while carrying 6: offers 0.9 * 6 - 1, in the top
-    // class.
+    // Late, short by 1 while carrying 6: offers LEND_SHARE * 6 - 1, in the
+    // top class.
     let a = advertised(&late(&[0.0, 0.0, -1.0]), 6.0, 0.0);
-    assert!((a.0[0] - 4.4).abs() < 1e-9 && a.0[1] == 0.0 && a.0[2] == 0.0);
-    // Late, spare 3 + 1 carrying 6: 9 lendable, spread as the spare is.
+    let offer = 6.0 * LEND_SHARE - 1.0;
+    assert!((a.0[0] - offer).abs() < 1e-9 && a.0[1] == 0.0 && a.0[2] == 0.0);
+    // Late, spare 3 + 1 carrying 6: LEND_SHARE * 10 lendable, spread as
+    // the spare is (3:1).
     let a = advertised(&late(&[3.0, 1.0, 0.0]), 6.0, 0.0);
-    assert!((a.0[0] - 6.75).abs() < 1e-9 && (a.0[1] - 2.25).abs() < 1e-9);
-    // On time: what C_out less its own traffic leaves (0.9 * (100 - 20)),
-    // whatever the bunching of forwarded records did to the tuple.
+    let lend = 10.0 * LEND_SHARE;
+    assert!((a.0[0] - 0.75 * lend).abs() < 1e-9 && (a.0[1] - 0.25 * lend).abs() < 1e-9);
+    // On time: what C_out less its own traffic leaves (LEND_SHARE *
+    // (100 - 20)), whatever the bunching of forwarded records did to the
+    // tuple.
     let on_time = |v: [f64; 3]| BandwidthState {
         late: false,
         ..late(&v)
     };
+    let lend = 80.0 * LEND_SHARE;
     let a = advertised(&on_time([3.0, 1.0, 0.0]), 6.0, 6.0);
-    assert!((a.0[0] - 54.0).abs() < 1e-9 && (a.0[1] - 18.0).abs() < 1e-9);
+    assert!((a.0[0] - 0.75 * lend).abs() < 1e-9 && (a.0[1] - 0.25 * lend).abs() < 1e-9);
     let a = advertised(&on_time([0.0, 0.0, -50.0]), 6.0, 6.0);
-    assert!((a.0[0] - 72.0).abs() < 1e-9, "{a:?}");
+    assert!((a.0[0] - lend).abs() < 1e-9, "{a:?}");
     // Carrying nothing and nothing reserved, its shortage is its own;
     // with a reservation not yet carrying, it is not.
     assert_eq!(
@@ -606,7 +612,7 @@ fn advertised_asks_its_own_shortage_or_offers_what_it_can_lend() {
     assert_eq!(a.shortage_total(), 0.0);
     // Its own traffic past what it may lend: its shortage is its own too.
     let busy = BandwidthState {
-        own_rate: 95.0,
+        own_rate: 98.0,
         ..on_time([0.0, 0.0, -50.0])
     };
     assert_eq!(advertised(&busy, 6.0, 6.0), t([0.0, 0.0, -44.0]));
@@ -762,17 +768,17 @@ fn lendable_is_what_own_traffic_leaves_unless_late() {
         own_rate: 2.0,
         ..BandwidthState::default()
     };
-    assert!((lendable(&s, 0.0) - 7.2).abs() < 1e-9);
-    assert!((lendable(&s, 5.0) - 7.2).abs() < 1e-9);
-    // Late: no more than the tuple shows, 0.9 * (1 + 5).
+    assert!((lendable(&s, 0.0) - 8.0 * LEND_SHARE).abs() < 1e-9);
+    assert!((lendable(&s, 5.0) - 8.0 * LEND_SHARE).abs() < 1e-9);
+    // Late: no more than the tuple shows, LEND_SHARE * (1 + 5).
     s.late = true;
-    assert!((lendable(&s, 5.0) - 5.4).abs() < 1e-9);
+    assert!((lendable(&s, 5.0) - 6.0 * LEND_SHARE).abs() < 1e-9);
     // Own traffic past C_out: nothing; no capacity known: nothing.
     s.late = false;
     s.own_rate = 20.0;
     assert_eq!(lendable(&s, 5.0), 0.0);
     assert_eq!(lendable(&BandwidthState::default(), 5.0), 0.0);
-    // By hand from a tuple: 0.9 of its spare.
+    // By hand from a tuple: LEND_SHARE of its spare.
     let h = BandwidthState::from_tuple(BandwidthTuple(vec![4.0, 6.0, 0.0]));
-    assert!((lendable(&h, 0.0) - 9.0).abs() < 1e-9);
+    assert!((lendable(&h, 0.0) - 10.0 * LEND_SHARE).abs() < 1e-9);
 }

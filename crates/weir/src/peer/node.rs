@@ -59,7 +59,7 @@ pub const MAX_IN_FLIGHT_RECORDS: usize = 32 * 1024;
 
 /// Bytes lent to one provider and not yet acknowledged as delivered: 8 MiB
 /// covers 2.7 s at 3 MB/s (a class bound of queueing and confirm at the
-/// provider, with room), and 0.75 s at the 11.25 MB/s an idle node with a
+/// provider, with room), and 0.69 s at the 12.1 MB/s an idle node with a
 /// 100 Mbit/s uplink lends at most (see docs/peering.md).
 pub const MAX_IN_FLIGHT_BYTES: usize = 8 * 1024 * 1024;
 

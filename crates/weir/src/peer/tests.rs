@@ -242,9 +242,12 @@ async fn the_provider_answers_grants_admits_and_refuses() {
         .state
         .unwrap();
     assert_eq!(reply.node, 2);
-    // The PBTT tuple's 1,000,000 spare, less the 10 % headroom
-    // (weir-core `peer::LEND_SHARE`).
-    assert_eq!(reply.tuple, vec![900_000.0, 0.0, 0.0]);
+    // The PBTT tuple's 1,000,000 spare, less the headroom (weir-core
+    // `peer::LEND_SHARE`).
+    assert_eq!(
+        reply.tuple,
+        vec![weir_core::peer::LEND_SHARE * 1_000_000.0, 0.0, 0.0]
+    );
     assert_eq!(reply.classes, vec!["ls", "nm", "lt"]);
     assert_eq!(node.handle.status().alive, vec![1]);
 
@@ -280,7 +283,10 @@ async fn the_provider_answers_grants_admits_and_refuses() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(nm.granted_bytes_per_sec, 900_000.0 - 5000.0);
+    assert_eq!(
+        nm.granted_bytes_per_sec,
+        weir_core::peer::LEND_SHARE * 1_000_000.0 - 5000.0
+    );
     assert_eq!(nm.lease_ms, 8000);
     let err = client
         .reserve(ReserveRequest {
