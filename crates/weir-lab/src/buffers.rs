@@ -68,8 +68,7 @@ use weir_core::buffer_sizing::{
 };
 
 use crate::compression::SplitMix;
-use crate::netns::sh;
-use crate::netns::{self, delay_between, enter, in_ns, veth_pair};
+use crate::netns::{self, delay_between, enter, in_ns, sh, veth_pair};
 use crate::report::{self, HLine, LineChart, Mark, Series, Table};
 
 const NS_DEV: &str = "weir-bsz-dev";

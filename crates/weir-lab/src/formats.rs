@@ -49,8 +49,7 @@ use weir_proto::pb::ingress_client::IngressClient;
 use weir_proto::pb::PublishRequest;
 
 use crate::compression::random_bytes;
-use crate::netns::sh;
-use crate::netns::{delay_between, enter, veth_pair};
+use crate::netns::{delay_between, enter, sh, veth_pair};
 use crate::report::{bar_panels_svg, round, BarPanel, Table};
 
 /// `weir-lab formats`.

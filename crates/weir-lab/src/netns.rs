@@ -216,7 +216,7 @@ pub(crate) fn veth_pair(a: End, b: End, one_segment: bool) -> anyhow::Result<()>
 
 /// The counters of the `tbf` qdisc on `dev` (`tc -s qdisc`), in namespace
 /// `ns` (`None`: the calling thread's).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct TbfCounters {
     /// Bytes sent (Ethernet frames, as tbf charges them).
     pub bytes: u64,
