@@ -16,8 +16,8 @@ use crate::janus::{non_negative, BandwidthTuple};
 /// 0.9, in the real-process JANUS lab, providers' links carried 0.84-0.91
 /// of the shaped rate while both busy nodes' `lt` waited, and PMRFS
 /// delivered on average 94.2 % of the cluster's limit at 720 B (34 cells);
-/// at 0.97 the providers carry 0.95 and PMRFS 98.5 % at 720 B and 95.5 %
-/// at 1 KiB (twelve cells each, 94.1-99.8 %), `ls` late 0-4 % either way.
+/// at 0.97 the providers carry 0.95 and PMRFS 98.6 % at 720 B and 95.5 %
+/// at 1 KiB (fifteen cells each, 94.1-99.8 %), `ls` late 0-4 % either way.
 pub const LEND_SHARE: f64 = 0.97;
 
 /// What a provider can lend: [`LEND_SHARE`] of the capacity its own
