@@ -4,7 +4,7 @@
 //! a stuck scheduler gets weir restarted. Outside systemd (no
 //! `NOTIFY_SOCKET`) all of this does nothing.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,11 +32,17 @@ impl Heartbeat {
     }
 }
 
+/// Whether [`ready`] has been said: the watchdog is fed only after it (a
+/// start-up slower than half the watchdog period sent `WATCHDOG=1` before
+/// `READY=1`).
+static READY: AtomicBool = AtomicBool::new(false);
+
 /// Tells systemd weir is up (no-op outside systemd).
 pub fn ready() {
     if let Err(error) = sd_notify::notify(&[NotifyState::Ready]) {
         tracing::warn!(%error, "cannot tell systemd weir is ready (NOTIFY_SOCKET)");
     }
+    READY.store(true, Ordering::Release);
 }
 
 /// Tells systemd weir is stopping.
@@ -44,10 +50,10 @@ pub fn stopping() {
     let _ = sd_notify::notify(&[NotifyState::Stopping]);
 }
 
-/// Feeds systemd's watchdog (`WatchdogSec`) at half its period while the
-/// scheduler's `heart` keeps beating; stops feeding it, saying why, when
-/// the scheduler has not turned for a whole period. Returns at once when
-/// no watchdog is configured.
+/// Feeds systemd's watchdog (`WatchdogSec`) at half its period, once
+/// [`ready`] has been said, while the scheduler's `heart` keeps beating;
+/// stops feeding it, saying why, when the scheduler has not turned for a
+/// whole period. Returns at once when no watchdog is configured.
 pub async fn watchdog(heart: Heartbeat, stop: CancellationToken) {
     let Some(period) = sd_notify::watchdog_enabled() else {
         return;
@@ -60,6 +66,11 @@ pub async fn watchdog(heart: Heartbeat, stop: CancellationToken) {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
+        }
+        if !READY.load(Ordering::Acquire) {
+            // Starting: systemd's start timeout covers this, not the
+            // watchdog.
+            continue;
         }
         let now = heart.count();
         if now != last {
