@@ -555,12 +555,10 @@ fn base_rtt() -> anyhow::Result<Duration> {
     rtt
 }
 
+/// The `p` quantile of delays in microseconds, in milliseconds (0 when
+/// none).
 fn percentile(sorted: &[u32], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    f64::from(sorted[i]) / 1000.0
+    report::percentile(sorted, p).unwrap_or(0.0) / 1000.0
 }
 
 /// Runs `n` devices against the server for warm-up plus the window, with

@@ -182,6 +182,11 @@ fn bins(a: &Args) -> anyhow::Result<Bins> {
     Ok(b)
 }
 
+/// The root namespace's ends of node k's uplink and LAN veths:
+/// `wlw<k>`, `wll<k>`.
+const ROOT_UPLINK: &str = "wlw";
+const ROOT_LAN: &str = "wll";
+
 fn ns(k: usize) -> String {
     format!("{NS_PREFIX}{k}")
 }
@@ -232,7 +237,7 @@ impl Testbed {
         for k in 1..=nodes {
             let n = ns(k);
             let (node_wan, cloud_wan) = wan_addrs(k);
-            let (wlw, wll) = (format!("wlw{k}"), format!("wll{k}"));
+            let (wlw, wll) = (format!("{ROOT_UPLINK}{k}"), format!("{ROOT_LAN}{k}"));
             sh("ip", &["netns", "add", &n])?;
             sh("ip", &["-n", &n, "link", "set", "lo", "up"])?;
             veth(&n, &wlw, "wan0", &format!("{node_wan}/30"))?;
@@ -306,7 +311,7 @@ impl Testbed {
                 .map(|d| {
                     d.filter_map(|e| e.ok())
                         .map(|e| e.file_name().to_string_lossy().into_owned())
-                        .filter(|n| n.starts_with("wlw") || n.starts_with("wll"))
+                        .filter(|n| n.starts_with(ROOT_UPLINK) || n.starts_with(ROOT_LAN))
                         .collect()
                 })
                 .unwrap_or_default()
@@ -336,7 +341,7 @@ impl Drop for Testbed {
 fn uplink_bytes(nodes: usize) -> anyhow::Result<Vec<u64>> {
     (1..=nodes)
         .map(|k| {
-            let p = format!("/sys/class/net/wlw{k}/statistics/rx_bytes");
+            let p = format!("/sys/class/net/{ROOT_UPLINK}{k}/statistics/rx_bytes");
             let text = std::fs::read_to_string(&p).with_context(|| format!("cannot read {p}"))?;
             text.trim()
                 .parse()
@@ -967,6 +972,24 @@ async fn run_cell(
                 .map(|d| d.as_secs_f64())
                 .unwrap_or_else(|e| -e.duration().as_secs_f64());
             if t >= 0.0 {
+                // The shaped queues and TCP's retransmissions: whether the
+                // link or the sender set the pace (null where unreadable).
+                // `tc` is a process per node: run off the runtime's threads.
+                let pids = pids.clone();
+                let links: Vec<(Option<netns::TbfCounters>, Option<u64>)> =
+                    tokio::task::spawn_blocking(move || {
+                        pids.iter()
+                            .enumerate()
+                            .map(|(k, pid)| {
+                                (
+                                    netns::tbf_counters(Some(&ns(k + 1)), "wan0").ok(),
+                                    pid.and_then(tcp_retransmits),
+                                )
+                            })
+                            .collect()
+                    })
+                    .await
+                    .unwrap_or_default();
                 for (k, ((addr, s), carried)) in admins
                     .iter()
                     .zip(series.iter_mut())
@@ -976,11 +999,7 @@ async fn run_cell(
                     let Ok(text) = scrape(*addr).await else {
                         continue;
                     };
-                    // The shaped queue and TCP's retransmissions: whether
-                    // the link or the sender set the pace.
-                    // (null where they could not be read).
-                    let tbf = netns::tbf_counters(Some(&ns(k + 1)), "wan0").ok();
-                    let retrans = pids[k].and_then(tcp_retransmits);
+                    let (tbf, retrans) = links.get(k).copied().unwrap_or((None, None));
                     let m = |name: &str| metric(&text, name).unwrap_or(f64::NAN);
                     let rates: Vec<f64> = CLASSES
                         .iter()

@@ -649,9 +649,7 @@ pub(crate) fn summarise(
         let late = lat.iter().filter(|&&x| x > *bound as f64).count();
         let mut sorted = lat.clone();
         sorted.sort_by(f64::total_cmp);
-        let p99 = sorted
-            .get((sorted.len() * 99 / 100).min(sorted.len().saturating_sub(1)))
-            .copied();
+        let p99 = report::percentile(&sorted, 0.99);
         classes.insert(
             name.to_string(),
             json!({

@@ -47,6 +47,14 @@ pub fn ms(d: Duration) -> f64 {
     round(d.as_secs_f64() * 1e3, 1)
 }
 
+/// The `p` quantile (0..=1) of ascending `sorted` values, nearest rank
+/// (`None` when empty).
+pub fn percentile<T: Copy + Into<f64>>(sorted: &[T], p: f64) -> Option<f64> {
+    let last = sorted.len().checked_sub(1)?;
+    let i = ((last as f64 * p).round() as usize).min(last);
+    Some(sorted[i].into())
+}
+
 /// The mean of `xs` (NaN when empty).
 pub fn mean(xs: &[f64]) -> f64 {
     xs.iter().sum::<f64>() / xs.len() as f64
@@ -450,6 +458,16 @@ fn plot_err<E: std::fmt::Display>(e: E) -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let xs: Vec<f64> = (1..=101).map(f64::from).collect();
+        assert_eq!(percentile(&xs, 0.5), Some(51.0));
+        assert_eq!(percentile(&xs, 0.99), Some(100.0));
+        assert_eq!(percentile(&xs, 1.0), Some(101.0));
+        assert_eq!(percentile(&[7u32], 0.99), Some(7.0));
+        assert_eq!(percentile::<f64>(&[], 0.5), None);
+    }
 
     #[test]
     fn table_aligns_names_left_and_numbers_right() {
