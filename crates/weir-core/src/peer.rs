@@ -7,9 +7,9 @@
 //! with hot standbys) that runs the matcher and tells receivers and
 //! providers what to do; the paper names that orchestrator as its
 //! bottleneck (Section VI, "Scalability"). Here every node:
-//! 1. advertises its PBTT tuple on heartbeats and keeps the latest
-//!    [`Advert`] of every peer in a [`PeerView`]; a peer not heard from for
-//!    `dead_after` is gone;
+//! 1. advertises its PBTT tuple on heartbeats (to every peer, or by gossip
+//!    to a few, [`gossip`]) and keeps the latest [`Advert`] of every peer in
+//!    a [`PeerView`]; a peer not heard from for `dead_after` is gone;
 //! 2. each round runs the *same* deterministic matcher ([`redirect()`](crate::janus::redirect())) over
 //!    its view plus its own tuple ([`decide`]) and keeps only the grants in
 //!    which it is the receiver;
@@ -39,6 +39,9 @@
 //!   it ([`BandwidthState`]) and the advert it sends peers ([`Advert`]).
 //! - `peer/view.rs`: what a node knows of its peers: the latest advert of each,
 //!   and which are alive ([`PeerView`]).
+//! - `peer/gossip.rs`: adverts spread by gossip (a few partners a period, each
+//!   relayed advert with its age) instead of to every peer, for large
+//!   clusters ([`gossip::partners`], [`gossip::table`]).
 //! - `peer/round.rs`: one redirection round as a node decides it alone: the
 //!   shared matcher over its view ([`decide`]), and which providers to ask
 //!   ([`first_asks`], [`spill_asks`]).
@@ -61,6 +64,7 @@
 //!   egress delivers them ([`Custody`]).
 
 mod custody;
+pub mod gossip;
 mod in_flight;
 mod lease;
 mod own_rate;

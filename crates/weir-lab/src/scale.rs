@@ -46,13 +46,12 @@ use weir_core::class::ClassId;
 use weir_core::janus::redirect::Strategy;
 use weir_core::janus::{BandwidthTuple, Grant};
 use weir_core::peer::{
-    decide, first_asks, lendable, offers_in, Advert, BandwidthState, Pacing, PeerView, Refusals,
-    ReservationConfig, Reservations, MAX_SPILL_STEPS,
+    decide, first_asks, gossip, lendable, offers_in, Advert, BandwidthState, Pacing, PeerView,
+    Refusals, ReservationConfig, Reservations, MAX_SPILL_STEPS,
 };
 use weir_core::record::NodeId;
-use weir_proto::pb::{NodeState, ReserveReply, ReserveRequest};
+use weir_proto::pb::{NodeState, RelayedState, ReserveReply, ReserveRequest};
 
-use crate::compression::SplitMix;
 use crate::report::{line_chart_svg, round, LineChart, Series, Table};
 
 /// `weir-lab scale`.
@@ -128,27 +127,31 @@ struct Node {
     refusals: Refusals,
     busy: bool,
     alive: bool,
-    /// When this node's latest advert was issued (gossip's stamp).
+    /// This node's latest advert.
     advert: Advert,
-    issued: Duration,
 }
 
-/// Uniform in `0..n`, from `rng` (the gossip partners, the same every run
-/// for one seed).
-fn below(rng: &mut SplitMix, n: usize) -> usize {
-    (rng.next_u64() % n as u64) as usize
-}
-
-/// Encoded bytes of a heartbeat's state and of a Reserve call's messages.
-fn message_sizes() -> (f64, f64) {
+/// Encoded bytes of a heartbeat's state, of one gossiped entry and of a
+/// Reserve call's messages.
+fn message_sizes() -> (f64, f64, f64) {
+    // Rounds are seeded from the Unix clock in microseconds.
     let state = NodeState {
         node: 200,
         classes: vec!["ls".into(), "nm".into(), "lt".into()],
         tuple: vec![1.9e6, 0.0, -6.5e5],
-        round: 17_000_000,
+        round: 1_790_000_000_000_000,
         sent_us: 1_790_000_000_000_000,
         requesting_since_us: 1_790_000_000_000_000,
         scheme: "pmrfs".into(),
+    };
+    // As weir's `Node::relayed_table` writes it: no scheme or send time.
+    let relayed = RelayedState {
+        state: Some(NodeState {
+            sent_us: 0,
+            scheme: String::new(),
+            ..state.clone()
+        }),
+        age_us: 2_500_000,
     };
     let reserve = ReserveRequest {
         receiver: 200,
@@ -163,7 +166,11 @@ fn message_sizes() -> (f64, f64) {
         }
         .encoded_len();
     // A repeated field adds a tag and a length per entry.
-    (state.encoded_len() as f64 + 3.0, reserve as f64 / 2.0)
+    (
+        state.encoded_len() as f64 + 2.0,
+        relayed.encoded_len() as f64 + 2.0,
+        reserve as f64 / 2.0,
+    )
 }
 
 /// One cluster size under one dissemination.
@@ -207,12 +214,11 @@ fn simulate(a: &Args, n: usize, mode: Mode) -> Outcome {
             busy: i < busy_count,
             alive: true,
             advert: Advert::default(),
-            issued: Duration::ZERO,
         })
         .collect();
-    let (state_bytes, reserve_bytes) = message_sizes();
+    let (state_bytes, relayed_bytes, reserve_bytes) = message_sizes();
     let framing = MEASURED_HEARTBEAT_BYTES - state_bytes;
-    let mut rng = SplitMix(a.seed ^ (n as u64) << 32);
+    let ids: Vec<NodeId> = (1..=n as NodeId).collect();
     let mut sent_bytes = 0.0f64;
     let mut reserve_sent = 0.0f64;
     let (mut asked_total, mut granted_total) = (0.0f64, 0.0f64);
@@ -261,7 +267,6 @@ fn simulate(a: &Args, n: usize, mode: Mode) -> Outcome {
                 tuple,
                 requesting_since_us: if node.busy { 1 } else { 0 },
             };
-            node.issued = t;
         }
         // Dissemination.
         match mode {
@@ -285,23 +290,30 @@ fn simulate(a: &Args, n: usize, mode: Mode) -> Outcome {
                         if !nodes[i].alive {
                             continue;
                         }
-                        for _ in 0..a.fanout.min(n - 1) {
-                            let mut j = below(&mut rng, n - 1);
-                            if j >= i {
-                                j += 1;
-                            }
+                        let period = (t.as_millis() / gossip_every.as_millis()) as u64;
+                        let me = i as NodeId + 1;
+                        for j in gossip::partners(me, period ^ (a.seed << 48), &ids, a.fanout) {
+                            let j = j as usize - 1;
                             // Push: i's table to j; pull: j's table back
                             // (a dead j does not answer: i's request still
                             // went out).
-                            let table_i = table(&nodes, i, t);
-                            sent_bytes += framing + table_i.len() as f64 * state_bytes;
+                            let table_i = gossip::table(&nodes[i].view, t, j as NodeId + 1);
+                            sent_bytes +=
+                                MEASURED_HEARTBEAT_BYTES + table_i.len() as f64 * relayed_bytes;
                             if !nodes[j].alive {
                                 continue;
                             }
-                            let table_j = table(&nodes, j, t);
-                            sent_bytes += framing + table_j.len() as f64 * state_bytes;
-                            merge(&mut nodes[j], j, &table_i);
-                            merge(&mut nodes[i], i, &table_j);
+                            let table_j = gossip::table(&nodes[j].view, t, me);
+                            sent_bytes +=
+                                MEASURED_HEARTBEAT_BYTES + table_j.len() as f64 * relayed_bytes;
+                            // Each side's own advert first-hand, the
+                            // tables as relayed (weir's service and client
+                            // do the same).
+                            let (own_i, own_j) = (nodes[i].advert.clone(), nodes[j].advert.clone());
+                            nodes[j].view.observe(me, own_i, t);
+                            nodes[i].view.observe(j as NodeId + 1, own_j, t);
+                            merge(&mut nodes[j], j, i, table_i, t);
+                            merge(&mut nodes[i], i, j, table_j, t);
                         }
                     }
                 }
@@ -428,22 +440,13 @@ fn simulate(a: &Args, n: usize, mode: Mode) -> Outcome {
     Outcome { row, used }
 }
 
-/// What node `i` holds that is still fresh at `t`: its own advert and its
-/// view's live ones, each with when its origin issued it.
-fn table(nodes: &[Node], i: usize, t: Duration) -> Vec<(NodeId, Advert, Duration)> {
-    let mut out = vec![(i as NodeId + 1, nodes[i].advert.clone(), nodes[i].issued)];
-    for (id, advert) in nodes[i].view.alive(t) {
-        let heard = nodes[i].view.last_heard(id).unwrap_or_default();
-        out.push((id, advert.clone(), heard));
-    }
-    out
-}
-
-/// Node `i` takes in a peer's table: each advert heard as of its stamp.
-fn merge(node: &mut Node, i: usize, table: &[(NodeId, Advert, Duration)]) {
-    for (id, advert, issued) in table {
-        if *id != i as NodeId + 1 {
-            node.view.observe(*id, advert.clone(), *issued);
+/// Node `i` takes in the table partner `from` sent, as weir's
+/// `Node::hear_relayed` does: every other node's advert as heard its age
+/// ago, taken only if newer than the one held.
+fn merge(node: &mut Node, i: usize, from: usize, table: Vec<gossip::Relayed>, t: Duration) {
+    for r in table {
+        if r.node != i as NodeId + 1 && r.node != from as NodeId + 1 {
+            node.view.observe_relayed(r.node, r.advert, r.age, t);
         }
     }
 }

@@ -30,7 +30,7 @@ pub fn until_period(unix_us: u64, len: Duration, offset: Duration) -> Duration {
 pub const MAX_HEARTBEAT_JITTER: f64 = 0.45;
 
 /// splitmix64's finaliser: a fixed, well-spread hash of one word.
-fn mix(mut z: u64) -> u64 {
+pub(super) fn mix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

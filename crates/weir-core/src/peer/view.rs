@@ -79,6 +79,51 @@ impl PeerView {
         }
     }
 
+    /// Takes in `peer`'s advert as another node relayed it at `now` (gossip,
+    /// [`crate::peer::gossip`]): heard `age` before `now`, so it counts as
+    /// heard then. Taken only if its round is newer than the one held,
+    /// whether that peer is alive or gone (a stale copy passed on must not
+    /// bring a dead node back), and only if it is younger than
+    /// `dead_after`.
+    pub fn observe_relayed(
+        &mut self,
+        peer: NodeId,
+        advert: Advert,
+        age: Duration,
+        now: Duration,
+    ) -> Observed {
+        if age >= self.dead_after {
+            return Observed::Stale;
+        }
+        let heard = now.saturating_sub(age);
+        let dead_after = self.dead_after;
+        match self.peers.get_mut(&peer) {
+            Some(h) if advert.round <= h.advert.round => Observed::Stale,
+            Some(h) => {
+                let alive = now.saturating_sub(h.received) < dead_after;
+                *h = Heard {
+                    advert,
+                    received: heard.max(h.received),
+                };
+                if alive {
+                    Observed::Updated
+                } else {
+                    Observed::Joined
+                }
+            }
+            None => {
+                self.peers.insert(
+                    peer,
+                    Heard {
+                        advert,
+                        received: heard,
+                    },
+                );
+                Observed::Joined
+            }
+        }
+    }
+
     /// True if `peer` was heard from less than `dead_after` before `now`.
     pub fn is_alive(&self, peer: NodeId, now: Duration) -> bool {
         self.peers

@@ -78,7 +78,7 @@ pub use ingress::{
 };
 pub use log::{LogConfig, LogFormat};
 pub use node::{CpuPriority, NodeConfig};
-pub use peering::{PeerConfig, PeeringConfig};
+pub use peering::{Adverts, PeerConfig, PeeringConfig};
 pub use problems::Problem;
 pub use scheduler::{
     BatchingSection, CompressionSection, PayloadKind, SchedulerConfig, SchemeName,

@@ -41,6 +41,9 @@ pub(crate) struct RawPeering {
     pub heartbeat_jitter: Option<f64>,
     pub dead_after: Option<Written<HumanDuration>>,
     pub lease: Option<Written<HumanDuration>>,
+    pub adverts: Option<String>,
+    pub gossip_fanout: Option<i64>,
+    pub gossip_every: Option<Written<HumanDuration>>,
     pub allow_anonymous: Option<bool>,
     pub tls: Option<RawTls>,
 }
@@ -67,14 +70,30 @@ pub struct PeeringConfig {
     /// The share of a period over which heartbeats to the peers are
     /// spread (0: all at the period's start).
     pub heartbeat_jitter: f64,
-    /// Silence after which a peer counts as gone; longer than `heartbeat`.
+    /// Silence after which a peer counts as gone; longer than `heartbeat`
+    /// (and, with gossip, than two gossip periods).
     pub dead_after: Duration,
+    /// How adverts reach the peers: to every peer every heartbeat, or by
+    /// gossip.
+    pub adverts: Adverts,
     /// How long a reservation lasts unless renewed; longer than
     /// `heartbeat`.
     pub lease: Duration,
     /// Mutual TLS between nodes: each proves its node id with a
     /// certificate from `cafile` naming `<id>.node.weir`.
     pub tls: Option<TlsFiles>,
+}
+
+/// `peering.adverts`: how a node's advert reaches its peers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Adverts {
+    /// `"all-to-all"` (the default): a heartbeat to every peer every
+    /// `heartbeat`; a peer is gone after `dead_after` (500 ms) of silence.
+    AllToAll,
+    /// `"gossip"`: every `every`, the node's table (its advert and every live
+    /// one it holds, with their ages) to `fanout` peers, push-pull
+    /// (`weir_core::peer::gossip`); `dead_after` defaults to 6 periods.
+    Gossip { fanout: usize, every: Duration },
 }
 
 /// One `peering.peers` entry.
@@ -107,6 +126,7 @@ pub(crate) fn peering(
             "missing; peers are only used by a node that serves the peer protocol too, e.g. listen = \"0.0.0.0:7070\"",
         );
     }
+    let adverts = adverts(p, &raw);
     let heartbeat =
         p.positive_duration(&format!("{PATH}.heartbeat"), raw.heartbeat, PEER_HEARTBEAT);
     let heartbeat_jitter = raw.heartbeat_jitter.unwrap_or(PEER_HEARTBEAT_JITTER);
@@ -119,11 +139,30 @@ pub(crate) fn peering(
             ),
         );
     }
+    let default_dead_after = match adverts {
+        Some(Adverts::Gossip { every, .. }) => {
+            every * weir_core::peer::gossip::GOSSIP_DEAD_AFTER_PERIODS
+        }
+        _ => PEER_DEAD_AFTER,
+    };
     let dead_after = p.positive_duration(
         &format!("{PATH}.dead_after"),
         raw.dead_after,
-        PEER_DEAD_AFTER,
+        default_dead_after,
     );
+    if let (Some(Adverts::Gossip { every, .. }), Some(dead_after)) = (adverts, dead_after) {
+        if dead_after <= every * 2 {
+            p.push(
+                format!("{PATH}.dead_after"),
+                format!(
+                    "{} must be longer than two gossip periods (peering.gossip_every = {}): an advert reaches a node through others, a period or more later; {} is usual",
+                    HumanDuration(dead_after),
+                    HumanDuration(every),
+                    HumanDuration(every * weir_core::peer::gossip::GOSSIP_DEAD_AFTER_PERIODS)
+                ),
+            );
+        }
+    }
     let lease = p.positive_duration(&format!("{PATH}.lease"), raw.lease, PEER_LEASE);
     if let (Some(heartbeat), Some(dead_after)) = (heartbeat, dead_after) {
         if dead_after <= heartbeat {
@@ -252,7 +291,59 @@ pub(crate) fn peering(
         heartbeat: heartbeat?,
         heartbeat_jitter,
         dead_after: dead_after?,
+        adverts: adverts?,
         lease: lease?,
         tls,
     }))
+}
+
+/// `peering.adverts` with `gossip_fanout` and `gossip_every`, or `None`
+/// after recording why.
+fn adverts(p: &mut Problems, raw: &RawPeering) -> Option<Adverts> {
+    const PATH: &str = "peering";
+    let gossip = match raw.adverts.as_deref() {
+        None | Some("all-to-all") => false,
+        Some("gossip") => true,
+        Some(other) => {
+            p.push(
+                format!("{PATH}.adverts"),
+                format!("{other:?} is not one of \"all-to-all\", \"gossip\""),
+            );
+            return None;
+        }
+    };
+    if !gossip {
+        for (key, set) in [
+            ("gossip_fanout", raw.gossip_fanout.is_some()),
+            ("gossip_every", raw.gossip_every.is_some()),
+        ] {
+            if set {
+                p.push(
+                    format!("{PATH}.{key}"),
+                    "only used with adverts = \"gossip\"; set that too, or remove this key",
+                );
+            }
+        }
+        return Some(Adverts::AllToAll);
+    }
+    let fanout = match raw.gossip_fanout {
+        None => Some(weir_core::peer::gossip::GOSSIP_FANOUT),
+        Some(n) if (1..=64).contains(&n) => Some(n as usize),
+        Some(n) => {
+            p.push(
+                format!("{PATH}.gossip_fanout"),
+                format!("{n} is not within 1..=64: the peers a node exchanges its table with each period (2 is usual)"),
+            );
+            None
+        }
+    };
+    let every = p.positive_duration(
+        &format!("{PATH}.gossip_every"),
+        raw.gossip_every.clone(),
+        weir_core::peer::gossip::GOSSIP_EVERY,
+    );
+    Some(Adverts::Gossip {
+        fanout: fanout?,
+        every: every?,
+    })
 }

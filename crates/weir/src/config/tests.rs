@@ -743,6 +743,72 @@ fn peering_is_off_unless_listen_is_given() {
 }
 
 #[test]
+fn peering_adverts_by_gossip_have_their_own_defaults_and_checks() {
+    let base = r#"
+        [node]
+        id = 1
+        [peering]
+        listen = "127.0.0.1:7070"
+        peers = [{ id = 2, addr = "10.0.0.2:7070" }]
+        "#;
+    let p = parse(base, "t").unwrap().peering.unwrap();
+    assert_eq!(p.adverts, Adverts::AllToAll);
+    assert_eq!(p.dead_after, defaults::PEER_DEAD_AFTER);
+    let p = parse(&format!("{base}adverts = \"gossip\""), "t")
+        .unwrap()
+        .peering
+        .unwrap();
+    assert_eq!(
+        p.adverts,
+        Adverts::Gossip {
+            fanout: 2,
+            every: Duration::from_secs(1)
+        }
+    );
+    assert_eq!(p.dead_after, Duration::from_secs(6), "six gossip periods");
+    let p = parse(
+        &format!("{base}adverts = \"gossip\"\ngossip_fanout = 3\ngossip_every = \"500ms\""),
+        "t",
+    )
+    .unwrap()
+    .peering
+    .unwrap();
+    assert_eq!(
+        p.adverts,
+        Adverts::Gossip {
+            fanout: 3,
+            every: Duration::from_millis(500)
+        }
+    );
+    assert_eq!(p.dead_after, Duration::from_secs(3));
+
+    let ps = problems(&format!("{base}adverts = \"rumour\""));
+    assert_problem(
+        &ps,
+        "peering.adverts",
+        "not one of \"all-to-all\", \"gossip\"",
+    );
+    let ps = problems(&format!("{base}gossip_fanout = 2\ngossip_every = \"1s\""));
+    assert_problem(
+        &ps,
+        "peering.gossip_fanout",
+        "only used with adverts = \"gossip\"",
+    );
+    assert_problem(
+        &ps,
+        "peering.gossip_every",
+        "only used with adverts = \"gossip\"",
+    );
+    let ps = problems(&format!(
+        "{base}adverts = \"gossip\"\ngossip_fanout = 0\ngossip_every = \"0s\""
+    ));
+    assert_problem(&ps, "peering.gossip_fanout", "0 is not within 1..=64");
+    assert_problem(&ps, "peering.gossip_every", "");
+    let ps = problems(&format!("{base}adverts = \"gossip\"\ndead_after = \"2s\""));
+    assert_problem(&ps, "peering.dead_after", "longer than two gossip periods");
+}
+
+#[test]
 fn peering_mistakes_are_reported_with_their_key_paths() {
     let ps = problems(
         r#"

@@ -28,6 +28,15 @@ pub struct PeerLabel {
     pub peer: String,
 }
 
+/// The `outcome` label of a relayed advert.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// `taken` (newer than the one held), `stale` (not newer, or older
+    /// than `dead_after`) or `ignored` (not a configured peer, or other
+    /// classes).
+    pub outcome: String,
+}
+
 /// Peering metrics: what was redirected each way, what was refused or
 /// taken back, and the reservations and peers in play.
 pub struct PeerMetrics {
@@ -55,6 +64,10 @@ pub struct PeerMetrics {
     /// Peer calls refused because the caller's certificate did not prove
     /// the node id it spoke as.
     pub impostors: Counter,
+    /// Bytes of this node's heartbeat messages (calls and replies, with
+    /// any gossiped table; protobuf-encoded, before HTTP/2 framing).
+    pub advert_bytes: Counter,
+    relayed: Family<OutcomeLabel, Counter>,
     via: Family<PeerLabel, Counter>,
     spare: Family<PeerLabel, Gauge<f64, AtomicU64>>,
     shortage: Family<PeerLabel, Gauge<f64, AtomicU64>>,
@@ -88,10 +101,21 @@ impl PeerMetrics {
             held: Gauge::default(),
             abandoned: Counter::default(),
             impostors: Counter::default(),
+            advert_bytes: Counter::default(),
+            relayed: Family::default(),
             via: Family::default(),
             spare: Family::default(),
             shortage: Family::default(),
         }
+    }
+
+    /// One advert a peer relayed (gossip), and what became of it.
+    pub fn relayed(&self, outcome: &str) {
+        self.relayed
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.to_string(),
+            })
+            .inc();
     }
 
     /// `n` of this node's records a peer acknowledged as delivered.
@@ -192,6 +216,16 @@ impl PeerMetrics {
             "peer_shortage_bytes_per_second",
             "Shortage a peer last advertised (0 when not heard from within dead_after)",
             self.shortage.clone(),
+        );
+        registry.register(
+            "peer_advert_bytes_sent",
+            "Bytes of heartbeat calls and replies this node sent, gossiped tables included (protobuf, before HTTP/2 framing)",
+            self.advert_bytes.clone(),
+        );
+        registry.register(
+            "peer_adverts_relayed",
+            "Adverts of other nodes a peer relayed here (gossip), by outcome: taken, stale, ignored",
+            self.relayed.clone(),
         );
         registry.register(
             "peer_records_abandoned",

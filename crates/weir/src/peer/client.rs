@@ -131,7 +131,8 @@ async fn until_period(period: Duration, offset: Duration) {
 }
 
 /// Sends this node's state to `link` every heartbeat and takes in the
-/// state of its reply, until weir stops or peering is killed.
+/// state of its reply, until weir stops or peering is killed
+/// (`peering.adverts = "all-to-all"`).
 pub(super) async fn heartbeats(node: Arc<Node>, link: Link) {
     let mut failing = false;
     loop {
@@ -149,32 +150,103 @@ pub(super) async fn heartbeats(node: Arc<Node>, link: Link) {
             _ = node.kill.cancelled() => return,
             _ = link.gone.cancelled() => return,
         }
-        let request = HeartbeatRequest {
-            state: Some(node.state()),
-        };
-        let mut client = link.client.clone();
-        let reply = tokio::time::timeout(node.rpc_timeout(), client.heartbeat(request)).await;
-        let problem = match reply {
-            Ok(Ok(reply)) => match reply.into_inner().state {
-                Some(state) => node.hear(state, Some(link.id)).err(),
-                None => Some(tonic::Status::invalid_argument("reply without a state")),
-            },
-            Ok(Err(status)) => Some(status),
-            Err(_) => Some(tonic::Status::deadline_exceeded("no reply in time")),
-        };
-        match problem {
-            None => failing = false,
-            // A misconfiguration does not fix itself: say so every time,
-            // at error level, so the operator sees it.
-            Some(status) if status.code() == tonic::Code::FailedPrecondition => {
-                tracing::error!(peer = link.id, addr = %link.addr, reason = status.message(), "peer refused");
-            }
-            Some(status) => {
-                if !failing {
-                    debug!(peer = link.id, addr = %link.addr, code = ?status.code(), reason = status.message(), "heartbeat failed");
+        failing = exchange(&node, &link, false, failing).await;
+    }
+}
+
+/// Gossip (`peering.adverts = "gossip"`): every `every`, at a point in the
+/// period a hash of this node picks, exchanges tables with `fanout` of the
+/// configured peers ([`weir_core::peer::gossip::partners`]), concurrently,
+/// until weir stops or peering is killed.
+pub(super) async fn gossip(
+    node: Arc<Node>,
+    mut links: watch::Receiver<Vec<Link>>,
+    fanout: usize,
+    every: Duration,
+) {
+    let mut failing: BTreeSet<NodeId> = BTreeSet::new();
+    loop {
+        let now_us = crate::clock::unix_micros();
+        let wait =
+            weir_core::peer::until_heartbeat(now_us, every, node.me, 0, node.cfg.heartbeat_jitter);
+        // Cancel safety: every branch only waits.
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = node.stop.cancelled() => return,
+            _ = node.kill.cancelled() => return,
+        }
+        let period = weir_core::peer::period_of(crate::clock::unix_micros(), every);
+        let current: Vec<Link> = links.borrow_and_update().clone();
+        let ids: Vec<NodeId> = current.iter().map(|l| l.id).collect();
+        let chosen = weir_core::peer::gossip::partners(node.me, period, &ids, fanout);
+        let calls = current
+            .into_iter()
+            .filter(|l| chosen.contains(&l.id))
+            .map(|link| {
+                let node = Arc::clone(&node);
+                let was = failing.contains(&link.id);
+                async move {
+                    let now_failing = exchange(&node, &link, true, was).await;
+                    (link.id, now_failing)
                 }
-                failing = true;
+            });
+        for (id, now_failing) in futures::future::join_all(calls).await {
+            if now_failing {
+                failing.insert(id);
+            } else {
+                failing.remove(&id);
             }
+        }
+    }
+}
+
+/// One heartbeat call to `link`, with this node's table when `table`
+/// (gossip), and the reply taken in; returns whether it failed (`failing`:
+/// whether the last one did, so a failure is logged once).
+async fn exchange(node: &Node, link: &Link, table: bool, failing: bool) -> bool {
+    let request = HeartbeatRequest {
+        state: Some(node.state()),
+        relayed: if table {
+            node.relayed_table(link.id)
+        } else {
+            Vec::new()
+        },
+    };
+    node.metrics()
+        .advert_bytes
+        .inc_by(prost::Message::encoded_len(&request) as u64);
+    let mut client = link.client.clone();
+    let reply = tokio::time::timeout(node.rpc_timeout(), client.heartbeat(request)).await;
+    let problem = match reply {
+        Ok(Ok(reply)) => {
+            let reply = reply.into_inner();
+            match reply.state {
+                Some(state) => match node.hear(state, Some(link.id)) {
+                    Ok(_) => {
+                        node.hear_relayed(link.id, reply.relayed);
+                        None
+                    }
+                    Err(status) => Some(status),
+                },
+                None => Some(tonic::Status::invalid_argument("reply without a state")),
+            }
+        }
+        Ok(Err(status)) => Some(status),
+        Err(_) => Some(tonic::Status::deadline_exceeded("no reply in time")),
+    };
+    match problem {
+        None => false,
+        // A misconfiguration does not fix itself: say so every time,
+        // at error level, so the operator sees it.
+        Some(status) if status.code() == tonic::Code::FailedPrecondition => {
+            tracing::error!(peer = link.id, addr = %link.addr, reason = status.message(), "peer refused");
+            true
+        }
+        Some(status) => {
+            if !failing {
+                debug!(peer = link.id, addr = %link.addr, code = ?status.code(), reason = status.message(), "heartbeat failed");
+            }
+            true
         }
     }
 }

@@ -20,8 +20,9 @@
 //!   node state, record conversions and [`PeerError`].
 //! - `service.rs`: the tonic server: heartbeats answered, reservations
 //!   granted, forwarded records admitted, and acknowledged once delivered.
-//! - `client.rs`: the heartbeat task per peer, the redirection round, and
-//!   the forwarder per peer that sends granted traffic.
+//! - `client.rs`: the heartbeat task per peer (or one gossip task), the
+//!   redirection round, and the forwarder per peer that sends granted
+//!   traffic.
 
 mod client;
 mod node;
@@ -223,6 +224,14 @@ impl Peering {
             spawn_link(&tasks, &node, link);
         }
         let (links, links_rx) = watch::channel(links);
+        if let crate::config::Adverts::Gossip { fanout, every } = node.cfg.adverts {
+            tasks.spawn(client::gossip(
+                Arc::clone(&node),
+                links.subscribe(),
+                fanout,
+                every,
+            ));
+        }
         tasks.spawn(client::rounds(Arc::clone(&node), links_rx));
         // Closed, so that shutdown can wait for it to empty; a reload still
         // spawns a new peer's tasks on it.
@@ -253,9 +262,12 @@ impl Peering {
     }
 }
 
-/// Starts `link`'s heartbeat and forwarder tasks on `tasks`.
+/// Starts `link`'s forwarder on `tasks`, and its heartbeat task when
+/// adverts go to every peer (with gossip, one task serves every link).
 fn spawn_link(tasks: &TaskTracker, node: &Arc<Node>, link: &client::Link) {
-    tasks.spawn(client::heartbeats(Arc::clone(node), link.clone()));
+    if node.cfg.adverts == crate::config::Adverts::AllToAll {
+        tasks.spawn(client::heartbeats(Arc::clone(node), link.clone()));
+    }
     tasks.spawn(client::forwarder(Arc::clone(node), link.clone()));
 }
 

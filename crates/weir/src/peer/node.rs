@@ -25,7 +25,7 @@ use weir_core::peer::{
 use weir_core::{ClassId, NodeId, Record};
 use weir_proto::pb;
 
-use crate::config::{PeerConfig, PeeringConfig};
+use crate::config::{Adverts, PeerConfig, PeeringConfig};
 use crate::egress::DeliveryObserver;
 use crate::{clock::unix_micros, intake::Intake};
 
@@ -266,7 +266,13 @@ impl Node {
     /// How long an RPC to a peer may take: longer and the peer counts as
     /// gone anyway.
     pub(super) fn rpc_timeout(&self) -> Duration {
-        self.cfg.dead_after
+        match self.cfg.adverts {
+            Adverts::AllToAll => self.cfg.dead_after,
+            // Gossip's dead_after is seconds: a call to a dead provider
+            // must not hold a round that long. Five heartbeats, as
+            // all-to-all's default.
+            Adverts::Gossip { .. } => self.cfg.dead_after.min(self.cfg.heartbeat * 5),
+        }
     }
 
     pub(super) fn class_of(&self, name: &str) -> Option<ClassId> {
@@ -422,6 +428,65 @@ impl Node {
             info!(peer = state.node, "peer up");
         }
         Ok(observed)
+    }
+
+    /// The table this node gossips to `partner`: every other live peer's
+    /// latest state and its age ([`weir_core::peer::gossip::table`]).
+    pub(super) fn relayed_table(&self, partner: NodeId) -> Vec<pb::RelayedState> {
+        let now = self.now();
+        let table = weir_core::peer::gossip::table(&self.view(), now, partner);
+        table
+            .into_iter()
+            .map(|r| pb::RelayedState {
+                state: Some(pb::NodeState {
+                    node: r.node,
+                    classes: self.class_names.clone(),
+                    tuple: r.advert.tuple.0,
+                    round: r.advert.round,
+                    sent_us: 0,
+                    requesting_since_us: r.advert.requesting_since_us,
+                    scheme: String::new(),
+                }),
+                age_us: r.age.as_micros() as u64,
+            })
+            .collect()
+    }
+
+    /// Takes in the table `from` gossiped: each state of another configured
+    /// peer with this node's classes, as heard `age_us` ago
+    /// ([`PeerView::observe_relayed`]). Others are counted and skipped:
+    /// what a peer relays is advice, checked by the provider it names.
+    pub(super) fn hear_relayed(&self, from: NodeId, relayed: Vec<pb::RelayedState>) {
+        let now = self.now();
+        let m = self.metrics();
+        for r in relayed {
+            let Some(state) = r.state else {
+                m.relayed("ignored");
+                continue;
+            };
+            if state.node == self.me
+                || state.node == from
+                || !self.is_peer(state.node)
+                || state.classes != self.class_names
+            {
+                m.relayed("ignored");
+                continue;
+            }
+            let advert = Advert {
+                round: state.round,
+                tuple: sanitized_tuple(state.tuple, self.class_names.len()),
+                requesting_since_us: state.requesting_since_us,
+            };
+            let age = Duration::from_micros(r.age_us);
+            match self.view().observe_relayed(state.node, advert, age, now) {
+                Observed::Stale => m.relayed("stale"),
+                Observed::Joined => {
+                    m.relayed("taken");
+                    info!(peer = state.node, via = from, "peer up (relayed)");
+                }
+                Observed::Updated => m.relayed("taken"),
+            }
+        }
     }
 
     /// Refreshes the gauge of records held for peers.

@@ -208,15 +208,31 @@ impl Peer for PeerService {
     ) -> Result<Response<HeartbeatReply>, Status> {
         self.check_alive().await?;
         let caller = self.caller(&request)?;
+        let request = request.into_inner();
         let state = request
-            .into_inner()
             .state
             .ok_or_else(|| Status::invalid_argument("HeartbeatRequest carries no state"))?;
         check_claim(&self.node, caller, state.node)?;
+        let from = state.node;
         self.node.hear(state, None)?;
-        Ok(Response::new(HeartbeatReply {
+        // A gossiping caller gets this node's table back (push-pull); so
+        // does any caller of a gossiping node.
+        let gossip = !request.relayed.is_empty()
+            || matches!(self.node.cfg.adverts, crate::config::Adverts::Gossip { .. });
+        self.node.hear_relayed(from, request.relayed);
+        let reply = HeartbeatReply {
             state: Some(self.node.state()),
-        }))
+            relayed: if gossip {
+                self.node.relayed_table(from)
+            } else {
+                Vec::new()
+            },
+        };
+        self.node
+            .metrics()
+            .advert_bytes
+            .inc_by(prost::Message::encoded_len(&reply) as u64);
+        Ok(Response::new(reply))
     }
 
     async fn reserve(

@@ -97,6 +97,7 @@ fn cfg(peers: &[(NodeId, SocketAddr)], heartbeat: Duration) -> PeeringConfig {
         heartbeat,
         heartbeat_jitter: 0.3,
         dead_after: heartbeat * 5,
+        adverts: crate::config::Adverts::AllToAll,
         lease: heartbeat * 10,
         tls: None,
     }
@@ -145,13 +146,18 @@ async fn lone_provider() -> (TestNode, PeerClient<tonic::transport::Channel>) {
 
 /// Starts `peering` with `peers` and this heartbeat.
 fn start(
-    mut peering: Peering,
+    peering: Peering,
     ingress: Arc<Intake>,
     peers: &[(NodeId, SocketAddr)],
     heartbeat: Duration,
 ) -> TestNode {
+    start_cfg(peering, ingress, cfg(peers, heartbeat))
+}
+
+/// Starts `peering` with `config` (its listen address and TLS kept).
+fn start_cfg(mut peering: Peering, ingress: Arc<Intake>, config: PeeringConfig) -> TestNode {
     let tls = peering.cfg.tls.take();
-    peering.cfg = cfg(peers, heartbeat);
+    peering.cfg = config;
     peering.cfg.listen = peering.addr;
     peering.cfg.tls = tls;
     let port = peering.scheduler_port().unwrap();
@@ -209,6 +215,7 @@ async fn the_provider_answers_grants_admits_and_refuses() {
     let err = client
         .heartbeat(HeartbeatRequest {
             state: Some(state(9, &["ls", "nm", "lt"], &[0.0; 3], 1)),
+            relayed: Vec::new(),
         })
         .await
         .unwrap_err();
@@ -221,6 +228,7 @@ async fn the_provider_answers_grants_admits_and_refuses() {
     let err = client
         .heartbeat(HeartbeatRequest {
             state: Some(state(1, &["ls", "lt"], &[0.0; 2], 1)),
+            relayed: Vec::new(),
         })
         .await
         .unwrap_err();
@@ -235,6 +243,7 @@ async fn the_provider_answers_grants_admits_and_refuses() {
     let reply = client
         .heartbeat(HeartbeatRequest {
             state: Some(state(1, &["ls", "nm", "lt"], &[0.0, 0.0, -5000.0], 1)),
+            relayed: Vec::new(),
         })
         .await
         .unwrap()
@@ -462,6 +471,7 @@ async fn the_provider_answers_grants_admits_and_refuses() {
         silent
             .heartbeat(HeartbeatRequest {
                 state: Some(state(1, &["ls", "nm", "lt"], &[0.0; 3], 2)),
+                relayed: Vec::new(),
             })
             .await
     });
@@ -497,6 +507,7 @@ async fn a_period_advertises_one_tuple() {
         client
             .heartbeat(HeartbeatRequest {
                 state: Some(state(1, &["ls", "nm", "lt"], &[0.0; 3], round)),
+                relayed: Vec::new(),
             })
             .await
             .unwrap()
@@ -913,4 +924,80 @@ async fn a_reload_adds_and_drops_peers_in_place() {
     b.stop.cancel();
     a.tracker.wait().await;
     b.tracker.wait().await;
+}
+
+/// Three nodes, 1 and 3 unable to reach each other (each has a dead
+/// address for the other), 2 reaching both. Returns what node 1 sees alive
+/// once node 2 sees both (and more, with gossip), and the nodes.
+async fn three_in_a_line(adverts: crate::config::Adverts) -> (Vec<NodeId>, [TestNode; 3]) {
+    let heartbeat = Duration::from_millis(50);
+    let dead: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let (p1, i1) = bind(1, CAPACITY).await;
+    let (p2, i2) = bind(2, CAPACITY).await;
+    let (p3, i3) = bind(3, CAPACITY).await;
+    let (a1, a2, a3) = (p1.local_addr(), p2.local_addr(), p3.local_addr());
+    let config = |peers: &[(NodeId, SocketAddr)]| PeeringConfig {
+        adverts,
+        dead_after: Duration::from_millis(600),
+        ..cfg(peers, heartbeat)
+    };
+    let n1 = start_cfg(p1, i1, config(&[(2, a2), (3, dead)]));
+    let n2 = start_cfg(p2, i2, config(&[(1, a1), (3, a3)]));
+    let n3 = start_cfg(p3, i3, config(&[(1, dead), (2, a2)]));
+    until("node 2 hears 1 and 3", || {
+        n2.handle.status().alive == vec![1, 3]
+    })
+    .await;
+    // Every node has gossiped a few times (with all-to-all, heartbeated).
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    (n1.handle.status().alive, [n1, n2, n3])
+}
+
+async fn stop_all(nodes: [TestNode; 3]) {
+    for n in &nodes {
+        n.stop.cancel();
+    }
+    for n in &nodes {
+        n.tracker.wait().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gossip_carries_adverts_past_a_missing_link_and_lets_the_dead_go() {
+    let gossip = crate::config::Adverts::Gossip {
+        fanout: 1,
+        every: Duration::from_millis(100),
+    };
+    let (seen, nodes) = three_in_a_line(gossip).await;
+    let [n1, n2, n3] = &nodes;
+    until("node 1 hears 3 through 2", || {
+        n1.handle.status().alive == vec![2, 3]
+    })
+    .await;
+    until("node 3 hears 1 through 2", || {
+        n3.handle.status().alive == vec![1, 2]
+    })
+    .await;
+    assert!(seen.contains(&2), "{seen:?}");
+    assert!(n1.peer().advert_bytes.get() > 0);
+    // Node 3 goes silent: gone from 1 and 2 once its last advert is
+    // dead_after old, however often it was relayed since; and not brought
+    // back by a relayed copy after that.
+    n3.handle.kill();
+    until("node 1 and 2 see 3 gone", || {
+        n1.handle.status().alive == vec![2] && n2.handle.status().alive == vec![1]
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(n1.handle.status().alive, vec![2]);
+    assert_eq!(n2.handle.status().alive, vec![1]);
+    stop_all(nodes).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_to_every_peer_do_not_relay() {
+    let (seen, nodes) = three_in_a_line(crate::config::Adverts::AllToAll).await;
+    assert_eq!(seen, vec![2], "node 1 heard 3 without gossip");
+    assert_eq!(nodes[2].handle.status().alive, vec![2]);
+    stop_all(nodes).await;
 }
