@@ -148,6 +148,16 @@ pub struct Args {
     /// Seconds the partition lasts.
     #[arg(long, default_value_t = 10.0)]
     pub partition_for: f64,
+    /// How the nodes' adverts travel (`peering.adverts`): a heartbeat to
+    /// every peer every period, or gossip (docs/peering.md).
+    #[arg(long, default_value = "all-to-all", value_parser = ["all-to-all", "gossip"])]
+    pub adverts: String,
+    /// Gossip: peers a node exchanges its table with each gossip period.
+    #[arg(long, default_value_t = 2)]
+    pub gossip_fanout: usize,
+    /// Gossip: the gossip period, milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub gossip_every_ms: u64,
     /// Keep each run's configs and logs (in the system's temp directory).
     #[arg(long)]
     pub keep: bool,
@@ -339,9 +349,20 @@ impl Drop for Testbed {
 /// end's receive counter, what crossed the shaped link (Ethernet, IP and
 /// TCP headers and retransmissions included, as tbf charges them).
 fn uplink_bytes(nodes: usize) -> anyhow::Result<Vec<u64>> {
+    rx_bytes(ROOT_UPLINK, nodes)
+}
+
+/// Bytes each node has sent on its LAN so far (heartbeats or gossip,
+/// reservations, forwarded records and their acknowledgements), counted
+/// where the root namespace receives them, in every header.
+fn lan_bytes(nodes: usize) -> anyhow::Result<Vec<u64>> {
+    rx_bytes(ROOT_LAN, nodes)
+}
+
+fn rx_bytes(prefix: &str, nodes: usize) -> anyhow::Result<Vec<u64>> {
     (1..=nodes)
         .map(|k| {
-            let p = format!("/sys/class/net/{ROOT_UPLINK}{k}/statistics/rx_bytes");
+            let p = format!("/sys/class/net/{prefix}{k}/statistics/rx_bytes");
             let text = std::fs::read_to_string(&p).with_context(|| format!("cannot read {p}"))?;
             text.trim()
                 .parse()
@@ -425,6 +446,14 @@ fn config_text(
         .map(|(c, _)| format!("[[classify.route]]\nmqtt = \"+/{c}/#\"\nclass = \"{c}\"\n"))
         .collect();
     let dir = toml_string(dir);
+    let adverts = if a.adverts == "gossip" {
+        format!(
+            "adverts = \"gossip\"\ngossip_fanout = {}\ngossip_every = \"{}ms\"\n",
+            a.gossip_fanout, a.gossip_every_ms
+        )
+    } else {
+        "adverts = \"all-to-all\"\n".to_string()
+    };
     format!(
         r#"# weir-lab cluster: node {k} of {n}, {scheme} on {network}.
 [node]
@@ -456,7 +485,7 @@ listen = "{lan}:{ADMIN_PORT}"
 [peering]
 listen = "{lan}:{PEER_PORT}"
 peers = [{peers}]
-# The lab's LAN has only the lab's nodes on it (docs/security.md: a real
+{adverts}# The lab's LAN has only the lab's nodes on it (docs/security.md: a real
 # deployment proves peers with [peering.tls]).
 allow_anonymous = true
 [scheduler]
@@ -834,6 +863,7 @@ async fn run_cell(
     ];
     let start_us = unix_us(SystemTime::now() + START_LEAD);
     let uplink_before = uplink_bytes(bed.nodes)?;
+    let lan_before = (lan_bytes(bed.nodes)?, Instant::now());
     let mut loads = Vec::new();
     for k in 1..=n {
         let rates = if k <= a.grid.busy {
@@ -1019,6 +1049,7 @@ async fn run_cell(
                         "batch_bytes": metric_sum(&text, "weir_egress_bytes_total"),
                         "rates_bps": rates.iter().map(|r| round(nan0(*r), 0)).collect::<Vec<_>>(),
                         "queued_records": metric_sum(&text, "weir_class_queued_records"),
+                        "advert_bytes": metric_sum(&text, "weir_peer_advert_bytes_sent_total"),
                         "confirm_s_sum": m("weir_egress_stage_seconds_sum{stage=\"confirm\"}"),
                         "confirm_count": m("weir_egress_stage_seconds_count{stage=\"confirm\"}"),
                         "tbf_backlog_bytes": tbf.map(|t| t.backlog),
@@ -1074,6 +1105,14 @@ async fn run_cell(
     }
     // After the nodes' own shutdown drain, like the consumer's count.
     let uplink_after = uplink_bytes(bed.nodes)?;
+    let lan_after = lan_bytes(bed.nodes)?;
+    let lan_bps = lan_after
+        .iter()
+        .zip(&lan_before.0)
+        .map(|(a, b)| a.saturating_sub(*b) as f64)
+        .sum::<f64>()
+        / n as f64
+        / lan_before.1.elapsed().as_secs_f64().max(1e-9);
     stop_consumer.cancel();
     consumer.await.context("the consumer panicked")??;
     for l in lines {
@@ -1187,6 +1226,9 @@ async fn run_cell(
         "lt_rate": cell.lt_rate,
         "record_bytes": cell.record_bytes,
         "track_uplink": !a.pin_uplink,
+        "adverts": a.adverts,
+        "advert_bytes_per_node_s": round(nan0(advert_rate(&input)), 1),
+        "lan_bytes_per_node_s": round(lan_bps, 0),
         "offered_rps": round(offered_rps, 1),
         "capacity_limit_rps": round(nan0(offered_rps.min(capacity_rps)), 1),
         "own_links_limit_rps": round(nan0(own_links_rps), 1),
@@ -1211,6 +1253,23 @@ async fn run_cell(
         "paper": janus::paper(&cell.scheme, &cell.network),
         "link": format!("tbf {} bit/s, {} ms towards the cloud", (profile.bytes_per_sec * 8.0).round(), profile.delay.as_millis()),
     }))
+}
+
+/// Heartbeat (or gossip) bytes a node sent per second over the load, the
+/// mean over nodes: from the first and last samples of
+/// `weir_peer_advert_bytes_sent_total` in each node's `uplink` series.
+fn advert_rate(input: &[Value]) -> f64 {
+    let rates: Vec<f64> = input
+        .iter()
+        .filter_map(|node| {
+            let s = node["uplink"].as_array()?;
+            let (first, last) = (s.first()?, s.last()?);
+            let dt = last["t"].as_f64()? - first["t"].as_f64()?;
+            let db = last["advert_bytes"].as_f64()? - first["advert_bytes"].as_f64()?;
+            (dt > 0.0).then_some(db / dt)
+        })
+        .collect();
+    rates.iter().sum::<f64>() / rates.len() as f64
 }
 
 /// Runs the grid; returns the table, the rows and the SVG, and writes

@@ -12,11 +12,13 @@
 //! - `all-to-all` (weir today): every node sends its advert to every other
 //!   every heartbeat period (`peering.heartbeat`, 100 ms); a peer not heard
 //!   for `dead_after` (500 ms) is gone.
-//! - `gossip` (the bounded fan-out this lab measures): every `--gossip-every`
-//!   a node exchanges its whole table (its own advert and every fresh one it
-//!   holds, each stamped with when its origin issued it) with `--fanout`
-//!   random peers, push-pull; an advert counts as heard when its origin
-//!   issued it, so a dead node's last advert ages out everywhere after
+//! - `gossip` (`peering.adverts = "gossip"`, weir-core's
+//!   [`gossip`](weir_core::peer::gossip) as weir runs it): every
+//!   `--gossip-every` a node exchanges its table (every live advert it
+//!   holds, each with its age) with `--fanout` peers
+//!   ([`gossip::partners`]), push-pull; each side's own advert is heard
+//!   first-hand, the rest as relayed (taken only if newer, heard its age
+//!   ago), so a dead node's last advert ages out everywhere after
 //!   `--gossip-dead-after` however it is passed on. The matching runs every
 //!   heartbeat period on whatever the view holds; a stale view costs a
 //!   refused or reduced Reserve (providers grant only what they have), not
@@ -34,7 +36,8 @@
 //! measured between two namespaces (`docs/peering.md`: 5,607 bytes a second
 //! each way per peer at 100 ms, i.e. 560.7 bytes per heartbeat, HTTP/2,
 //! TCP/IP and acknowledgements included). A gossip exchange is costed as
-//! one such call carrying a repeated `NodeState` per entry. Renewing a
+//! one such call (with the sender's own state) plus a `RelayedState` per
+//! entry of its table, encoded as weir encodes them. Renewing a
 //! lease is one `Reserve` call per lease per period, counted apart.
 
 use std::time::Duration;
@@ -81,8 +84,8 @@ pub struct Args {
     /// Gossip: how often a node starts its exchanges, milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub gossip_every_ms: u64,
-    /// Gossip: an advert older than this (by its origin's stamp) means the
-    /// node is gone, milliseconds.
+    /// Gossip: an advert this old (its age as relayed) means the node is
+    /// gone, milliseconds (weir's default: six gossip periods).
     #[arg(long, default_value_t = 6000)]
     pub gossip_dead_after_ms: u64,
     /// Simulated seconds (the swap at 10 s and the failure at 20 s need 30).

@@ -150,6 +150,11 @@ struct Cluster {
 
 /// Starts the three processes and waits until each sees the other two.
 async fn cluster(test: &str) -> Cluster {
+    cluster_with(test, None).await
+}
+
+/// As [`cluster`], with `peering` lines added to each node's `[peering]`.
+async fn cluster_with(test: &str, peering: Option<&str>) -> Cluster {
     let name = unique(&format!("proc-{test}"));
     let queue = format!("{name}.q");
     delete_queue(&queue).await;
@@ -164,7 +169,10 @@ async fn cluster(test: &str) -> Cluster {
             grpc: addr(grpc[i]).to_string(),
             admin: Some(addr(admin[i]).to_string()),
         };
-        let config = node_config(&name, id, peer, &listen);
+        let mut config = node_config(&name, id, peer, &listen);
+        if let Some(extra) = peering {
+            config = config.replacen("[peering]\n", &format!("[peering]\n{extra}\n"), 1);
+        }
         nodes.push(Node::start(
             &dir,
             id,
@@ -266,7 +274,34 @@ fn addrs(c: &Cluster) -> [SocketAddr; 3] {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_processes_redirect_overflow_and_every_record_arrives_once() {
     let _serial = SERIAL.lock().await;
-    let mut c = cluster("redirect").await;
+    let c = cluster("redirect").await;
+    redirect_and_check(c).await;
+}
+
+/// The same with adverts by gossip, each node calling one of its two peers
+/// every 200 ms: redirection still happens, and every record arrives once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_with_gossip_redirect_and_every_record_arrives_once() {
+    let _serial = SERIAL.lock().await;
+    let c = cluster_with(
+        "gossip",
+        Some("adverts = \"gossip\"\ngossip_fanout = 1\ngossip_every = \"200ms\""),
+    )
+    .await;
+    let mut relayed = 0.0;
+    for node in &c.nodes {
+        let text = node.metrics().await;
+        relayed += metric(&text, "weir_peer_adverts_relayed_total{outcome=\"taken\"}");
+        assert!(metric(&text, "weir_peer_advert_bytes_sent_total") > 0.0);
+    }
+    assert!(relayed > 0.0, "no node took a relayed advert");
+    redirect_and_check(c).await;
+}
+
+/// Offers the scenario's load to `c`, shuts it down node 1 first, and
+/// checks that node 1 lent records, that every accepted record arrived
+/// exactly once, and that `ls` kept its bound.
+async fn redirect_and_check(mut c: Cluster) {
     let (finished, consumer) = consumer(&c.queue);
     let (accepted, ls_accepted) = offer_all(addrs(&c)).await;
     let node1 = c.nodes[0].metrics().await;
