@@ -158,6 +158,15 @@ pub struct Args {
     /// Gossip: the gossip period, milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub gossip_every_ms: u64,
+    /// TCP congestion control in the nodes' namespaces
+    /// (`net.ipv4.tcp_congestion_control`): cubic, Linux's default and the
+    /// JANUS Pis' (Raspbian), whatever this machine's own default is.
+    #[arg(long, default_value = "cubic")]
+    pub tcp_congestion: String,
+    /// Each node's `scheduler.burst` (token bucket depth per class), e.g.
+    /// `32KiB` [default: weir's, 64 KiB].
+    #[arg(long)]
+    pub burst: Option<String>,
     /// Keep each run's configs and logs (in the system's temp directory).
     #[arg(long)]
     pub keep: bool,
@@ -229,9 +238,27 @@ struct Testbed {
     nodes: usize,
 }
 
+/// Adds `algorithm` to `net.ipv4.tcp_allowed_congestion_control` (a
+/// host-wide list; a namespace may only choose from it) if it is not
+/// there. Nothing else on the host changes: its own default stays.
+fn allow_congestion_control(algorithm: &str) -> anyhow::Result<()> {
+    const ALLOWED: &str = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
+    let allowed =
+        std::fs::read_to_string(ALLOWED).with_context(|| format!("cannot read {ALLOWED}"))?;
+    if allowed.split_whitespace().any(|a| a == algorithm) {
+        return Ok(());
+    }
+    let list = format!("{} {algorithm}", allowed.trim());
+    sh(
+        "sysctl",
+        &["-qw", &format!("net.ipv4.tcp_allowed_congestion_control={list}")],
+    )
+    .with_context(|| format!("TCP congestion control {algorithm:?} is not available here (net.ipv4.tcp_available_congestion_control)"))
+}
+
 impl Testbed {
     /// Removes what a killed earlier run left, then builds `nodes` nodes.
-    fn build(nodes: usize) -> anyhow::Result<Testbed> {
+    fn build(nodes: usize, tcp_congestion: &str) -> anyhow::Result<Testbed> {
         ensure!(
             (1..=250).contains(&nodes),
             "--nodes must be between 1 and 250"
@@ -244,12 +271,27 @@ impl Testbed {
         let bridge_cidr = format!("{BRIDGE_ADDR}/24");
         sh("ip", &["addr", "add", &bridge_cidr, "dev", BRIDGE])?;
         sh("ip", &["link", "set", BRIDGE, "up"])?;
+        allow_congestion_control(tcp_congestion)?;
         for k in 1..=nodes {
             let n = ns(k);
             let (node_wan, cloud_wan) = wan_addrs(k);
             let (wlw, wll) = (format!("{ROOT_UPLINK}{k}"), format!("{ROOT_LAN}{k}"));
             sh("ip", &["netns", "add", &n])?;
             sh("ip", &["-n", &n, "link", "set", "lo", "up"])?;
+            sh(
+                "ip",
+                &[
+                    "netns",
+                    "exec",
+                    &n,
+                    "sysctl",
+                    "-qw",
+                    &format!("net.ipv4.tcp_congestion_control={tcp_congestion}"),
+                ],
+            )
+            .with_context(|| {
+                format!("TCP congestion control {tcp_congestion:?} (see net.ipv4.tcp_available_congestion_control)")
+            })?;
             veth(&n, &wlw, "wan0", &format!("{node_wan}/30"))?;
             sh(
                 "ip",
@@ -492,13 +534,18 @@ allow_anonymous = true
 scheme = "{scheme}"
 uplink = "{bw}B/s"
 track_uplink = {track}
-"#,
+{burst}"#,
         scheme = cell.scheme,
         network = cell.network,
         lan = lan_addr(k),
         peers = peers.join(", "),
         bw = uplink_bps.round() as u64,
         track = !a.pin_uplink,
+        burst = a
+            .burst
+            .as_ref()
+            .map(|b| format!("burst = \"{b}\"\n"))
+            .unwrap_or_default(),
     )
 }
 
@@ -667,6 +714,15 @@ async fn consume(
         let delivery = next.context("RabbitMQ cancelled the consumer")??;
         let consumed_us = unix_us(SystemTime::now());
         let batch = batch_of(&delivery)?;
+        let sent_us = delivery
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(|h| h.inner().get(weir::egress::amqp::HEADER_SENT_US).cloned())
+            .and_then(|v| match v {
+                lapin::types::AMQPValue::LongLongInt(us) => u64::try_from(us).ok(),
+                _ => None,
+            });
         {
             let mut st = state.lock().expect("not poisoned");
             st.body_bytes += delivery.data.len() as u64;
@@ -679,6 +735,7 @@ async fn consume(
                     class,
                     latency_ms: consumed_us.saturating_sub(r.ingress_us) as f64 / 1e3,
                     at_us: consumed_us,
+                    in_weir_ms: sent_us.map(|s| s.saturating_sub(r.ingress_us) as f64 / 1e3),
                 };
                 match st.seen.entry((r.origin, r.seq)) {
                     std::collections::hash_map::Entry::Occupied(_) => st.duplicates += 1,
@@ -1252,6 +1309,7 @@ async fn run_cell(
         "input": input,
         "paper": janus::paper(&cell.scheme, &cell.network),
         "link": format!("tbf {} bit/s, {} ms towards the cloud", (profile.bytes_per_sec * 8.0).round(), profile.delay.as_millis()),
+        "tcp_congestion": a.tcp_congestion,
     }))
 }
 
@@ -1302,7 +1360,7 @@ pub async fn run(a: &Args, out: &Path) -> anyhow::Result<(String, Value, String)
         &a.grid.lt_rates,
         &a.record_bytes,
     )?;
-    let bed = Testbed::build(a.grid.nodes)?;
+    let bed = Testbed::build(a.grid.nodes, &a.tcp_congestion)?;
     let bar = report::progress(cells.len() as u64, "cluster");
     let mut runs = Vec::new();
     for (k, cell) in cells.iter().enumerate() {

@@ -340,6 +340,11 @@ pub(crate) struct Delivered {
     pub class: usize,
     pub latency_ms: f64,
     pub at_us: u64,
+    /// Of `latency_ms`, the part before weir published the record's batch
+    /// (AMQP's `weir-sent-us` header less `ingress_us`); the rest was on
+    /// the way (the shaped link, the delay, RabbitMQ). `None` where the
+    /// sink does not say (batch files).
+    pub in_weir_ms: Option<f64>,
 }
 
 /// What the batch files under the nodes' directories hold.
@@ -393,6 +398,7 @@ fn collect(dirs: &[PathBuf], extra_us: u64) -> anyhow::Result<Collected> {
                     class,
                     latency_ms: mtime.saturating_sub(r.ingress_us) as f64 / 1e3,
                     at_us: mtime,
+                    in_weir_ms: None,
                 };
                 match seen.get_mut(&(r.origin, r.seq)) {
                     Some(old) => {
@@ -650,9 +656,30 @@ pub(crate) fn summarise(
         let mut sorted = lat.clone();
         sorted.sort_by(f64::total_cmp);
         let p99 = report::percentile(&sorted, 0.99);
+        // Where the time went, for all and for the late ones: in weir
+        // (queued, batched, paced) or on the way (link, delay, broker).
+        let split = |late_only: bool| {
+            let parts: Vec<(f64, f64)> = records
+                .iter()
+                .filter(|r| r.class == c && (!late_only || r.latency_ms > *bound as f64))
+                .filter_map(|r| r.in_weir_ms.map(|w| (w, r.latency_ms - w)))
+                .collect();
+            let weir: Vec<f64> = parts.iter().map(|p| p.0).collect();
+            let way: Vec<f64> = parts.iter().map(|p| p.1).collect();
+            (
+                round(nan0(report::mean(&weir)), 1),
+                round(nan0(report::mean(&way)), 1),
+            )
+        };
+        let (in_weir, on_way) = split(false);
+        let (late_in_weir, late_on_way) = split(true);
         classes.insert(
             name.to_string(),
             json!({
+                "in_weir_ms_mean": in_weir,
+                "on_way_ms_mean": on_way,
+                "late_in_weir_ms_mean": late_in_weir,
+                "late_on_way_ms_mean": late_on_way,
                 "bound_ms": bound,
                 "latency_ms_mean": round(nan0(mean), 1),
                 "latency_ms_sd": round(nan0(sd), 1),

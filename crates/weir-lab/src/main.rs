@@ -85,7 +85,7 @@ enum Experiment {
     /// namespaces, uplinks shaped by tc tbf to Table III, RabbitMQ behind
     /// delay lines, load from `weir-load offer` over MQTT, peering over
     /// gRPC. Needs root and RabbitMQ (scripts/services.sh).
-    Cluster(cluster::Args),
+    Cluster(Box<cluster::Args>),
     /// Seed 002: a frame in each of the paper's message formats (raw
     /// bytes, Base64 in bytes or string, Base64 in JSON) through weir's
     /// gRPC ingress into RabbitMQ; encode, transfer and decode times

@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use weir::config::{AmqpEgress, ExchangeType, QueueType, UrlOrder};
 use weir::egress::amqp::{
     message_id, AmqpSink, HEADER_BATCH_SEQ, HEADER_CLASS, HEADER_NODE, HEADER_RECORDS,
+    HEADER_SENT_US,
 };
 use weir::egress::{encode, run, EgressContext, EncodedBatch, Sink, SinkError};
 use weir::metrics::Metrics;
@@ -265,6 +266,18 @@ async fn batches_arrive_in_weir_format() {
         assert_eq!(
             header(d, HEADER_CLASS),
             Some(AMQPValue::LongLongInt(i64::from(b.class.0)))
+        );
+        // Published after every record entered, and before it was consumed.
+        let Some(AMQPValue::LongLongInt(sent_us)) = header(d, HEADER_SENT_US) else {
+            panic!("no {HEADER_SENT_US} header");
+        };
+        let consumed_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as i64;
+        assert!(
+            b.records.iter().all(|r| r.ingress_us as i64 <= sent_us) && sent_us <= consumed_us,
+            "sent {sent_us}, consumed {consumed_us}"
         );
         let encoding = p.content_encoding().as_ref().map_or("", |s| s.as_str());
         let decoded =

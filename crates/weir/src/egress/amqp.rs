@@ -13,7 +13,8 @@
 //!   negative, reinterpret it as unsigned): [`HEADER_NODE`],
 //!   [`HEADER_RECORDS`], [`HEADER_BATCH_SEQ`], [`HEADER_CLASS`] (the most urgent class
 //!   index, 0 the most urgent; each record in the body carries its class
-//!   name);
+//!   name), [`HEADER_SENT_US`] (when it was published, microseconds since
+//!   the Unix epoch);
 //! - `message_id` `<node>-<batch seq>`, `timestamp` (seconds),
 //!   `app_id` `weir`, `delivery_mode` 2 (persistent).
 //!
@@ -98,6 +99,10 @@ pub const HEADER_BATCH_SEQ: &str = "weir-batch-seq";
 /// Header: the index of the most urgent class in the batch (0 is the most
 /// urgent; a mixed batch holds others too).
 pub const HEADER_CLASS: &str = "weir-class";
+/// Header: when the batch was published, microseconds since the Unix epoch
+/// (the sender's clock): with each record's `ingress_us`, a consumer can
+/// tell the time a record spent in weir from the time it spent on the way.
+pub const HEADER_SENT_US: &str = "weir-sent-us";
 /// AMQP `app_id` of every message, so mixed queues show who published.
 pub const APP_ID: &str = "weir";
 
@@ -998,6 +1003,10 @@ fn properties(batch: &EncodedBatch) -> BasicProperties {
     headers.insert(
         HEADER_CLASS.into(),
         AMQPValue::LongLongInt(i64::from(batch.class.0)),
+    );
+    headers.insert(
+        HEADER_SENT_US.into(),
+        AMQPValue::LongLongInt(crate::clock::unix_micros() as i64),
     );
     let now = crate::clock::unix_secs();
     BasicProperties::default()
