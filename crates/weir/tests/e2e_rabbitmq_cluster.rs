@@ -363,6 +363,17 @@ async fn a_cluster_node_lost_and_a_memory_alarm_lose_nothing() {
         .await
         .expect("every record acknowledged")
         .expect("the device did not panic");
+    // The spool still holds what it took during the alarm; a shutdown now
+    // would keep it on disk for the next start (by design), so wait until
+    // it has gone out.
+    let drain_from = Instant::now();
+    while metric(&metrics(admin).await, "weir_spool_records") > 0.0 {
+        assert!(
+            drain_from.elapsed() < PATIENCE,
+            "the spool never drained after the alarm cleared"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let _ = app.shutdown(PATIENCE).await;
     let (payloads, _, summary) = consume_all(5701, &format!("{name}.q"), &name);
     assert_eq!(payloads, expected(&name, M), "nothing lost: {summary}");

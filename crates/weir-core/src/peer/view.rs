@@ -49,34 +49,13 @@ impl PeerView {
     /// with a clock that went back), so rounds are only compared while it
     /// is alive.
     pub fn observe(&mut self, peer: NodeId, advert: Advert, now: Duration) -> Observed {
-        let dead_after = self.dead_after;
-        match self.peers.get_mut(&peer) {
-            Some(h) => {
-                let alive = now.saturating_sub(h.received) < dead_after;
-                if alive && advert.round <= h.advert.round {
-                    return Observed::Stale;
-                }
-                *h = Heard {
-                    advert,
-                    received: now,
-                };
-                if alive {
-                    Observed::Updated
-                } else {
-                    Observed::Joined
-                }
-            }
-            None => {
-                self.peers.insert(
-                    peer,
-                    Heard {
-                        advert,
-                        received: now,
-                    },
-                );
-                Observed::Joined
+        if let Some(h) = self.peers.get(&peer) {
+            let alive = now.saturating_sub(h.received) < self.dead_after;
+            if alive && advert.round <= h.advert.round {
+                return Observed::Stale;
             }
         }
+        self.put(peer, advert, now, now)
     }
 
     /// Takes in `peer`'s advert as another node relayed it at `now` (gossip,
@@ -95,32 +74,23 @@ impl PeerView {
         if age >= self.dead_after {
             return Observed::Stale;
         }
-        let heard = now.saturating_sub(age);
-        let dead_after = self.dead_after;
-        match self.peers.get_mut(&peer) {
-            Some(h) if advert.round <= h.advert.round => Observed::Stale,
-            Some(h) => {
-                let alive = now.saturating_sub(h.received) < dead_after;
-                *h = Heard {
-                    advert,
-                    received: heard.max(h.received),
-                };
-                if alive {
-                    Observed::Updated
-                } else {
-                    Observed::Joined
-                }
+        let mut heard = now.saturating_sub(age);
+        if let Some(h) = self.peers.get(&peer) {
+            if advert.round <= h.advert.round {
+                return Observed::Stale;
             }
-            None => {
-                self.peers.insert(
-                    peer,
-                    Heard {
-                        advert,
-                        received: heard,
-                    },
-                );
-                Observed::Joined
-            }
+            heard = heard.max(h.received);
+        }
+        self.put(peer, advert, heard, now)
+    }
+
+    /// Holds `advert` as `peer`'s, heard at `received`: it `Joined` unless
+    /// it was alive at `now` before.
+    fn put(&mut self, peer: NodeId, advert: Advert, received: Duration, now: Duration) -> Observed {
+        let before = self.peers.insert(peer, Heard { advert, received });
+        match before {
+            Some(h) if now.saturating_sub(h.received) < self.dead_after => Observed::Updated,
+            _ => Observed::Joined,
         }
     }
 

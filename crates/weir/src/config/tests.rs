@@ -758,13 +758,11 @@ fn peering_adverts_by_gossip_have_their_own_defaults_and_checks() {
         .unwrap()
         .peering
         .unwrap();
-    assert_eq!(
-        p.adverts,
-        Adverts::Gossip {
-            fanout: 2,
-            every: Duration::from_secs(1)
-        }
-    );
+    let gossip = |fanout, ms| Adverts::Gossip {
+        fanout,
+        every: Duration::from_millis(ms),
+    };
+    assert_eq!(p.adverts, gossip(2, 1000));
     assert_eq!(p.dead_after, Duration::from_secs(6), "six gossip periods");
     let p = parse(
         &format!("{base}adverts = \"gossip\"\ngossip_fanout = 3\ngossip_every = \"500ms\""),
@@ -773,13 +771,7 @@ fn peering_adverts_by_gossip_have_their_own_defaults_and_checks() {
     .unwrap()
     .peering
     .unwrap();
-    assert_eq!(
-        p.adverts,
-        Adverts::Gossip {
-            fanout: 3,
-            every: Duration::from_millis(500)
-        }
-    );
+    assert_eq!(p.adverts, gossip(3, 500));
     assert_eq!(p.dead_after, Duration::from_secs(3));
 
     let ps = problems(&format!("{base}adverts = \"rumour\""));
