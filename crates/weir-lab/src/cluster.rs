@@ -63,7 +63,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::janus::{self, nan0, Cell, Delivered, Summary, CLASSES};
-use crate::netns::{self, sh};
+use crate::netns::{self, in_ns, sh};
 use crate::report::{self, round};
 
 /// Namespaces are `weir-lab-n<k>`; links in the root namespace `wlw<k>`
@@ -278,12 +278,9 @@ impl Testbed {
             let (wlw, wll) = (format!("{ROOT_UPLINK}{k}"), format!("{ROOT_LAN}{k}"));
             sh("ip", &["netns", "add", &n])?;
             sh("ip", &["-n", &n, "link", "set", "lo", "up"])?;
-            sh(
-                "ip",
+            in_ns(
+                &n,
                 &[
-                    "netns",
-                    "exec",
-                    &n,
                     "sysctl",
                     "-qw",
                     &format!("net.ipv4.tcp_congestion_control={tcp_congestion}"),
@@ -714,15 +711,10 @@ async fn consume(
         let delivery = next.context("RabbitMQ cancelled the consumer")??;
         let consumed_us = unix_us(SystemTime::now());
         let batch = batch_of(&delivery)?;
-        let sent_us = delivery
-            .properties
-            .headers()
-            .as_ref()
-            .and_then(|h| h.inner().get(weir::egress::amqp::HEADER_SENT_US).cloned())
-            .and_then(|v| match v {
-                lapin::types::AMQPValue::LongLongInt(us) => u64::try_from(us).ok(),
-                _ => None,
-            });
+        let sent_us = weir::egress::amqp::header_u64(
+            &delivery.properties,
+            weir::egress::amqp::HEADER_SENT_US,
+        );
         {
             let mut st = state.lock().expect("not poisoned");
             st.body_bytes += delivery.data.len() as u64;

@@ -444,13 +444,11 @@ fn simulate(a: &Args, n: usize, mode: Mode) -> Outcome {
 }
 
 /// Node `i` takes in the table partner `from` sent, as weir's
-/// `Node::hear_relayed` does: every other node's advert as heard its age
-/// ago, taken only if newer than the one held.
+/// `Node::hear_relayed` does ([`gossip::take`]).
 fn merge(node: &mut Node, i: usize, from: usize, table: Vec<gossip::Relayed>, t: Duration) {
+    let (me, from) = (i as NodeId + 1, from as NodeId + 1);
     for r in table {
-        if r.node != i as NodeId + 1 && r.node != from as NodeId + 1 {
-            node.view.observe_relayed(r.node, r.advert, r.age, t);
-        }
+        gossip::take(&mut node.view, me, from, r, t);
     }
 }
 

@@ -353,15 +353,7 @@ pub async fn run(opts: ConsumeOptions, stop: CancellationToken) -> anyhow::Resul
         };
         idle_since = tokio::time::Instant::now();
         c.run.messages += 1;
-        let offset = delivery
-            .properties
-            .headers()
-            .as_ref()
-            .and_then(|h| h.inner().get("x-stream-offset").cloned())
-            .and_then(|v| match v {
-                AMQPValue::LongLongInt(o) => u64::try_from(o).ok(),
-                _ => None,
-            });
+        let offset = crate::egress::amqp::header_u64(&delivery.properties, "x-stream-offset");
         let encoding = delivery
             .properties
             .content_encoding()

@@ -62,6 +62,20 @@ pub fn table(view: &PeerView, now: Duration, partner: NodeId) -> Vec<Relayed> {
         .collect()
 }
 
+/// Node `me` takes in entry `r` of the table `from` sent it at `now`
+/// ([`PeerView::observe_relayed`]); `None` (ignored) when the entry is
+/// about `me` or about `from` itself, whose own advert came first-hand
+/// beside the table.
+pub fn take(
+    view: &mut PeerView,
+    me: NodeId,
+    from: NodeId,
+    r: Relayed,
+    now: Duration,
+) -> Option<super::Observed> {
+    (r.node != me && r.node != from).then(|| view.observe_relayed(r.node, r.advert, r.age, now))
+}
+
 /// Whom node `me` gossips with in gossip period `period`: `fanout` of
 /// `candidates` (fewer if there are fewer), distinct, spread evenly over
 /// nodes and periods, and the same for the same arguments on any node (a
@@ -225,14 +239,10 @@ mod tests {
                     views[b].observe(i, advert(period + 1), now);
                     views[a].observe(j, advert(period + 1), now);
                     for r in to_j {
-                        if r.node != j {
-                            views[b].observe_relayed(r.node, r.advert, r.age, now);
-                        }
+                        take(&mut views[b], j, i, r, now);
                     }
                     for r in to_i {
-                        if r.node != i {
-                            views[a].observe_relayed(r.node, r.advert, r.age, now);
-                        }
+                        take(&mut views[a], i, j, r, now);
                     }
                 }
             }

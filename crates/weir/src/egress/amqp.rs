@@ -106,6 +106,16 @@ pub const HEADER_SENT_US: &str = "weir-sent-us";
 /// AMQP `app_id` of every message, so mixed queues show who published.
 pub const APP_ID: &str = "weir";
 
+/// Header `name` of a message as an unsigned number: a signed 64-bit
+/// integer (AMQP type `l`, as weir and RabbitMQ's streams write them) that
+/// is not negative; `None` when absent or of another type.
+pub fn header_u64(properties: &BasicProperties, name: &str) -> Option<u64> {
+    match properties.headers().as_ref()?.inner().get(name)? {
+        AMQPValue::LongLongInt(v) => u64::try_from(*v).ok(),
+        _ => None,
+    }
+}
+
 /// First pause before reconnecting: short, because a closed connection or a
 /// restarted broker usually accepts again at once.
 const RECONNECT_INITIAL: Duration = Duration::from_millis(100);

@@ -19,6 +19,7 @@ use tonic::Status;
 use tracing::{info, warn};
 use weir_core::janus::scheme::Scheme;
 use weir_core::janus::{BandwidthTuple, Grant};
+use weir_core::peer::gossip::{self, Relayed};
 use weir_core::peer::{
     key_of, Advert, BandwidthState, Custody, Leases, Observed, PeerView, RecordKey, Reservations,
 };
@@ -434,7 +435,7 @@ impl Node {
     /// latest state and its age ([`weir_core::peer::gossip::table`]).
     pub(super) fn relayed_table(&self, partner: NodeId) -> Vec<pb::RelayedState> {
         let now = self.now();
-        let table = weir_core::peer::gossip::table(&self.view(), now, partner);
+        let table = gossip::table(&self.view(), now, partner);
         table
             .into_iter()
             .map(|r| pb::RelayedState {
@@ -464,27 +465,28 @@ impl Node {
                 m.relayed("ignored");
                 continue;
             };
-            if state.node == self.me
-                || state.node == from
-                || !self.is_peer(state.node)
-                || state.classes != self.class_names
-            {
+            if !self.is_peer(state.node) || state.classes != self.class_names {
                 m.relayed("ignored");
                 continue;
             }
-            let advert = Advert {
-                round: state.round,
-                tuple: sanitized_tuple(state.tuple, self.class_names.len()),
-                requesting_since_us: state.requesting_since_us,
+            let entry = Relayed {
+                node: state.node,
+                advert: Advert {
+                    round: state.round,
+                    tuple: sanitized_tuple(state.tuple, self.class_names.len()),
+                    requesting_since_us: state.requesting_since_us,
+                },
+                age: Duration::from_micros(r.age_us),
             };
-            let age = Duration::from_micros(r.age_us);
-            match self.view().observe_relayed(state.node, advert, age, now) {
-                Observed::Stale => m.relayed("stale"),
-                Observed::Joined => {
+            let node = entry.node;
+            match gossip::take(&mut self.view(), self.me, from, entry, now) {
+                None => m.relayed("ignored"),
+                Some(Observed::Stale) => m.relayed("stale"),
+                Some(Observed::Joined) => {
                     m.relayed("taken");
-                    info!(peer = state.node, via = from, "peer up (relayed)");
+                    info!(peer = node, via = from, "peer up (relayed)");
                 }
-                Observed::Updated => m.relayed("taken"),
+                Some(Observed::Updated) => m.relayed("taken"),
             }
         }
     }
