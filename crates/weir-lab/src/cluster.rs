@@ -86,6 +86,9 @@ const TBF_LATENCY_MS: u64 = 200;
 const START_WAIT: Duration = Duration::from_secs(20);
 /// How often each node's uplink estimate is sampled.
 const UPLINK_SAMPLE: Duration = Duration::from_millis(250);
+
+/// Late `ls` records listed one by one in a row (`late_ls`), the first ones.
+const LATE_LS_LISTED: usize = 200;
 /// Consumer prefetch and acknowledgement batch.
 const PREFETCH: u16 = 2048;
 const ACK_EVERY: u32 = 64;
@@ -1182,6 +1185,28 @@ async fn run_cell(
             *late += u64::from(d.latency_ms > CLASSES[d.class].1 as f64);
         }
     }
+    // Every late `ls` record, in order of arrival: when, from where, and
+    // how its time split (a burst of them at one moment is a stall, spread
+    // ones a standing queue).
+    let mut late_ls: Vec<(u64, u64, f64, Option<f64>)> = st
+        .seen
+        .iter()
+        .filter(|(_, d)| d.class == 0 && d.latency_ms > CLASSES[0].1 as f64)
+        .map(|(&(origin, _), d)| (d.at_us, origin, d.latency_ms, d.in_weir_ms))
+        .collect();
+    late_ls.sort_by_key(|l| l.0);
+    let late_ls: Vec<Value> = late_ls
+        .iter()
+        .take(LATE_LS_LISTED)
+        .map(|&(at, origin, ms, in_weir)| {
+            json!({
+                "t": round(at.saturating_sub(start_us) as f64 / 1e6, 3),
+                "origin": origin,
+                "latency_ms": round(ms, 1),
+                "in_weir_ms": in_weir.map(|w| round(w, 1)),
+            })
+        })
+        .collect();
     let records: Vec<Delivered> = st.seen.into_values().collect();
     let window = (
         start_us + (a.grid.warmup * 1e6) as u64,
@@ -1296,6 +1321,7 @@ async fn run_cell(
         "drained": drained,
         "drain_ms": round(drain_ms, 0),
         "queued_at_end": queued_at_end as u64,
+        "late_ls": late_ls,
         "durability": a.durability,
         "faults": faults,
         "input": input,
