@@ -89,6 +89,8 @@ const UPLINK_SAMPLE: Duration = Duration::from_millis(250);
 
 /// Late `ls` records listed one by one in a row (`late_ls`), the first ones.
 const LATE_LS_LISTED: usize = 200;
+/// Lines of each node's log listed in a row (`log_events`), the first ones.
+const LOG_EVENTS_LISTED: usize = 20;
 /// Consumer prefetch and acknowledgement batch.
 const PREFETCH: u16 = 2048;
 const ACK_EVERY: u32 = 64;
@@ -410,6 +412,24 @@ fn rx_bytes(prefix: &str, nodes: usize) -> anyhow::Result<Vec<u64>> {
                 .parse()
                 .with_context(|| format!("{p}: not a number"))
         })
+        .collect()
+}
+
+/// The lines of a node's log, within its first `upto` bytes, that say
+/// something went wrong or records were taken back from a peer (warnings,
+/// errors, "taking back"): how a run's duplicates or stalls can be traced
+/// without `--keep`. At most [`LOG_EVENTS_LISTED`], each cut at 300
+/// characters.
+fn log_events(path: &std::path::Path, upto: u64) -> Vec<String> {
+    let Ok(bytes) = std::fs::read(path) else {
+        return Vec::new();
+    };
+    let upto = usize::try_from(upto).unwrap_or(usize::MAX).min(bytes.len());
+    String::from_utf8_lossy(&bytes[..upto])
+        .lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR ") || l.contains("taking back"))
+        .take(LOG_EVENTS_LISTED)
+        .map(|l| l.chars().take(300).collect())
         .collect()
 }
 
@@ -1152,9 +1172,27 @@ async fn run_cell(
             queued_at_end += metric_sum(&text, "weir_class_queued_records");
         }
     }
+    // What each node had logged by now (its shutdown, which follows, says
+    // peers are gone as a matter of course).
+    let log_of = |k: usize| base.join(format!("node-{k}/weir.log"));
+    let log_ends: Vec<(usize, u64)> = nodes
+        .iter()
+        .map(|node| {
+            let end = std::fs::metadata(log_of(node.k)).map_or(0, |m| m.len());
+            (node.k, end)
+        })
+        .collect();
     for node in nodes {
         node.stop(Duration::from_secs(5)).await;
     }
+    let log_events: Vec<Value> = log_ends
+        .iter()
+        .flat_map(|&(k, end)| {
+            log_events(&log_of(k), end)
+                .into_iter()
+                .map(move |line| json!({"node": k, "line": line}))
+        })
+        .collect();
     // After the nodes' own shutdown drain, like the consumer's count.
     let uplink_after = uplink_bytes(bed.nodes)?;
     let lan_after = lan_bytes(bed.nodes)?;
@@ -1322,6 +1360,7 @@ async fn run_cell(
         "drain_ms": round(drain_ms, 0),
         "queued_at_end": queued_at_end as u64,
         "late_ls": late_ls,
+        "log_events": log_events,
         "durability": a.durability,
         "faults": faults,
         "input": input,
@@ -1532,6 +1571,25 @@ mod tests {
             )
         );
         assert!(split_amqp("amqps://x").is_err());
+    }
+
+    #[test]
+    fn log_events_are_warnings_and_take_backs_before_the_shutdown() {
+        let dir = std::env::temp_dir().join(format!("weir-lab-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("weir.log");
+        let during = "2026-11-27T05:45:59Z  INFO weir::app: async runtime workers=2\n\
+            2026-11-27T05:46:01Z  WARN weir::egress: delivery failed; retrying\n\
+            2026-11-27T05:46:02Z  INFO weir::peer::client: provider gone; taking back its unacknowledged records provider=4\n";
+        let after = "2026-11-27T05:46:20Z ERROR weir::peer: at shutdown\n";
+        std::fs::write(&path, format!("{during}{after}")).unwrap();
+        let events = log_events(&path, during.len() as u64);
+        assert_eq!(events.len(), 2, "{events:?}");
+        assert!(events[0].contains("delivery failed"));
+        assert!(events[1].contains("taking back"));
+        assert_eq!(log_events(&path, u64::MAX).len(), 3);
+        assert!(log_events(&dir.join("missing.log"), 100).is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -731,11 +731,22 @@ async fn session(node: &Arc<Node>, link: &Link, changed: &mut watch::Receiver<()
     };
     let back = pump.take_all();
     if !back.is_empty() {
-        debug!(
-            provider = link.id,
-            records = back.len(),
-            "taking back unacknowledged records"
-        );
+        // A peer lost mid-stream is worth an operator's notice: these
+        // records go out again from here, and any the provider did deliver
+        // reach the cloud twice (counted by `(origin, seq)`).
+        if matches!(end, End::Broken) {
+            warn!(
+                provider = link.id,
+                records = back.len(),
+                "forward stream lost; taking back unacknowledged records (some may reach the cloud twice)"
+            );
+        } else {
+            info!(
+                provider = link.id,
+                records = back.len(),
+                "taking back unacknowledged records"
+            );
+        }
     }
     node.requeue(back).await;
     if node.kill.is_cancelled() {
