@@ -415,22 +415,31 @@ fn rx_bytes(prefix: &str, nodes: usize) -> anyhow::Result<Vec<u64>> {
         .collect()
 }
 
-/// The lines of a node's log, within its first `upto` bytes, that say
-/// something went wrong or records were taken back from a peer (warnings,
-/// errors, "taking back"): how a run's duplicates or stalls can be traced
-/// without `--keep`. At most [`LOG_EVENTS_LISTED`], each cut at 300
-/// characters.
-fn log_events(path: &std::path::Path, upto: u64) -> Vec<String> {
+/// The lines of a node's log that say something went wrong or records
+/// were taken back from a peer (warnings, errors, "taking back"), each
+/// with whether it came after the first `shutdown_at` bytes (the node's
+/// shutdown, where peers going away is a matter of course): how a run's
+/// duplicates or stalls can be traced without `--keep`. At most
+/// [`LOG_EVENTS_LISTED`], each cut at 300 characters.
+fn log_events(path: &std::path::Path, shutdown_at: u64) -> Vec<(String, bool)> {
     let Ok(bytes) = std::fs::read(path) else {
         return Vec::new();
     };
-    let upto = usize::try_from(upto).unwrap_or(usize::MAX).min(bytes.len());
-    String::from_utf8_lossy(&bytes[..upto])
-        .lines()
-        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR ") || l.contains("taking back"))
-        .take(LOG_EVENTS_LISTED)
-        .map(|l| l.chars().take(300).collect())
-        .collect()
+    let at = usize::try_from(shutdown_at)
+        .unwrap_or(usize::MAX)
+        .min(bytes.len());
+    let (before, after) = bytes.split_at(at);
+    let pick = |part: &[u8], shutdown: bool| -> Vec<(String, bool)> {
+        String::from_utf8_lossy(part)
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR ") || l.contains("taking back"))
+            .map(|l| (l.chars().take(300).collect(), shutdown))
+            .collect()
+    };
+    let mut events = pick(before, false);
+    events.extend(pick(after, true));
+    events.truncate(LOG_EVENTS_LISTED);
+    events
 }
 
 /// TCP segments retransmitted so far in the namespace of process `pid`
@@ -1190,7 +1199,7 @@ async fn run_cell(
         .flat_map(|&(k, end)| {
             log_events(&log_of(k), end)
                 .into_iter()
-                .map(move |line| json!({"node": k, "line": line}))
+                .map(move |(line, shutdown)| json!({"node": k, "shutdown": shutdown, "line": line}))
         })
         .collect();
     // After the nodes' own shutdown drain, like the consumer's count.
@@ -1574,7 +1583,7 @@ mod tests {
     }
 
     #[test]
-    fn log_events_are_warnings_and_take_backs_before_the_shutdown() {
+    fn log_events_are_warnings_and_take_backs_marked_if_at_shutdown() {
         let dir = std::env::temp_dir().join(format!("weir-lab-log-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("weir.log");
@@ -1584,10 +1593,11 @@ mod tests {
         let after = "2026-11-27T05:46:20Z ERROR weir::peer: at shutdown\n";
         std::fs::write(&path, format!("{during}{after}")).unwrap();
         let events = log_events(&path, during.len() as u64);
-        assert_eq!(events.len(), 2, "{events:?}");
-        assert!(events[0].contains("delivery failed"));
-        assert!(events[1].contains("taking back"));
-        assert_eq!(log_events(&path, u64::MAX).len(), 3);
+        assert_eq!(events.len(), 3, "{events:?}");
+        assert!(events[0].0.contains("delivery failed") && !events[0].1);
+        assert!(events[1].0.contains("taking back") && !events[1].1);
+        assert!(events[2].0.contains("at shutdown") && events[2].1);
+        assert!(log_events(&path, u64::MAX).iter().all(|e| !e.1));
         assert!(log_events(&dir.join("missing.log"), 100).is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
     }
