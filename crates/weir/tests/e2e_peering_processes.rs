@@ -437,6 +437,17 @@ async fn a_provider_process_killed_mid_stream_loses_nothing_and_duplicates_are_c
     let node1 = c.nodes[0].metrics().await;
     let taken_back = metric(&node1, "weir_peer_records_requeued_total") as usize;
     c.nodes[0].shut_down().await;
+    // And says so where an operator looks, with the provider and count.
+    let log = std::fs::read_to_string(&c.nodes[0].log).unwrap_or_default();
+    let provider = format!("provider={victim_id}");
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains("forward stream lost; taking back unacknowledged records")
+            && l.contains(&provider)
+            && l.contains("records=")),
+        "node 1 warns that it took records back from node {victim_id}: {}",
+        c.nodes[0].log.display()
+    );
     c.nodes[survivor].shut_down().await;
     finished.store(true, Ordering::Release);
     let seen = tokio::time::timeout(PATIENCE * 2, consumer)
