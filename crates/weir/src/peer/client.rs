@@ -652,6 +652,7 @@ async fn session(node: &Arc<Node>, link: &Link, changed: &mut watch::Receiver<()
     let mut pump = Pump::new(node.class_names.len());
     let mut tx = Some(tx);
     let mut drain_until: Option<Instant> = None;
+    let mut heard_on_stream: Option<std::time::Duration> = None;
     let end = loop {
         let now = node.now();
         let mut wake = None;
@@ -663,7 +664,13 @@ async fn session(node: &Arc<Node>, link: &Link, changed: &mut watch::Receiver<()
                 );
                 break End::Broken;
             }
-            if !node.view().is_alive(link.id, now) {
+            // Acknowledgements on this stream are word from the provider
+            // too: one shutting down stops answering heartbeats but
+            // delivers what it holds and says so here, and taking those
+            // records back meanwhile would send them twice.
+            let acking =
+                heard_on_stream.is_some_and(|t| now.saturating_sub(t) < node.cfg.dead_after);
+            if !acking && !node.view().is_alive(link.id, now) {
                 info!(
                     provider = link.id,
                     "provider gone; taking back its unacknowledged records"
@@ -712,6 +719,7 @@ async fn session(node: &Arc<Node>, link: &Link, changed: &mut watch::Receiver<()
             }
             ack = acks.message() => match ack {
                 Ok(Some(ack)) => {
+                    heard_on_stream = Some(node.now());
                     let back = pump.settle(node, link, ack);
                     node.requeue(back).await;
                 }
