@@ -79,7 +79,7 @@ mod tests;
 mod view;
 
 pub use custody::{Custody, StreamId};
-pub use in_flight::{key_of, InFlight, RecordKey};
+pub use in_flight::{key_of, provider_lost, InFlight, RecordKey};
 pub use lease::Leases;
 pub use own_rate::{OwnRate, OWN_RATE_TAU};
 pub use pacing::Pacing;

@@ -2,6 +2,7 @@
 //! ([`InFlight`]).
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use crate::record::{NodeId, Record};
 
@@ -12,6 +13,22 @@ pub type RecordKey = (NodeId, u64);
 #[inline]
 pub fn key_of(record: &Record) -> RecordKey {
     (record.origin, record.seq)
+}
+
+/// Whether a sender takes back what it has in flight to a provider at
+/// `now`: only when neither a heartbeat (`heard`: the provider is alive
+/// in the sender's view) nor an acknowledgement on the stream (at
+/// `last_ack`) came within `dead_after`. A provider shutting down stops
+/// answering heartbeats but still delivers what it holds and acknowledges
+/// it on the stream; taking those records back meanwhile sends them
+/// twice. A provider killed or cut off sends neither.
+pub fn provider_lost(
+    heard: bool,
+    last_ack: Option<Duration>,
+    now: Duration,
+    dead_after: Duration,
+) -> bool {
+    !heard && !last_ack.is_some_and(|t| now.saturating_sub(t) < dead_after)
 }
 
 /// Records sent to a provider and not yet settled. A record leaves only

@@ -352,6 +352,19 @@ fn leases_pace_sending_and_end() {
 }
 
 #[test]
+fn a_provider_is_lost_only_without_heartbeats_or_acknowledgements() {
+    let dead_after = at(250);
+    // Heard by heartbeat: never lost.
+    assert!(!provider_lost(true, None, at(1_000), dead_after));
+    // Gone from the view, but acknowledging on the stream lately.
+    assert!(!provider_lost(false, Some(at(900)), at(1_000), dead_after));
+    // Gone, and the last acknowledgement is as old as dead_after.
+    assert!(provider_lost(false, Some(at(750)), at(1_000), dead_after));
+    // Gone, and nothing ever acknowledged.
+    assert!(provider_lost(false, None, at(1_000), dead_after));
+}
+
+#[test]
 fn in_flight_records_leave_only_when_settled() {
     let mut f = InFlight::new();
     for seq in 0..4 {

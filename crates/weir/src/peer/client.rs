@@ -664,13 +664,10 @@ async fn session(node: &Arc<Node>, link: &Link, changed: &mut watch::Receiver<()
                 );
                 break End::Broken;
             }
-            // Acknowledgements on this stream are word from the provider
-            // too: one shutting down stops answering heartbeats but
-            // delivers what it holds and says so here, and taking those
-            // records back meanwhile would send them twice.
-            let acking =
-                heard_on_stream.is_some_and(|t| now.saturating_sub(t) < node.cfg.dead_after);
-            if !acking && !node.view().is_alive(link.id, now) {
+            // Acknowledgements on this stream count as word from the
+            // provider beside its heartbeats (`provider_lost`).
+            let heard = node.view().is_alive(link.id, now);
+            if weir_core::peer::provider_lost(heard, heard_on_stream, now, node.cfg.dead_after) {
                 info!(
                     provider = link.id,
                     "provider gone; taking back its unacknowledged records"
