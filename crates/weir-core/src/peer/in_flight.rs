@@ -28,7 +28,7 @@ pub fn provider_lost(
     now: Duration,
     dead_after: Duration,
 ) -> bool {
-    !heard && !last_ack.is_some_and(|t| now.saturating_sub(t) < dead_after)
+    !heard && last_ack.is_none_or(|t| now.saturating_sub(t) >= dead_after)
 }
 
 /// Records sent to a provider and not yet settled. A record leaves only

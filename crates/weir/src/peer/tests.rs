@@ -626,6 +626,56 @@ fn fill(node: &TestNode, n: usize) {
     }
 }
 
+/// Nodes 1 (A) and 2 (B), each with the other as its only peer.
+async fn pair(heartbeat: Duration) -> (TestNode, TestNode) {
+    let (pa, ia) = bind(1, CAPACITY).await;
+    let (pb_, ib) = bind(2, CAPACITY).await;
+    let (addr_a, addr_b) = (pa.local_addr(), pb_.local_addr());
+    (
+        start(pa, ia, &[(2, addr_b)], heartbeat),
+        start(pb_, ib, &[(1, addr_a)], heartbeat),
+    )
+}
+
+/// Copies of each of the `n` records [`fill`] made (by sequence number)
+/// among those `delivered` and those still `queued`, and how many of them
+/// are in neither.
+fn copies_of(n: usize, delivered: &[Record], queued: &[Record]) -> (HashMap<u64, usize>, usize) {
+    let mut copies: HashMap<u64, usize> = HashMap::new();
+    for r in delivered.iter().chain(queued) {
+        *copies.entry(r.seq).or_default() += 1;
+    }
+    let missing = (0..n as u64)
+        .map(|i| 1_000_000 + i)
+        .filter(|s| !copies.contains_key(s))
+        .count();
+    (copies, missing)
+}
+
+/// Stops A and B (A asking for nothing first), waits for their peering to
+/// end, then B's `egress`: what B delivered, and what is still queued at
+/// either.
+async fn stop_pair(
+    a: &TestNode,
+    b: &TestNode,
+    egress_done: CancellationToken,
+    egress: tokio::task::JoinHandle<Vec<Record>>,
+) -> (Vec<Record>, Vec<Record>) {
+    a.publish(&[0.0, 0.0, 0.0]);
+    a.stop.cancel();
+    b.stop.cancel();
+    for node in [a, b] {
+        tokio::time::timeout(PATIENCE, node.tracker.wait())
+            .await
+            .expect("peering stops");
+    }
+    egress_done.cancel();
+    let delivered = egress.await.unwrap();
+    let mut queued = a.queued(LT);
+    queued.extend(b.queued(LT));
+    (delivered, queued)
+}
+
 /// What [`redirect_between_two`] leaves behind.
 struct Outcome {
     a: TestNode,
@@ -640,12 +690,7 @@ struct Outcome {
 /// B grants, A forwards, B's egress delivers; then (`kill` set) B's peering
 /// dies mid-stream while its egress runs on.
 async fn redirect_between_two(n: usize, rate: f64, kill: bool) -> Outcome {
-    let heartbeat = Duration::from_millis(50);
-    let (pa, ia) = bind(1, CAPACITY).await;
-    let (pb_, ib) = bind(2, CAPACITY).await;
-    let (addr_a, addr_b) = (pa.local_addr(), pb_.local_addr());
-    let a = start(pa, ia, &[(2, addr_b)], heartbeat);
-    let b = start(pb_, ib, &[(1, addr_a)], heartbeat);
+    let (a, b) = pair(Duration::from_millis(50)).await;
     let egress_done = CancellationToken::new();
     let egress = b.egress(egress_done.clone());
     a.publish(&[0.0, 0.0, -rate]);
@@ -682,18 +727,7 @@ async fn redirect_between_two(n: usize, rate: f64, kill: bool) -> Outcome {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Stop both; A's forwarder hands back what B did not acknowledge.
-    a.publish(&[0.0, 0.0, 0.0]);
-    a.stop.cancel();
-    b.stop.cancel();
-    for node in [&a, &b] {
-        tokio::time::timeout(PATIENCE, node.tracker.wait())
-            .await
-            .expect("peering stops");
-    }
-    egress_done.cancel();
-    let delivered = egress.await.unwrap();
-    let mut queued = a.queued(LT);
-    queued.extend(b.queued(LT));
+    let (delivered, queued) = stop_pair(&a, &b, egress_done, egress).await;
     Outcome {
         a,
         b,
@@ -745,14 +779,7 @@ async fn a_provider_partitioned_mid_stream_loses_nothing() {
         delivered,
         queued,
     } = redirect_between_two(n, 200_000.0, true).await;
-    let mut copies: HashMap<u64, usize> = HashMap::new();
-    for r in delivered.iter().chain(&queued) {
-        *copies.entry(r.seq).or_default() += 1;
-    }
-    let missing = (0..n as u64)
-        .map(|i| 1_000_000 + i)
-        .filter(|s| !copies.contains_key(s))
-        .count();
+    let (copies, missing) = copies_of(n, &delivered, &queued);
     let duplicates: usize = copies.values().map(|c| c - 1).sum();
     let taken_back = a.peer().requeued_total();
     eprintln!(
@@ -779,11 +806,7 @@ async fn a_provider_partitioned_mid_stream_loses_nothing() {
 async fn a_provider_shutting_down_keeps_what_it_delivers_from_coming_twice() {
     let n = 1000;
     let heartbeat = Duration::from_millis(50);
-    let (pa, ia) = bind(1, CAPACITY).await;
-    let (pb_, ib) = bind(2, CAPACITY).await;
-    let (addr_a, addr_b) = (pa.local_addr(), pb_.local_addr());
-    let a = start(pa, ia, &[(2, addr_b)], heartbeat);
-    let b = start(pb_, ib, &[(1, addr_a)], heartbeat);
+    let (a, b) = pair(heartbeat).await;
     // B's uplink carries 400 records a second, less than A sends it: B
     // holds a backlog of A's records.
     let egress_done = CancellationToken::new();
@@ -804,24 +827,8 @@ async fn a_provider_shutting_down_keeps_what_it_delivers_from_coming_twice() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(heartbeat * 4).await;
-    a.publish(&[0.0, 0.0, 0.0]);
-    a.stop.cancel();
-    for node in [&a, &b] {
-        tokio::time::timeout(PATIENCE, node.tracker.wait())
-            .await
-            .expect("peering stops");
-    }
-    egress_done.cancel();
-    let delivered = egress.await.unwrap();
-    let queued = a.queued(LT);
-    let mut copies: HashMap<u64, usize> = HashMap::new();
-    for r in delivered.iter().chain(&queued) {
-        *copies.entry(r.seq).or_default() += 1;
-    }
-    let missing = (0..n as u64)
-        .map(|i| 1_000_000 + i)
-        .filter(|s| !copies.contains_key(s))
-        .count();
+    let (delivered, queued) = stop_pair(&a, &b, egress_done, egress).await;
+    let (copies, missing) = copies_of(n, &delivered, &queued);
     let twice = copies.values().filter(|&&c| c > 1).count();
     eprintln!(
         "B shut down holding A's records: {} delivered by B, {} back at A, {} taken back, {twice} twice",
