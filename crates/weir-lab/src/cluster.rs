@@ -1194,7 +1194,7 @@ async fn run_cell(
     for node in nodes {
         node.stop(Duration::from_secs(5)).await;
     }
-    let log_events: Vec<Value> = log_ends
+    let node_events: Vec<Value> = log_ends
         .iter()
         .flat_map(|&(k, end)| {
             log_events(&log_of(k), end)
@@ -1369,7 +1369,7 @@ async fn run_cell(
         "drain_ms": round(drain_ms, 0),
         "queued_at_end": queued_at_end as u64,
         "late_ls": late_ls,
-        "log_events": log_events,
+        "log_events": node_events,
         "durability": a.durability,
         "faults": faults,
         "input": input,
