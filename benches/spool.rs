@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::hint::black_box;
-use tokio::sync::Notify;
 use weir::config::{ClassDurability, Durability, OnFull, SpoolConfig, SyncMode};
 use weir::metrics::Metrics;
 use weir::spool::{Appended, Spool};
@@ -117,7 +116,7 @@ fn append_commit(c: &mut Criterion) {
         &classes,
         &durability,
         Arc::clone(&queues),
-        Arc::new(Notify::new()),
+        Arc::default(),
         Arc::new(Metrics::new(&classes)),
     )
     .expect("spool opens");

@@ -288,20 +288,14 @@ impl Drainer {
         let mut wait: Option<Duration> = None;
         for (class, queue) in queues.iter() {
             let c = class.index();
-            let Some(head) = self.heads[c].take().or_else(|| queue.pop()) else {
-                continue;
-            };
-            if let Some(plan) = plans.and_then(|p| p.get(c)) {
-                let age = Duration::from_micros(wall_us.saturating_sub(head.ingress_us));
-                let records = u32::try_from(queue.len() + 1).unwrap_or(u32::MAX);
-                let bytes = (queue.bytes() + head.size()) as u64;
-                if !plan.should_close(age, records, bytes) {
-                    self.heads[c] = Some(head);
-                    let d = plan.max_wait.saturating_sub(age);
+            let head = match self.closed_head(c, queue, plans, wall_us) {
+                Head::None => continue,
+                Head::Open(d) => {
                     wait = Some(wait.map_or(d, |w| w.min(d)));
                     continue;
                 }
-            }
+                Head::Closed(head) => head,
+            };
             match self.take(c, now, head.size()) {
                 Take::Wait(d) => {
                     self.heads[c] = Some(head);
@@ -358,11 +352,88 @@ impl Drainer {
         }
     }
 
+    /// A batch of the most urgent class alone, for a slot beyond the
+    /// egress's window of unconfirmed batches (the *urgent lane*): its plan
+    /// and tokens apply as in [`Drainer::next_batch`], but no other class
+    /// rides along and no gather waits, so what the lane adds to the link
+    /// is that class's own records.
+    pub fn next_urgent(
+        &mut self,
+        now: Duration,
+        wall_us: u64,
+        queues: &MultiLevelQueue,
+        plans: Option<&[BatchPlan]>,
+    ) -> Drain {
+        let Some((class, queue)) = queues.iter().next() else {
+            return Drain::Empty;
+        };
+        let c = class.index();
+        let head = match self.closed_head(c, queue, plans, wall_us) {
+            Head::None => return Drain::Empty,
+            Head::Open(d) => return Drain::Wait(d),
+            Head::Closed(head) => head,
+        };
+        match self.take(c, now, head.size()) {
+            Take::Wait(d) => {
+                self.heads[c] = Some(head);
+                Drain::Wait(d)
+            }
+            Take::Granted => {
+                let mut batch = Fill {
+                    bytes: head.size(),
+                    records: vec![head],
+                    aside: 0,
+                };
+                let cap = self.limits.max_bytes.min(self.budgets[c]);
+                self.fill(c, now, queue, &mut batch, cap);
+                self.last_batch = Some(now);
+                Drain::Batch {
+                    class,
+                    records: batch.records,
+                }
+            }
+        }
+    }
+
+    /// Class `c`'s head (held, or popped) if its batch plan lets it close
+    /// now; else it is held and how long until the plan closes it.
+    fn closed_head(
+        &mut self,
+        c: usize,
+        queue: &ClassQueue,
+        plans: Option<&[BatchPlan]>,
+        wall_us: u64,
+    ) -> Head {
+        let Some(head) = self.heads[c].take().or_else(|| queue.pop()) else {
+            return Head::None;
+        };
+        if let Some(plan) = plans.and_then(|p| p.get(c)) {
+            let age = Duration::from_micros(wall_us.saturating_sub(head.ingress_us));
+            let records = u32::try_from(queue.len() + 1).unwrap_or(u32::MAX);
+            let bytes = (queue.bytes() + head.size()) as u64;
+            if !plan.should_close(age, records, bytes) {
+                self.heads[c] = Some(head);
+                return Head::Open(plan.max_wait.saturating_sub(age));
+            }
+        }
+        Head::Closed(head)
+    }
+
     /// Takes every held head back out (for shutdown: they go to the spool or
     /// the last flush, never lost).
     pub fn take_heads(&mut self) -> Vec<Record> {
         self.heads.iter_mut().filter_map(Option::take).collect()
     }
+}
+
+/// A class's head as its batch plan sees it.
+enum Head {
+    /// The class has nothing queued.
+    None,
+    /// The plan keeps the batch open this much longer (the head is held).
+    Open(Duration),
+    /// The batch may close: the head, taken out.
+    Closed(Record),
 }
 
 /// A batch being built.
@@ -865,6 +936,76 @@ mod tests {
         q.push(rec(0, 31)).unwrap();
         assert!(matches!(
             d.next_batch(ms * 10, 0, &q, None),
+            Drain::Batch { .. }
+        ));
+    }
+
+    #[test]
+    fn the_urgent_lane_takes_the_most_urgent_class_alone() {
+        let q = MultiLevelQueue::new(&[CAP, CAP, CAP]);
+        for s in 0..3 {
+            q.push(rec(2, s)).unwrap();
+        }
+        // Nothing urgent: the lane has nothing, whatever else waits.
+        let mut d = Drainer::new(&[1e9, 1e9, 1e9], 1e9, LIMITS, Duration::ZERO);
+        assert_eq!(d.next_urgent(Duration::ZERO, 0, &q, None), Drain::Empty);
+        q.push(rec(0, 10)).unwrap();
+        q.push(rec(1, 20)).unwrap();
+        q.push(rec(0, 11)).unwrap();
+        // Mixing is on, yet no other class rides in the lane.
+        match d.next_urgent(Duration::ZERO, 0, &q, None) {
+            Drain::Batch { class, records } => {
+                assert_eq!(class, ClassId(0));
+                assert_eq!(records.iter().map(|r| r.seq).collect::<Vec<_>>(), [10, 11]);
+            }
+            other => panic!("expected the urgent records, got {other:?}"),
+        }
+        // The rest is left for the window, in order.
+        match d.next_batch(Duration::ZERO, 0, &q, None) {
+            Drain::Batch { records, .. } => {
+                assert_eq!(
+                    records.iter().map(|r| r.seq).collect::<Vec<_>>(),
+                    [20, 0, 1, 2]
+                );
+            }
+            other => panic!("expected a batch, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_urgent_lane_keeps_the_class_plan_and_tokens() {
+        let q = MultiLevelQueue::new(&[CAP]);
+        q.push(rec(0, 1)).unwrap();
+        q.push(rec(0, 2)).unwrap();
+        // Tokens for one record, no class to borrow from: one goes, the
+        // other waits (held, not lost).
+        let mut d = Drainer::new(&[1000.0], SIZE as f64, LIMITS, Duration::ZERO);
+        assert!(
+            matches!(d.next_urgent(Duration::ZERO, 0, &q, None), Drain::Batch { ref records, .. } if records.len() == 1)
+        );
+        assert!(matches!(
+            d.next_urgent(Duration::ZERO, 0, &q, None),
+            Drain::Wait(_)
+        ));
+        assert_eq!(d.take_heads().len(), 1);
+        let q = MultiLevelQueue::new(&[CAP, CAP]);
+        q.push(rec(0, 1)).unwrap();
+        // A plan that waits for more records keeps the batch open.
+        let plan = BatchPlan {
+            target_records: 4,
+            max_bytes: 1 << 20,
+            max_wait: Duration::from_millis(30),
+            expected_records: 4,
+            reason: crate::batching::PlanReason::Batching(crate::batching::SizeLimit::Reference),
+        };
+        let mut d = Drainer::new(&[1e9, 1e9], 1e9, LIMITS, Duration::ZERO);
+        let plans = [plan, plan];
+        assert_eq!(
+            d.next_urgent(Duration::ZERO, 10_000, &q, Some(&plans)),
+            Drain::Wait(Duration::from_millis(20))
+        );
+        assert!(matches!(
+            d.next_urgent(Duration::ZERO, 30_000, &q, Some(&plans)),
             Drain::Batch { .. }
         ));
     }

@@ -725,6 +725,37 @@ impl Scheduler {
         }
     }
 
+    /// A batch of the most urgent class alone, for a slot beyond the
+    /// egress's window of unconfirmed batches (the *urgent lane*,
+    /// [`Drainer::next_urgent`]): [`Poll::Empty`] when that class has
+    /// nothing queued, and always for Native's single FIFO.
+    pub fn poll_urgent_batch(
+        &mut self,
+        now: Duration,
+        wall_us: u64,
+        queues: &MultiLevelQueue,
+    ) -> Poll {
+        if !self.per_class() {
+            return Poll::Empty;
+        }
+        let plans = self.planner.as_ref().map(Planner::plans);
+        match self.drainer.next_urgent(now, wall_us, queues, plans) {
+            Drain::Batch { class, records } => {
+                let seq = self.next_seq;
+                self.next_seq += 1;
+                Poll::Batch(OutBatch {
+                    seq,
+                    class,
+                    records,
+                })
+            }
+            Drain::Wait(d) | Drain::Gather(d) => {
+                Poll::Wait(now.saturating_add(d).min(self.next_window))
+            }
+            Drain::Empty => Poll::Empty,
+        }
+    }
+
     /// Takes back every record popped from a queue but not yet sent (for
     /// the count of what an aborted shutdown leaves behind).
     pub fn take_held(&mut self) -> Vec<Record> {

@@ -172,6 +172,10 @@ pub struct Args {
     /// `32KiB` [default: weir's, 64 KiB].
     #[arg(long)]
     pub burst: Option<String>,
+    /// Each node's `egress.amqp.urgent_lane`: `ls` batches may go beyond a
+    /// full window of unconfirmed batches (docs/scheduling.md).
+    #[arg(long)]
+    pub urgent_lane: bool,
     /// Keep each run's configs and logs (in the system's temp directory).
     #[arg(long)]
     pub keep: bool,
@@ -551,6 +555,7 @@ url = "{amqp}"
 exchange = "{queue}"
 queue = "{queue}"
 routing_key = "{queue}"
+urgent_lane = {urgent_lane}
 [admin]
 listen = "{lan}:{ADMIN_PORT}"
 [peering]
@@ -570,6 +575,7 @@ track_uplink = {track}
         peers = peers.join(", "),
         bw = uplink_bps.round() as u64,
         track = !a.pin_uplink,
+        urgent_lane = a.urgent_lane,
         burst = a
             .burst
             .as_ref()
@@ -1376,6 +1382,7 @@ async fn run_cell(
         "paper": janus::paper(&cell.scheme, &cell.network),
         "link": format!("tbf {} bit/s, {} ms towards the cloud", (profile.bytes_per_sec * 8.0).round(), profile.delay.as_millis()),
         "tcp_congestion": a.tcp_congestion,
+        "urgent_lane": a.urgent_lane,
     }))
 }
 

@@ -311,7 +311,7 @@ impl App {
 
         // Egress next, so nothing is accepted that cannot be sent.
         let (tx, rx) = mpsc::channel(egress_channel(&cfg.egress.sink));
-        let ready: LinkReady = Arc::new(tokio::sync::Semaphore::new(0));
+        let ready: LinkReady = Arc::default();
         let link = cfg.egress.link.as_ref().map(|l| LinkProfile {
             bytes_per_sec: l.bandwidth_bytes_per_sec,
             delay: l.delay,
@@ -351,6 +351,9 @@ impl App {
             },
             abort: abort.clone(),
             horizon: horizon_rx,
+            // Beside RabbitMQ's window of unconfirmed batches (a file sink
+            // has no window).
+            urgent_lane: matches!(&cfg.egress.sink, EgressSink::Amqp(a) if a.urgent_lane),
         };
         let egress = match &cfg.egress.sink {
             EgressSink::File(f) => {

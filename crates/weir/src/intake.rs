@@ -19,6 +19,7 @@ use weir_core::queue::{MultiLevelQueue, PushError};
 use weir_core::{ClassId, ClassSet, NodeId, Record};
 
 use crate::clock::unix_micros;
+use crate::handoff::Arrivals;
 use crate::metrics::Metrics;
 use crate::spool::{AppendError, Appended, SequenceLease, Spool, Ticket};
 
@@ -100,7 +101,7 @@ pub struct Intake {
     queues: Arc<MultiLevelQueue>,
     next_seq: Sequence,
     space: Notify,
-    arrivals: Arc<Notify>,
+    arrivals: Arc<Arrivals>,
     spool: Option<Arc<Spool>>,
     shutdown: CancellationToken,
     metrics: Arc<Metrics>,
@@ -128,7 +129,7 @@ impl Intake {
             queues,
             next_seq: Sequence::Counter(AtomicU64::new(first_seq)),
             space: Notify::new(),
-            arrivals: Arc::new(Notify::new()),
+            arrivals: Arc::default(),
             spool: None,
             shutdown,
             metrics,
@@ -148,7 +149,7 @@ impl Intake {
 
     /// The notification the scheduler waits on for arrivals (the spool
     /// rings it for records it hands to the queues).
-    pub fn arrivals_handle(&self) -> Arc<Notify> {
+    pub fn arrivals_handle(&self) -> Arc<Arrivals> {
         Arc::clone(&self.arrivals)
     }
 
@@ -343,7 +344,7 @@ impl Intake {
         match self.queues.push(record) {
             Ok(()) => {
                 self.metrics.accepted(class);
-                self.arrivals.notify_one();
+                self.arrivals.ring(class);
                 Ok(())
             }
             Err(PushError::Full(record)) => Err(EnqueueError::Full {
@@ -415,7 +416,7 @@ impl Intake {
         match self.queues.push_kept(record) {
             Ok(()) => {
                 self.foreign_bytes.fetch_add(size, Ordering::Relaxed);
-                self.arrivals.notify_one();
+                self.arrivals.ring(class);
                 Ok(())
             }
             Err(PushError::Full(record)) => Err(EnqueueError::Full {
@@ -445,9 +446,10 @@ impl Intake {
             let notified = self.space.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            let class = record.class;
             match self.queues.push(record) {
                 Ok(()) => {
-                    self.arrivals.notify_one();
+                    self.arrivals.ring(class);
                     return Ok(());
                 }
                 Err(PushError::Full(back)) => {
@@ -468,7 +470,13 @@ impl Intake {
     /// Resolves after a record has been enqueued since the last call (one
     /// stored permit, so an arrival between two waits is not missed).
     pub async fn arrived(&self) {
-        self.arrivals.notified().await
+        self.arrivals.any().await
+    }
+
+    /// The same for records of the most urgent class only (what the urgent
+    /// lane can carry, [`crate::handoff::LinkSlots`]).
+    pub async fn urgent_arrived(&self) {
+        self.arrivals.urgent().await
     }
 
     /// Wakes ingress waiting for room; the scheduler calls it after draining.

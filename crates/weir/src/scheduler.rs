@@ -134,7 +134,14 @@ pub async fn run(
         core.poll_window(now(), &queues, intake.foreign_bytes());
         publish(&mut core, &feedback, &metrics);
 
-        match core.poll_batch(now(), unix_micros(), &queues) {
+        // The urgent lane's permit (the egress's window is full) carries a
+        // batch of the most urgent class alone.
+        let urgent_only = ready.urgent_only();
+        let poll = match urgent_only {
+            true => core.poll_urgent_batch(now(), unix_micros(), &queues),
+            false => core.poll_batch(now(), unix_micros(), &queues),
+        };
+        match poll {
             Poll::Batch(batch) => {
                 intake.notify_space();
                 link_free = false;
@@ -152,7 +159,9 @@ pub async fn run(
                 // Cancel safety: all branches only wait.
                 tokio::select! {
                     _ = tokio::time::sleep_until(at(until)) => {}
-                    _ = intake.arrived() => {}
+                    _ = intake.arrived(), if !urgent_only => {}
+                    _ = intake.urgent_arrived(), if urgent_only => {}
+                    _ = ready.widened(), if urgent_only => {}
                     Some(r) = feedback.reconfigure.recv() => reconfigure(&mut core, now(), r),
                     _ = abort.cancelled() => {
                         report_abandoned(&intake, &[], &mut core);
@@ -176,13 +185,19 @@ pub async fn run(
                 }
             }
             Poll::Empty => {
-                if stopping {
+                // Only the most urgent class was looked at under the urgent
+                // lane's permit: the others may still hold records.
+                if stopping && !urgent_only {
                     tracing::info!("queues drained");
                     return;
                 }
                 // Cancel safety: all branches only wait.
+                // Under the urgent lane's permit only records of the most
+                // urgent class can go: other arrivals need not wake it.
                 tokio::select! {
-                    _ = intake.arrived() => {}
+                    _ = intake.arrived(), if !urgent_only => {}
+                    _ = intake.urgent_arrived(), if urgent_only => {}
+                    _ = ready.widened(), if urgent_only => {}
                     _ = tokio::time::sleep_until(at(core.poll_timeout())) => {}
                     Some(r) = feedback.reconfigure.recv() => reconfigure(&mut core, now(), r),
                     _ = stop.cancelled(), if !stopping => {

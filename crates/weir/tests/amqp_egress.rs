@@ -86,6 +86,7 @@ fn config(url: &str, n: &Names) -> AmqpEgress {
         connect_timeout: PATIENCE / 3,
         reconnect_backoff_max: Duration::from_millis(500),
         max_in_flight: 4,
+        urgent_lane: false,
     }
 }
 
@@ -387,7 +388,7 @@ fn spawn_run(
     let ctx = EgressContext {
         node,
         classes: cfg.classes.clone(),
-        ready: Arc::new(tokio::sync::Semaphore::new(0)),
+        ready: Arc::default(),
         delivered: None,
         observers: Vec::new(),
         compression: watch::channel(cfg.compression.clone()).1,
@@ -397,6 +398,7 @@ fn spawn_run(
         retry_max: Duration::from_millis(200),
         abort: CancellationToken::new(),
         horizon: watch::channel(Duration::MAX).1,
+        urgent_lane: false,
     };
     let (tx, rx) = mpsc::channel(2);
     let handle = tokio::spawn(run(sink, rx, ctx));
@@ -495,6 +497,9 @@ enum Mode {
     Down,
     /// Keep connections open but forward nothing, like a black-holed link.
     Stall,
+    /// Forward what the client sends; hold what the broker sends (its
+    /// confirms) until the mode is `Pass` again.
+    HoldReplies,
 }
 
 struct Proxy {
@@ -576,6 +581,7 @@ fn connection_unblocked() -> Vec<u8> {
 fn ends(mode: Mode, stalled: &mut bool) -> bool {
     match mode {
         Mode::Down => true,
+        Mode::HoldReplies => false,
         Mode::Stall => {
             *stalled = true;
             false
@@ -612,6 +618,8 @@ async fn proxy_connection(
         }
     });
     let mut stalled = *mode.borrow() == Mode::Stall;
+    let mut holding = *mode.borrow() == Mode::HoldReplies;
+    let mut held: Vec<Vec<u8>> = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         // Cancel safety: `read` into a buffer, `recv` on channels and
@@ -627,6 +635,7 @@ async fn proxy_connection(
             },
             frame = frames.recv() => match frame {
                 None => break,
+                Some(frame) if holding => held.push(frame),
                 Some(frame) => {
                     if !stalled && client_wr.write_all(&frame).await.is_err() {
                         break;
@@ -644,6 +653,16 @@ async fn proxy_connection(
                 let now = *mode.borrow_and_update();
                 if changed.is_err() || ends(now, &mut stalled) {
                     break;
+                }
+                holding = now == Mode::HoldReplies;
+                if !holding {
+                    let mut gone = false;
+                    for frame in held.drain(..) {
+                        gone = gone || client_wr.write_all(&frame).await.is_err();
+                    }
+                    if gone {
+                        break;
+                    }
                 }
             }
         }
@@ -956,4 +975,94 @@ async fn a_nack_moves_publishing_to_a_new_channel() {
     let conn = connect_test_client().await;
     let channel = conn.create_channel().await.expect("channel");
     cleanup(&channel, &n).await;
+}
+
+/// The urgent lane end to end (`egress.amqp.urgent_lane`): a proxy passes
+/// weir's publishes to RabbitMQ but holds the broker's replies, so the
+/// window of unconfirmed batches (2) fills with `lt` and stays full; an
+/// `ls` record that arrives then still reaches RabbitMQ, in a batch of its
+/// own beyond the window. (Without the lane it would wait for a confirm,
+/// and the consumer would not see it until the replies flow.) Once they
+/// do, every record arrives, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_urgent_lane_delivers_an_urgent_record_while_confirms_are_held() {
+    logs();
+    let name = unique("urgent-lane");
+    let queue = format!("{name}.q");
+    common::amqp::delete_queue(&queue).await;
+    let proxy = Proxy::start().await;
+    let text = format!(
+        r#"
+[node]
+id = {node}
+[[classify.route]]
+grpc = "ls"
+class = "ls"
+{grpc}
+[egress]
+kind = "amqp"
+[egress.amqp]
+url = "{url}"
+exchange = "{name}.x"
+queue = "{queue}"
+routing_key = "{name}"
+max_in_flight = 2
+urgent_lane = true
+confirm_timeout = "120s"
+"#,
+        node = node_id(15),
+        grpc = common::process::GRPC_ONLY,
+        url = proxy.url(),
+    );
+    let app = weir::app::App::start(parse_config(&text, "urgent-lane"))
+        .await
+        .expect("weir starts");
+    let put = |stream: &'static str, payload: String| {
+        let record = app.ingress.grpc_record(stream, Bytes::from(payload));
+        let ingress = Arc::clone(&app.ingress);
+        async move {
+            ingress
+                .enqueue(record, Some(PATIENCE))
+                .await
+                .expect("room in the queue");
+        }
+    };
+    // Connected and flowing: the first record arrives.
+    put("bulk", "lt-first".into()).await;
+    let first = common::amqp::consume_until(&queue, |s| !s.is_empty()).await;
+    assert_eq!(first.len(), 1);
+
+    proxy.set(Mode::HoldReplies);
+    // One lt batch after another until the window is full and more wait.
+    for i in 0..6 {
+        put("bulk", format!("lt-{i}")).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    put("ls", "ls-urgent".into()).await;
+    let held =
+        common::amqp::consume_until(&queue, |s| s.iter().any(|r| r.record.class == "ls")).await;
+    let classes: Vec<&str> = held.iter().map(|r| r.record.class.as_str()).collect();
+    assert!(
+        classes.contains(&"ls"),
+        "the ls record reached RabbitMQ while its confirms were held: {classes:?}"
+    );
+    assert!(
+        classes.iter().filter(|c| **c == "lt").count() < 6,
+        "the window was full of lt, so some waited: {classes:?}"
+    );
+
+    proxy.set(Mode::Pass);
+    let rest = common::amqp::consume_until(&queue, |s| held.len() + s.len() >= 7).await;
+    app.shutdown(Duration::from_secs(30)).await;
+    common::amqp::delete_queue(&queue).await;
+    let mut payloads: Vec<String> = held
+        .iter()
+        .chain(&rest)
+        .map(|r| String::from_utf8_lossy(&r.record.payload).into_owned())
+        .collect();
+    payloads.sort();
+    let mut want: Vec<String> = (0..6).map(|i| format!("lt-{i}")).collect();
+    want.push("ls-urgent".into());
+    want.sort();
+    assert_eq!(payloads, want, "every record once, none lost");
 }

@@ -192,6 +192,32 @@ fn capacity_follows_the_uplink_estimate_beyond_the_hysteresis() {
 }
 
 #[test]
+fn the_urgent_lane_carries_the_most_urgent_class_alone_and_native_has_none() {
+    let p = params(Scheme::QmOnly);
+    let q = queues(&ClassSet::janus_default(), p.scheme);
+    let mut s = scheduler(p, &q);
+    q.push(record(2, 1, 500, Duration::ZERO)).unwrap();
+    assert_eq!(
+        s.poll_urgent_batch(MS, wall(MS), &q),
+        Poll::Empty,
+        "nothing urgent"
+    );
+    q.push(record(0, 2, 100, Duration::ZERO)).unwrap();
+    match s.poll_urgent_batch(MS, wall(MS), &q) {
+        Poll::Batch(b) => {
+            assert_eq!(b.class, ClassId(0));
+            assert_eq!(b.records.iter().map(|r| r.seq).collect::<Vec<_>>(), [2]);
+        }
+        other => panic!("expected the urgent record, got {other:?}"),
+    }
+    let p = params(Scheme::Native);
+    let q = queues(&ClassSet::janus_default(), p.scheme);
+    let mut s = scheduler(p, &q);
+    q.push(record(0, 3, 100, Duration::ZERO)).unwrap();
+    assert_eq!(s.poll_urgent_batch(MS, wall(MS), &q), Poll::Empty);
+}
+
+#[test]
 fn a_pinned_uplink_ignores_the_estimate() {
     let mut p = params(Scheme::QmOnly);
     p.track_uplink = false;

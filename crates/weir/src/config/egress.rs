@@ -219,6 +219,7 @@ pub(crate) struct RawAmqp {
     pub connect_timeout: Option<Written<HumanDuration>>,
     pub reconnect_backoff_max: Option<Written<HumanDuration>>,
     pub max_in_flight: Option<u64>,
+    pub urgent_lane: Option<bool>,
 }
 
 /// `[egress.amqp]`
@@ -258,6 +259,11 @@ pub struct AmqpEgress {
     /// Batches published and not yet confirmed, at most (1 = one round
     /// trip per batch).
     pub max_in_flight: usize,
+    /// While `max_in_flight` batches await their confirms, batches of the
+    /// most urgent class alone may still go, up to as many again (the
+    /// urgent lane, docs/scheduling.md): that class's records never wait
+    /// for a confirm, at the price of more, smaller transactions.
+    pub urgent_lane: bool,
 }
 
 named_enum! {
@@ -488,6 +494,7 @@ fn amqp_egress(p: &mut Problems, raw: RawAmqp, classes: &[String]) -> Option<Amq
         connect_timeout: connect_timeout?,
         reconnect_backoff_max: reconnect_backoff_max?,
         max_in_flight: max_in_flight as usize,
+        urgent_lane: raw.urgent_lane.unwrap_or(false),
     })
 }
 

@@ -1110,6 +1110,7 @@ mod tests {
             connect_timeout: Duration::from_secs(1),
             reconnect_backoff_max: Duration::from_secs(1),
             max_in_flight: 4,
+            urgent_lane: false,
         }
     }
 

@@ -59,6 +59,10 @@ pub struct EgressContext {
     /// What is unconfirmed must clear the link within this
     /// ([`weir_core::admission`]); set by the scheduler.
     pub horizon: watch::Receiver<Duration>,
+    /// Whether a batch of the most urgent class may go beyond a full window
+    /// of unconfirmed batches ([`crate::handoff::LinkSlots`]); only for a
+    /// sink with a window of more than one.
+    pub urgent_lane: bool,
 }
 
 /// A batch encoded and compressed, ready to send (again).
@@ -73,6 +77,8 @@ struct Prepared {
     attempts: u32,
     /// When the egress received it from the scheduler.
     received: Instant,
+    /// Built for the urgent lane: it may go while the window is full.
+    beyond: bool,
 }
 
 /// A batch sent and awaiting its confirmation.
@@ -120,6 +126,7 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
         retry_max,
         abort,
         horizon,
+        urgent_lane,
     } = ctx;
     let mut compressor = compress::BatchCompressor::new(&compression.borrow_and_update());
     let mut estimator = match LinkEstimator::new(link_prior) {
@@ -133,6 +140,7 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
     };
     metrics.set_link(&link_prior);
     let window = sink.window().max(1);
+    let urgent_lane = urgent_lane && window > 1;
     let carried_on_send = sink.carried_on_send();
     // Batches to send, oldest first: retries ahead of new ones.
     let mut todo: VecDeque<Prepared> = VecDeque::new();
@@ -141,6 +149,8 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
     // and when the last was.
     let mut offered = 0usize;
     let mut offered_at = Instant::now();
+    // Whether the permit out is the urgent lane's (beyond a full window).
+    let mut offered_urgent = false;
     let mut open = true;
     let mut backoff = RETRY_INITIAL;
     let mut retry_at: Option<Instant> = None;
@@ -184,19 +194,46 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
         // and an urgent record never finds more than the lead and one
         // batch committed ahead of it.
         let mut offer_at = None;
-        let committed = flight.len() + todo.len();
+        // The urgent lane's batches have a window of their own beside the
+        // others' (they are small: one class, no riders); sharing one would
+        // leave the others a slot short for every urgent batch in flight.
+        let lane_flight = flight.iter().filter(|f| f.prepared.beyond).count();
+        let lane_todo = todo.iter().filter(|p| p.beyond).count();
+        let committed = flight.len() - lane_flight + todo.len() - lane_todo;
+        let bulk_free = flight.len() - lane_flight < window;
         if open && offered == 0 && committed < window {
             let at = offer_due(epoch, &clock, &todo, &link.borrow(), *horizon.borrow());
             if at <= Instant::now() {
-                ready.add_permits(1);
+                ready.offer();
                 offered = 1;
                 offered_at = Instant::now();
             } else {
                 offer_at = Some(at);
             }
+        } else if offered_urgent && committed < window {
+            // A slot freed: the urgent lane's permit may carry any batch,
+            // once the lead allows one (as a new permit would).
+            let at = offer_due(epoch, &clock, &todo, &link.borrow(), *horizon.borrow());
+            if at <= Instant::now() {
+                ready.widen();
+                offered_urgent = false;
+            } else {
+                offer_at = Some(at);
+            }
+        } else if urgent_lane && open && offered == 0 && lane_flight + lane_todo < window {
+            // The window is full: an urgent record need not wait for a
+            // confirmation; its class alone may go beyond it.
+            ready.offer_urgent();
+            offered = 1;
+            offered_urgent = true;
+            offered_at = Instant::now();
         }
         let waiting = retry_at.is_some_and(|at| at > Instant::now());
-        if !waiting && !todo.is_empty() && flight.len() < window {
+        let sendable = todo.front().is_some_and(|p| match p.beyond {
+            true => lane_flight < window,
+            false => bulk_free,
+        });
+        if !waiting && sendable {
             retry_at = None;
             let prepared = todo.pop_front().expect("not empty");
             let started = Instant::now();
@@ -224,7 +261,7 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                         r = &mut send => break Some(r),
                         () = sleep_until_some(due), if due.is_some() => {
                             due = None;
-                            ready.add_permits(1);
+                            ready.offer();
                             offered = 1;
                             offered_at = Instant::now();
                         }
@@ -272,7 +309,7 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
         if !open && todo.is_empty() && flight.is_empty() {
             break;
         }
-        let can_receive = open && todo.is_empty() && flight.len() < window;
+        let can_receive = open && todo.is_empty() && (bulk_free || offered_urgent);
         // Cancel safety: every branch either only waits (the abort, the
         // retry timer) or is cancel safe (`recv`, and polling the head
         // confirmation by reference, which keeps it in `flight`).
@@ -339,6 +376,9 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                     continue;
                 };
                 offered = offered.saturating_sub(1);
+                // Taken under the urgent lane's permit (not widened since):
+                // it may go beyond the window.
+                let beyond = std::mem::take(&mut offered_urgent);
                 let received = Instant::now();
                 metrics.latency.stage(Stage::Handoff, received - offered_at);
                 if let Some(oldest) = batch.records.iter().map(|r| r.ingress_us).min() {
@@ -371,7 +411,7 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                 } else {
                     metrics.encoded(weir_core::compression::Codec::None);
                 }
-                todo.push_back(Prepared { batch, encoded, raw_bytes, runs, attempts: 0, received });
+                todo.push_back(Prepared { batch, encoded, raw_bytes, runs, attempts: 0, received, beyond });
             }
         }
     }
@@ -560,7 +600,7 @@ mod tests {
     ) {
         let cfg = crate::config::parse(crate::config::DEFAULT_CONFIG, "default").unwrap();
         let releases = Arc::new(Releases::default());
-        let ready: LinkReady = Arc::new(tokio::sync::Semaphore::new(0));
+        let ready: LinkReady = Arc::default();
         let (link, published) = watch::channel(prior);
         let ctx = EgressContext {
             node: 1,
@@ -579,6 +619,7 @@ mod tests {
             retry_max: Duration::from_millis(20),
             abort: CancellationToken::new(),
             horizon: watch::channel(Duration::MAX).1,
+            urgent_lane: false,
         };
         (ctx, releases, ready, published)
     }
@@ -592,11 +633,25 @@ mod tests {
         LinkReady,
         tokio::task::JoinHandle<()>,
     ) {
+        start_with(window, false)
+    }
+
+    fn start_with(
+        window: usize,
+        urgent_lane: bool,
+    ) -> (
+        mpsc::Sender<OutBatch>,
+        Sends,
+        Arc<Releases>,
+        LinkReady,
+        tokio::task::JoinHandle<()>,
+    ) {
         let prior = weir_core::link_estimate::LinkEstimate {
             bytes_per_sec: 1e6,
             per_transaction: Duration::from_millis(1),
         };
-        let (ctx, releases, ready, _) = context(prior);
+        let (mut ctx, releases, ready, _) = context(prior);
+        ctx.urgent_lane = urgent_lane;
         let (sends_tx, sends) = mpsc::unbounded_channel();
         let (tx, rx) = mpsc::channel(16);
         let sink = Scripted {
@@ -734,6 +789,56 @@ mod tests {
         drop(tx);
         handle.await.unwrap();
         assert_eq!(*releases.0.lock().unwrap(), vec![1, 2, 3, 4, 5]);
+    }
+
+    #[tokio::test]
+    async fn the_urgent_lane_has_a_window_of_its_own_beside_a_full_one() {
+        let (tx, mut sends, releases, ready, handle) = start_with(3, true);
+        for seq in 1..=3 {
+            tx.send(batch(seq)).await.unwrap();
+        }
+        let mut open = Vec::new();
+        for _ in 1..=3 {
+            open.push(next(&mut sends).await.1);
+        }
+        // The window is full: the permit out is the urgent lane's.
+        let urgent_only = |want: bool| {
+            let ready = Arc::clone(&ready);
+            async move {
+                tokio::time::timeout(Duration::from_secs(5), async {
+                    while ready.urgent_only() != want {
+                        tokio::task::yield_now().await;
+                    }
+                })
+                .await
+                .expect("the permit's kind changes")
+            }
+        };
+        urgent_only(true).await;
+        // The scheduler's urgent batches go before any confirmation, up to
+        // a window of them...
+        for seq in 4..=6 {
+            tx.send(batch(seq)).await.unwrap();
+            let (sent, c) = next(&mut sends).await;
+            assert_eq!(sent, seq);
+            open.push(c);
+        }
+        // ...and no more: the next waits for a confirmation.
+        tx.send(batch(7)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(sends.try_recv().is_err(), "more than both windows");
+        // A slot of the first window frees: any batch may take it.
+        open.remove(0).send(Ok(())).unwrap();
+        let (seq, c) = next(&mut sends).await;
+        assert_eq!(seq, 7);
+        open.push(c);
+        for c in open {
+            c.send(Ok(())).unwrap();
+        }
+        urgent_only(false).await;
+        drop(tx);
+        handle.await.unwrap();
+        assert_eq!(*releases.0.lock().unwrap(), (1..=7).collect::<Vec<_>>());
     }
 
     #[tokio::test]

@@ -142,7 +142,7 @@ impl Spool {
         classes: &ClassSet,
         durability: &[ClassDurability],
         queues: Arc<MultiLevelQueue>,
-        arrivals: Arc<Notify>,
+        arrivals: Arc<crate::handoff::Arrivals>,
         metrics: Arc<Metrics>,
     ) -> Result<(Spool, Recovered), SpoolError> {
         let dir_error = |source| SpoolError::Dir {

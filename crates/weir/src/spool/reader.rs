@@ -288,7 +288,7 @@ fn push(
         tracing::warn!(class = %slot.name, records = expired, "spooled records older than the class's ttl dropped");
     }
     if pushed > 0 {
-        shared.arrivals.notify_one();
+        shared.arrivals.ring(slot.id);
     }
     if full {
         Step::Done

@@ -82,7 +82,7 @@ pub(super) struct Shared {
     pub(super) config: SpoolConfig,
     pub(super) classes: Vec<Option<ClassSlot>>,
     pub(super) queues: Arc<MultiLevelQueue>,
-    pub(super) arrivals: Arc<Notify>,
+    pub(super) arrivals: Arc<crate::handoff::Arrivals>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) submit: Mutex<Submit>,
     /// Tickets below this are durable.

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::sync::Notify;
 use weir_core::queue::{MultiLevelQueue, QueueCapacity};
 use weir_core::{ClassId, ClassSet, Record};
 
@@ -86,7 +85,7 @@ fn a_backlog_read_back_across_segment_switches_loses_nothing() {
         &classes,
         &durability(&classes),
         Arc::clone(&queues),
-        Arc::new(Notify::new()),
+        Arc::default(),
         Arc::new(Metrics::new(&classes)),
     )
     .unwrap();

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use weir_core::queue::PushError;
 use weir_core::spool::{frame, Admit, Checkpoint, Eviction, Frame, GroupCommit, SegmentHeader};
-use weir_core::Record;
+use weir_core::{ClassId, Record};
 
 use super::files;
 use super::shared::{
@@ -262,7 +262,11 @@ impl Writer {
             }
         }
         if pushed {
-            shared.arrivals.notify_one();
+            for (c, n) in counts.iter().enumerate() {
+                if *n > 0 {
+                    shared.arrivals.ring(ClassId(c as u8));
+                }
+            }
         }
         if fell_behind {
             shared.wake_reader();
