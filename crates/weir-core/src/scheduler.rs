@@ -709,7 +709,14 @@ impl Scheduler {
     /// window). Record ages are measured against `wall_us`.
     pub fn poll_batch(&mut self, now: Duration, wall_us: u64, queues: &MultiLevelQueue) -> Poll {
         let plans = self.planner.as_ref().map(Planner::plans);
-        match self.drainer.next_batch(now, wall_us, queues, plans) {
+        let drain = self.drainer.next_batch(now, wall_us, queues, plans);
+        self.polled(now, drain)
+    }
+
+    /// What the drain found, as the driver acts on it: a batch numbered
+    /// in order, or until when to wait (never past the next window).
+    fn polled(&mut self, now: Duration, drain: Drain) -> Poll {
+        match drain {
             Drain::Batch { class, records } => {
                 let seq = self.next_seq;
                 self.next_seq += 1;
@@ -739,21 +746,8 @@ impl Scheduler {
             return Poll::Empty;
         }
         let plans = self.planner.as_ref().map(Planner::plans);
-        match self.drainer.next_urgent(now, wall_us, queues, plans) {
-            Drain::Batch { class, records } => {
-                let seq = self.next_seq;
-                self.next_seq += 1;
-                Poll::Batch(OutBatch {
-                    seq,
-                    class,
-                    records,
-                })
-            }
-            Drain::Wait(d) | Drain::Gather(d) => {
-                Poll::Wait(now.saturating_add(d).min(self.next_window))
-            }
-            Drain::Empty => Poll::Empty,
-        }
+        let drain = self.drainer.next_urgent(now, wall_us, queues, plans);
+        self.polled(now, drain)
     }
 
     /// Takes back every record popped from a queue but not yet sent (for

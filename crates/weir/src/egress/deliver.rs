@@ -624,28 +624,21 @@ mod tests {
         (ctx, releases, ready, published)
     }
 
-    fn start(
-        window: usize,
-    ) -> (
+    /// A running delivery loop: where to hand it batches, its sends, its
+    /// releases, its permits and its task.
+    type Started = (
         mpsc::Sender<OutBatch>,
         Sends,
         Arc<Releases>,
         LinkReady,
         tokio::task::JoinHandle<()>,
-    ) {
+    );
+
+    fn start(window: usize) -> Started {
         start_with(window, false)
     }
 
-    fn start_with(
-        window: usize,
-        urgent_lane: bool,
-    ) -> (
-        mpsc::Sender<OutBatch>,
-        Sends,
-        Arc<Releases>,
-        LinkReady,
-        tokio::task::JoinHandle<()>,
-    ) {
+    fn start_with(window: usize, urgent_lane: bool) -> Started {
         let prior = weir_core::link_estimate::LinkEstimate {
             bytes_per_sec: 1e6,
             per_transaction: Duration::from_millis(1),
