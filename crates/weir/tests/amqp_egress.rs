@@ -1050,6 +1050,10 @@ confirm_timeout = "120s"
         classes.iter().filter(|c| **c == "lt").count() < 6,
         "the window was full of lt, so some waited: {classes:?}"
     );
+    assert!(
+        app.ingress.metrics().urgent_lane_batches.get() >= 1,
+        "counted in weir_urgent_lane_batches_total"
+    );
 
     proxy.set(Mode::Pass);
     let rest = common::amqp::consume_until(&queue, |s| held.len() + s.len() >= 7).await;

@@ -379,6 +379,9 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                 // Taken under the urgent lane's permit (not widened since):
                 // it may go beyond the window.
                 let beyond = std::mem::take(&mut offered_urgent);
+                if beyond {
+                    metrics.urgent_lane_batches.inc();
+                }
                 let received = Instant::now();
                 metrics.latency.stage(Stage::Handoff, received - offered_at);
                 if let Some(oldest) = batch.records.iter().map(|r| r.ingress_us).min() {

@@ -47,6 +47,9 @@ pub struct Metrics {
     pub batches_confirmed: Counter,
     /// Batches re-published after a failure (reconnect, nack, return).
     pub batches_republished: Counter,
+    /// Batches of the most urgent class taken beyond a full window of
+    /// unconfirmed batches (`egress.amqp.urgent_lane`).
+    pub urgent_lane_batches: Counter,
     /// Bytes of batch bodies confirmed by the egress.
     pub egress_bytes: Counter,
     /// The same batches' bytes before compression.
@@ -118,6 +121,7 @@ impl Metrics {
             queued: Family::default(),
             batches_confirmed: Counter::default(),
             batches_republished: Counter::default(),
+            urgent_lane_batches: Counter::default(),
             egress_bytes: Counter::default(),
             egress_raw_bytes: Counter::default(),
             protocol_errors: Counter::default(),
@@ -183,6 +187,11 @@ impl Metrics {
             "batches_republished",
             "Batches published again after a failure",
             m.batches_republished.clone(),
+        );
+        m.registry.register(
+            "urgent_lane_batches",
+            "Batches of the most urgent class sent beyond a full window of unconfirmed batches (egress.amqp.urgent_lane)",
+            m.urgent_lane_batches.clone(),
         );
         m.registry.register(
             "egress_bytes",
