@@ -555,8 +555,7 @@ url = "{amqp}"
 exchange = "{queue}"
 queue = "{queue}"
 routing_key = "{queue}"
-urgent_lane = {urgent_lane}
-[admin]
+{urgent_lane}[admin]
 listen = "{lan}:{ADMIN_PORT}"
 [peering]
 listen = "{lan}:{PEER_PORT}"
@@ -575,7 +574,12 @@ track_uplink = {track}
         peers = peers.join(", "),
         bw = uplink_bps.round() as u64,
         track = !a.pin_uplink,
-        urgent_lane = a.urgent_lane,
+        // Only when asked, so older weir binaries still run (`--weir`).
+        urgent_lane = if a.urgent_lane {
+            "urgent_lane = true\n"
+        } else {
+            ""
+        },
         burst = a
             .burst
             .as_ref()
@@ -1566,6 +1570,27 @@ mod tests {
             assert_eq!(peering.peers.len(), 3);
             assert!(peering.peers.iter().all(|p| p.id != 3));
         }
+        // The urgent lane is off unless asked for (and then on every node).
+        let lane = |on: bool| {
+            let mut args = vec!["x"];
+            if on {
+                args.push("--urgent-lane");
+            }
+            let a = Cli::parse_from(args).a;
+            let cell = Cell {
+                scheme: "pmrfs".into(),
+                network: "4g".into(),
+                lt_rate: 5000,
+                record_bytes: 720,
+            };
+            let text = config_text(1, Path::new("/tmp/x"), &cell, 2.25e6, &a, "amqp://h/", "q");
+            match weir::config::parse(&text, "test").unwrap().egress.sink {
+                weir::config::EgressSink::Amqp(amqp) => amqp.urgent_lane,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(!lane(false));
+        assert!(lane(true));
     }
 
     #[test]
