@@ -565,10 +565,41 @@ impl LinkTimer {
     }
 }
 
+/// The share of a link's nominal rate that carries what a sender writes
+/// to a TCP socket over IPv4 and Ethernet: 1,448 bytes of segment payload
+/// (the MSS with TCP timestamps) per 1,514-byte frame. The operator's
+/// `scheduler.uplink` is the link's nominal rate (what its contract says,
+/// what `tc` shapes); the estimator measures batch bytes, so its prior is
+/// this share of it ([`payload_prior`]). Without it an idle node started
+/// (and, without evidence of a saturated link, stayed) 4.6 % above what
+/// its link could carry: in the real-process JANUS lab the busy nodes' and
+/// providers' `tbf` queues reached 100-150 kB in the first second of load,
+/// and with `C_out` 1.5 % under the link they took seconds to drain, so
+/// most late `ls` records of a run came in its first 2.5 s.
+pub const PAYLOAD_SHARE: f64 = 1448.0 / 1514.0;
+
+/// The estimator's prior for a link of `nominal` rate: its bandwidth in
+/// what TCP carries ([`PAYLOAD_SHARE`]), `T_sc` as configured.
+pub fn payload_prior(nominal: LinkEstimate) -> LinkEstimate {
+    LinkEstimate {
+        bytes_per_sec: nominal.bytes_per_sec * PAYLOAD_SHARE,
+        per_transaction: nominal.per_transaction,
+    }
+}
+
 /// Transactions among the last [`WINDOW`] that must have been sent while
 /// the link was still busy with earlier ones before a fit may put the
 /// bandwidth below the configured prior ([`to_act_on`]).
 pub const MIN_SATURATED: u32 = 8;
+
+/// Transactions among the last [`WINDOW`] that must have been sent while
+/// the link was still busy before a fit may put the bandwidth more than
+/// [`ABOVE_PRIOR`] above the prior ([`to_act_on`]).
+pub const MIN_SATURATED_ABOVE: u32 = 48;
+
+/// How far above the prior a fit may put the bandwidth on less evidence
+/// than [`MIN_SATURATED_ABOVE`]: the fit's own jitter.
+pub const ABOVE_PRIOR: f64 = 0.02;
 
 /// The estimate to act on (`C_out`, the spare a node advertises to its
 /// peers) from a `fit`, the configured `prior` and how many of the last
@@ -581,8 +612,29 @@ pub const MIN_SATURATED: u32 = 8;
 /// a 2.25 MB/s uplink in the real-process JANUS lab. So without evidence
 /// of a saturated link the bandwidth stays at least the operator's prior
 /// (`scheduler.uplink`); once the link has been seen saturated the fit
-/// stands, lower or higher. `T_sc` is the fit's either way.
+/// stands lower.
+///
+/// Higher, it needs more: a fit more than [`ABOVE_PRIOR`] above the prior
+/// stands only once [`MIN_SATURATED_ABOVE`] of the last [`WINDOW`]
+/// transactions were saturated, and the prior's bandwidth is acted on
+/// until then. The first fits of a link that has just become busy (a
+/// provider taking its first redirected records, any node at a step of
+/// load) rest on few transactions of similar sizes, and in the
+/// real-process JANUS lab they read up to 1.5 times the shaped rate: the
+/// node set `C_out` there, filled its `tbf` queue and advertised spare it
+/// did not have, and most late `ls` records of a run came in its first
+/// 2.5 s. A prior set too low is still corrected, after 48 busy
+/// transactions (half a second on a busy 4G link). `T_sc` is the fit's
+/// either way.
 pub fn to_act_on(fit: LinkEstimate, prior: LinkEstimate, saturated: u32) -> LinkEstimate {
+    if fit.bytes_per_sec > prior.bytes_per_sec * (1.0 + ABOVE_PRIOR)
+        && saturated < MIN_SATURATED_ABOVE
+    {
+        return LinkEstimate {
+            bytes_per_sec: prior.bytes_per_sec,
+            per_transaction: fit.per_transaction,
+        };
+    }
     if saturated >= MIN_SATURATED {
         return fit;
     }
@@ -953,7 +1005,19 @@ pub(crate) mod tests {
             bytes_per_sec: 5e6,
             ..slow
         };
-        assert_eq!(to_act_on(fast, prior, 0), fast);
+        // Above the prior a fit needs a link seen busy most of the time.
+        for saturated in [0, MIN_SATURATED, MIN_SATURATED_ABOVE - 1] {
+            let early = to_act_on(fast, prior, saturated);
+            assert_eq!(early.bytes_per_sec, 2.25e6, "{saturated} saturated");
+            assert_eq!(early.per_transaction, Duration::from_millis(52));
+        }
+        assert_eq!(to_act_on(fast, prior, MIN_SATURATED_ABOVE), fast);
+        // Within the fit's jitter of the prior it stands at once.
+        let near = LinkEstimate {
+            bytes_per_sec: 2.27e6,
+            ..slow
+        };
+        assert_eq!(to_act_on(near, prior, 0), near);
     }
 
     #[test]

@@ -172,10 +172,13 @@ pub struct Args {
     /// `32KiB` [default: weir's, 64 KiB].
     #[arg(long)]
     pub burst: Option<String>,
-    /// Each node's `egress.amqp.urgent_lane`: `ls` batches may go beyond a
-    /// full window of unconfirmed batches (docs/scheduling.md).
+    /// Each node's `egress.amqp.urgent_lane` (`true` or `false`): `ls`
+    /// batches may go beyond a full window of unconfirmed batches, the
+    /// others are paced over the round trip (docs/scheduling.md) [default:
+    /// weir's, on; the key is written only when given, so older `--weir`
+    /// binaries still run].
     #[arg(long)]
-    pub urgent_lane: bool,
+    pub urgent_lane: Option<bool>,
     /// Keep each run's configs and logs (in the system's temp directory).
     #[arg(long)]
     pub keep: bool,
@@ -575,11 +578,10 @@ track_uplink = {track}
         bw = uplink_bps.round() as u64,
         track = !a.pin_uplink,
         // Only when asked, so older weir binaries still run (`--weir`).
-        urgent_lane = if a.urgent_lane {
-            "urgent_lane = true\n"
-        } else {
-            ""
-        },
+        urgent_lane = a
+            .urgent_lane
+            .map(|on| format!("urgent_lane = {on}\n"))
+            .unwrap_or_default(),
         burst = a
             .burst
             .as_ref()
@@ -1386,7 +1388,7 @@ async fn run_cell(
         "paper": janus::paper(&cell.scheme, &cell.network),
         "link": format!("tbf {} bit/s, {} ms towards the cloud", (profile.bytes_per_sec * 8.0).round(), profile.delay.as_millis()),
         "tcp_congestion": a.tcp_congestion,
-        "urgent_lane": a.urgent_lane,
+        "urgent_lane": a.urgent_lane.unwrap_or(weir::config::AMQP_URGENT_LANE),
     }))
 }
 
@@ -1570,11 +1572,12 @@ mod tests {
             assert_eq!(peering.peers.len(), 3);
             assert!(peering.peers.iter().all(|p| p.id != 3));
         }
-        // The urgent lane is off unless asked for (and then on every node).
-        let lane = |on: bool| {
+        // The urgent lane is weir's default unless given (and then the
+        // same on every node).
+        let lane = |on: Option<&'static str>| {
             let mut args = vec!["x"];
-            if on {
-                args.push("--urgent-lane");
+            if let Some(on) = on {
+                args.extend(["--urgent-lane", on]);
             }
             let a = Cli::parse_from(args).a;
             let cell = Cell {
@@ -1589,8 +1592,9 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         };
-        assert!(!lane(false));
-        assert!(lane(true));
+        assert!(lane(None));
+        assert!(!lane(Some("false")));
+        assert!(lane(Some("true")));
     }
 
     #[test]

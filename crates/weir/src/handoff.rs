@@ -19,10 +19,13 @@ use weir_core::peer::BandwidthState;
 pub type LinkReady = std::sync::Arc<LinkSlots>;
 
 /// The permits behind [`LinkReady`]. A permit is for any batch, or, while
-/// the egress's window of unconfirmed batches is full, for one batch of the
-/// most urgent class beyond it (the *urgent lane*: an urgent record need
-/// not wait for a confirmation, only its own small batch is added to the
-/// link); a slot freeing up widens that permit to any batch.
+/// no slot of the egress's window of unconfirmed batches may be offered
+/// (the window is full, or its next slot is held back by the pace,
+/// [`weir_core::admission::WindowPacer`]), for one batch of the most
+/// urgent class beyond it (the *urgent lane*: an urgent record need not
+/// wait for a confirmation or the pace, only its own small batch is added
+/// to the link); a slot that may be offered widens that permit to any
+/// batch.
 #[derive(Debug)]
 pub struct LinkSlots {
     permits: tokio::sync::Semaphore,
@@ -47,14 +50,15 @@ impl LinkSlots {
         self.permits.add_permits(1);
     }
 
-    /// The window is full: one batch of the most urgent class alone.
+    /// No slot of the window may be offered: one batch of the most urgent
+    /// class alone.
     pub fn offer_urgent(&self) {
         self.urgent_only.store(true, Ordering::Release);
         self.permits.add_permits(1);
     }
 
-    /// A slot freed while an urgent-only permit is out: it may carry any
-    /// batch now.
+    /// A slot may be offered while an urgent-only permit is out: it may
+    /// carry any batch now.
     pub fn widen(&self) {
         self.urgent_only.store(false, Ordering::Release);
         self.widened.notify_one();

@@ -92,6 +92,16 @@ impl Node {
         })
     }
 
+    /// Sends `signal` (`STOP`, `CONT`) with kill(1).
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        let sent = std::process::Command::new("kill")
+            .args([format!("-{signal}"), pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -{signal} {pid} failed");
+    }
+
     /// SIGKILL, as a crash or the OOM killer would.
     fn kill(&mut self) {
         let mut child = self.child.take().expect("running");
@@ -410,8 +420,20 @@ async fn a_provider_process_killed_mid_stream_loses_nothing_and_duplicates_are_c
                 let took = metric(&text, "weir_peer_records_redirected_in_total");
                 let held = metric(&text, "weir_peer_records_held");
                 if took >= KILL_AFTER && held > 0.0 {
-                    c.nodes[i].kill();
-                    return (i, took, held);
+                    // Frozen, it can no longer acknowledge; node 1 says
+                    // whether it still has records there (a provider
+                    // delivers a batch in milliseconds, so what it held at
+                    // the scrape may be settled by now).
+                    c.nodes[i].signal("STOP");
+                    let lent = metric(
+                        &c.nodes[0].metrics().await,
+                        &format!("weir_peer_records_lent{{peer=\"{}\"}}", i + 1),
+                    );
+                    if lent > 0.0 {
+                        c.nodes[i].kill();
+                        return (i, took, held);
+                    }
+                    c.nodes[i].signal("CONT");
                 }
             }
             assert!(

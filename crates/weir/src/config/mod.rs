@@ -69,7 +69,8 @@ use weir_core::queue::QueueCapacity;
 pub use admin::AdminConfig;
 pub use egress::{
     AmqpEgress, EgressConfig, EgressSink, ExchangeType, FileEgress, LinkEmulation, LinkPreset,
-    QueueArgument, QueueType, UrlOrder, AMQP_QUEUE, AMQP_URL, ROUTING_KEY_PLACEHOLDERS,
+    QueueArgument, QueueType, UrlOrder, AMQP_QUEUE, AMQP_URGENT_LANE, AMQP_URL,
+    ROUTING_KEY_PLACEHOLDERS,
 };
 pub use error::{ConfigError, Location};
 pub use ingress::{

@@ -1163,6 +1163,17 @@ blocked_failover_after = "5s"
     };
     assert_eq!(p.urls, vec![crate::config::AMQP_URL.to_owned()]);
     assert!(p.declared_arguments().is_empty());
+    // The urgent lane is on unless turned off.
+    assert!(p.urgent_lane);
+    let off = parse(
+        "[egress]\nkind = \"amqp\"\n[egress.amqp]\nurgent_lane = false\n",
+        "off",
+    )
+    .unwrap();
+    let EgressSink::Amqp(off) = off.egress.sink else {
+        panic!("amqp egress")
+    };
+    assert!(!off.urgent_lane);
 
     let ps = problems(
         r#"

@@ -367,6 +367,12 @@ impl Metrics {
             .set(estimate.per_transaction.as_secs_f64());
     }
 
+    /// The uplink bandwidth last fitted (before `to_act_on`).
+    #[cfg(test)]
+    pub(crate) fn link_bandwidth(&self) -> f64 {
+        self.link_bandwidth.get()
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         for refresh in self

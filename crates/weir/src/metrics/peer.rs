@@ -69,6 +69,7 @@ pub struct PeerMetrics {
     pub advert_bytes: Counter,
     relayed: Family<OutcomeLabel, Counter>,
     via: Family<PeerLabel, Counter>,
+    lent: Family<PeerLabel, Gauge>,
     spare: Family<PeerLabel, Gauge<f64, AtomicU64>>,
     shortage: Family<PeerLabel, Gauge<f64, AtomicU64>>,
 }
@@ -104,6 +105,7 @@ impl PeerMetrics {
             advert_bytes: Counter::default(),
             relayed: Family::default(),
             via: Family::default(),
+            lent: Family::default(),
             spare: Family::default(),
             shortage: Family::default(),
         }
@@ -125,6 +127,16 @@ impl PeerMetrics {
                 peer: peer.to_string(),
             })
             .inc_by(n);
+    }
+
+    /// `n` of this node's records are with `peer`, sent and not yet
+    /// acknowledged as delivered (taken back if the peer is lost).
+    pub fn set_lent(&self, peer: weir_core::NodeId, n: usize) {
+        self.lent
+            .get_or_create(&PeerLabel {
+                peer: peer.to_string(),
+            })
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// What a peer last advertised: its spare and shortage over all
@@ -201,6 +213,11 @@ impl PeerMetrics {
             "peers_alive",
             "Configured peers heard from within dead_after",
             self.peers_alive.clone(),
+        );
+        registry.register(
+            "peer_records_lent",
+            "This node's records with a peer, sent and not yet acknowledged as delivered (taken back if the peer is lost), by peer",
+            self.lent.clone(),
         );
         registry.register(
             "peer_records_delivered_via",

@@ -694,6 +694,7 @@ async fn session(node: &Arc<Node>, link: &Link, changed: &mut watch::Receiver<()
         } else if pump.in_flight.is_empty() {
             break End::Stopped;
         }
+        node.metrics().set_lent(link.id, pump.in_flight.len());
         // With nothing to wait for but acks, look again at the next round.
         let sleep = tokio::time::sleep(wake.unwrap_or(node.cfg.heartbeat));
         let drain = async {
@@ -708,6 +709,7 @@ async fn session(node: &Arc<Node>, link: &Link, changed: &mut watch::Receiver<()
             biased;
             _ = node.abort.cancelled() => {
                 let lost = pump.take_all().len();
+                node.metrics().set_lent(link.id, 0);
                 if lost > 0 {
                     node.metrics().abandoned.inc_by(lost as u64);
                     warn!(provider = link.id, records = lost, "aborting with records lent to a peer unacknowledged");
@@ -735,6 +737,7 @@ async fn session(node: &Arc<Node>, link: &Link, changed: &mut watch::Receiver<()
         }
     };
     let back = pump.take_all();
+    node.metrics().set_lent(link.id, 0);
     if !back.is_empty() {
         // A peer lost mid-stream is worth an operator's notice: these
         // records go out again from here, and any the provider did deliver
