@@ -161,11 +161,16 @@ fn consume_queue(queue: &str, out: &Path, idle: &str) -> String {
     ])
 }
 
-/// The `(origin, seq)` of every line of a `weir consume` output, counted.
+/// The `(origin, seq)` of every line of a `weir consume` output, counted;
+/// a last line without its newline (being written while the test looks)
+/// is not one yet.
 fn lines(path: &Path) -> BTreeMap<(u64, u64), usize> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let mut counts = BTreeMap::new();
-    for line in text.lines() {
+    for line in text
+        .split_inclusive('\n')
+        .filter_map(|l| l.strip_suffix('\n'))
+    {
         let v: serde_json::Value = serde_json::from_str(line)
             .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line:?}"));
         *counts

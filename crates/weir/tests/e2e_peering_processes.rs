@@ -425,6 +425,8 @@ async fn a_provider_process_killed_mid_stream_loses_nothing_and_duplicates_are_c
                     // delivers a batch in milliseconds, so what it held at
                     // the scrape may be settled by now).
                     c.nodes[i].signal("STOP");
+                    // Acknowledgements it sent just before are read first.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                     let lent = metric(
                         &c.nodes[0].metrics().await,
                         &format!("weir_peer_records_lent{{peer=\"{}\"}}", i + 1),
