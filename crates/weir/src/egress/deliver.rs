@@ -212,7 +212,14 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
         };
         let lane_free = urgent_lane && open && lane_flight + lane_todo < window;
         if open && offered == 0 && committed < window {
-            let at = offer_due(epoch, &clock, &todo, &link.borrow(), *horizon.borrow()).max(paced);
+            let at = offer_due(
+                epoch,
+                &clock,
+                &todo,
+                &link.borrow(),
+                *horizon.borrow(),
+                paced,
+            );
             if at <= Instant::now() {
                 ready.offer();
                 offered = 1;
@@ -231,7 +238,14 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
         } else if offered_urgent && committed < window {
             // A slot is free: the urgent lane's permit may carry any batch,
             // once the lead and the pace allow one (as a new permit would).
-            let at = offer_due(epoch, &clock, &todo, &link.borrow(), *horizon.borrow()).max(paced);
+            let at = offer_due(
+                epoch,
+                &clock,
+                &todo,
+                &link.borrow(),
+                *horizon.borrow(),
+                paced,
+            );
             if at <= Instant::now() {
                 ready.widen();
                 offered_urgent = false;
@@ -265,7 +279,7 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
             // While the send is under way (the emulated link's transfer),
             // the next batch is asked for when it is due.
             let mut due = (open && offered == 0 && committed < window)
-                .then(|| offer_due(epoch, &clock, &todo, &estimate, *horizon.borrow()).max(paced));
+                .then(|| offer_due(epoch, &clock, &todo, &estimate, *horizon.borrow(), paced));
             // Cancel safety: a send is never raced against anything but the
             // abort and the timer that offers a permit (which only wakes
             // this loop; the send future stays pinned here and is polled
@@ -444,17 +458,19 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
 }
 
 /// When to ask the scheduler for the next batch, with `todo` built and not
-/// yet sent ([`weir_core::admission::next_offer`]).
+/// yet sent ([`weir_core::admission::next_offer`]), never before `paced`
+/// (the window's pace, [`WindowPacer`]).
 fn offer_due(
     epoch: Instant,
     clock: &LinkClock,
     todo: &VecDeque<Prepared>,
     link: &LinkEstimate,
     horizon: Duration,
+    paced: Instant,
 ) -> Instant {
     let bytes: u64 = todo.iter().map(|p| p.encoded.body.len() as u64).sum();
     let now = Instant::now();
-    epoch + next_offer(now - epoch, clock, todo.len(), bytes, link, horizon)
+    (epoch + next_offer(now - epoch, clock, todo.len(), bytes, link, horizon)).max(paced)
 }
 
 /// Sleeps until `at`; `None` never comes.
