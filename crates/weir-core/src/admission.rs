@@ -264,6 +264,135 @@ impl WindowPacer {
     }
 }
 
+/// The permit the egress has handed to the scheduler and not yet seen
+/// turned into a batch (at most one is out at a time).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Permit {
+    /// None is out.
+    #[default]
+    None,
+    /// A permit for any batch.
+    Any,
+    /// The urgent lane's: a batch of the most urgent class alone, which may
+    /// go beyond a full window.
+    Urgent,
+}
+
+/// The egress's window of unconfirmed batches as it stands, for
+/// [`next_permit`]: the sink's window, what is in flight (sent, not yet
+/// confirmed) and built (taken from the scheduler, not yet sent), each with
+/// the urgent lane's share of it, and the permit out.
+///
+/// The urgent lane's batches have a window of their own beside the others'
+/// (they are small: one class, no riders); sharing one would leave the
+/// others a slot short for every urgent batch in flight.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Window {
+    /// The sink's window (at least 1).
+    pub size: usize,
+    /// Sent and not yet confirmed.
+    pub in_flight: usize,
+    /// Of `in_flight`, the urgent lane's.
+    pub lane_in_flight: usize,
+    /// Taken from the scheduler and not yet sent (retries included).
+    pub built: usize,
+    /// Of `built`, the urgent lane's.
+    pub lane_built: usize,
+    /// Whether the urgent lane is on (`egress.amqp.urgent_lane`, and a
+    /// window of more than one).
+    pub urgent_lane: bool,
+    /// Whether the scheduler still hands batches over (not shut down).
+    pub open: bool,
+    /// The permit out.
+    pub out: Permit,
+}
+
+impl Window {
+    /// Batches other than the lane's committed to the link: in flight or
+    /// built.
+    pub fn committed(&self) -> usize {
+        self.in_flight - self.lane_in_flight + self.built - self.lane_built
+    }
+
+    /// Whether a built batch may be sent now: the lane's while the lane's
+    /// own window has room, any other while the window has.
+    pub fn may_send(&self, lane: bool) -> bool {
+        match lane {
+            true => self.lane_in_flight < self.size,
+            false => self.in_flight - self.lane_in_flight < self.size,
+        }
+    }
+
+    /// Whether a permit for any batch may be offered once it is due (none
+    /// is out and a slot is free).
+    pub fn may_offer(&self) -> bool {
+        self.open && self.out == Permit::None && self.committed() < self.size
+    }
+
+    /// Whether the egress takes the scheduler's next batch: nothing built
+    /// waits to be sent and the batch has room (a free slot, or the urgent
+    /// lane's permit, whose batch goes beyond the window).
+    pub fn may_receive(&self) -> bool {
+        self.open
+            && self.built == 0
+            && (self.in_flight - self.lane_in_flight < self.size || self.out == Permit::Urgent)
+    }
+
+    fn lane_free(&self) -> bool {
+        self.urgent_lane && self.open && self.lane_in_flight + self.lane_built < self.size
+    }
+}
+
+/// What the egress does about its permit ([`next_permit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PermitStep {
+    /// Offer a permit for any batch now.
+    Offer,
+    /// Offer the urgent lane's permit now (an urgent record need not wait
+    /// for the window or the pace), and look again at `recheck`, when a
+    /// permit for any batch is due, if one is.
+    OfferUrgent {
+        /// When a permit for any batch is due.
+        recheck: Option<Duration>,
+    },
+    /// The urgent lane's permit out may now carry any batch: widen it.
+    Widen,
+    /// Nothing now; look again at this time.
+    WaitUntil(Duration),
+    /// Nothing until the window, the permit or the scheduler changes.
+    Idle,
+}
+
+/// Which permit the egress offers the scheduler, and when, given its
+/// window `w`, the time `now` and when a permit for any batch is `due`
+/// (the lead, [`next_offer`], and with the urgent lane the window's pace,
+/// [`WindowPacer`]).
+///
+/// - With a slot free and no permit out: a permit for any batch once due.
+///   Until then, with the urgent lane, the lane's permit: an urgent record
+///   need not wait for the lead or the pace.
+/// - With the lane's permit out and a slot free: once due, the permit is
+///   widened to any batch (as a new permit would be offered).
+/// - With the window full and no permit out: the lane's permit, while the
+///   lane's own window has room; its class alone may go beyond a full
+///   window, so an urgent record does not wait for a confirmation.
+pub fn next_permit(w: &Window, now: Duration, due: Duration) -> PermitStep {
+    let slot = w.committed() < w.size;
+    match w.out {
+        Permit::None if w.open && slot => match (due <= now, w.lane_free()) {
+            (true, _) => PermitStep::Offer,
+            (false, true) => PermitStep::OfferUrgent { recheck: Some(due) },
+            (false, false) => PermitStep::WaitUntil(due),
+        },
+        Permit::None if w.lane_free() => PermitStep::OfferUrgent { recheck: None },
+        Permit::Urgent if slot => match due <= now {
+            true => PermitStep::Widen,
+            false => PermitStep::WaitUntil(due),
+        },
+        _ => PermitStep::Idle,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -378,6 +507,111 @@ mod tests {
             let fits = one <= h + MS;
             let bdp = cap as f64 <= (l.per_transaction.as_secs_f64() * bw).max(MIN_BATCH_BYTES as f64) + 1.0;
             prop_assert!(fits || bdp);
+        }
+    }
+
+    fn window(size: usize, in_flight: usize, lane_in_flight: usize, out: Permit) -> Window {
+        Window {
+            size,
+            in_flight,
+            lane_in_flight,
+            built: 0,
+            lane_built: 0,
+            urgent_lane: true,
+            open: true,
+            out,
+        }
+    }
+
+    #[test]
+    fn a_free_slot_is_offered_once_due_and_the_lane_meanwhile() {
+        let w = window(8, 3, 0, Permit::None);
+        assert_eq!(next_permit(&w, MS * 10, MS * 10), PermitStep::Offer);
+        assert_eq!(
+            next_permit(&w, MS * 10, MS * 14),
+            PermitStep::OfferUrgent {
+                recheck: Some(MS * 14)
+            },
+            "not yet due: the lane's permit meanwhile"
+        );
+        let off = Window {
+            urgent_lane: false,
+            ..w
+        };
+        assert_eq!(
+            next_permit(&off, MS * 10, MS * 14),
+            PermitStep::WaitUntil(MS * 14),
+            "without the lane, nothing until due"
+        );
+        // The lane's permit out and a slot free: widened once due.
+        let u = window(8, 3, 0, Permit::Urgent);
+        assert_eq!(
+            next_permit(&u, MS * 10, MS * 14),
+            PermitStep::WaitUntil(MS * 14)
+        );
+        assert_eq!(next_permit(&u, MS * 14, MS * 14), PermitStep::Widen);
+        // A permit for any batch out: nothing more.
+        let a = window(8, 3, 0, Permit::Any);
+        assert_eq!(next_permit(&a, MS * 14, MS * 14), PermitStep::Idle);
+    }
+
+    #[test]
+    fn a_full_window_leaves_the_urgent_lane_its_own() {
+        // Eight others in flight (or built): no slot, the lane's permit.
+        let full = window(8, 8, 0, Permit::None);
+        assert!(!full.may_offer());
+        assert!(!full.may_send(false));
+        assert!(full.may_send(true));
+        assert_eq!(
+            next_permit(&full, MS, MS),
+            PermitStep::OfferUrgent { recheck: None }
+        );
+        let built = Window {
+            in_flight: 6,
+            built: 2,
+            ..full
+        };
+        assert_eq!(
+            next_permit(&built, MS, MS),
+            PermitStep::OfferUrgent { recheck: None }
+        );
+        // Its batch may be taken beyond the window, no other.
+        assert!(!full.may_receive());
+        assert!(Window {
+            out: Permit::Urgent,
+            ..full
+        }
+        .may_receive());
+        // The lane's batches do not take the others' slots...
+        let lane = window(8, 10, 4, Permit::None);
+        assert_eq!(lane.committed(), 6);
+        assert_eq!(next_permit(&lane, MS, MS), PermitStep::Offer);
+        // ...and have a window of their own.
+        let lane_full = Window {
+            lane_built: 2,
+            built: 2,
+            ..window(8, 14, 6, Permit::None)
+        };
+        assert_eq!(next_permit(&lane_full, MS, MS), PermitStep::Idle);
+        // Without the lane a full window waits for a confirmation.
+        let off = Window {
+            urgent_lane: false,
+            ..full
+        };
+        assert_eq!(next_permit(&off, MS, MS), PermitStep::Idle);
+    }
+
+    #[test]
+    fn once_the_scheduler_has_shut_down_nothing_is_offered() {
+        for out in [Permit::None, Permit::Any] {
+            for in_flight in [0, 8] {
+                let w = Window {
+                    open: false,
+                    ..window(8, in_flight, 0, out)
+                };
+                assert_eq!(next_permit(&w, MS, MS), PermitStep::Idle);
+                assert!(!w.may_offer() && !w.may_receive());
+            }
         }
     }
 

@@ -1136,6 +1136,7 @@ async fn run_cell(
                         "t": round(t, 2),
                         "estimate_bps": round(nan0(m("weir_link_bandwidth_bytes_per_second")), 0),
                         "t_sc_ms": round(nan0(m("weir_link_transaction_seconds") * 1e3), 2),
+                        "queue_ms": round(nan0(m("weir_link_queue_seconds") * 1e3), 2),
                         "c_out_bps": round(nan0(rates.iter().sum()), 0),
                         "carried_wire_bps": round(nan0(*carried), 0),
                         "batches": metric_sum(&text, "weir_batches_confirmed_total"),

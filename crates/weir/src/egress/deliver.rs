@@ -10,8 +10,12 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use weir_core::admission::{next_offer, LinkClock, WindowPacer};
-use weir_core::link_estimate::{LinkEstimate, LinkEstimator, LinkTimer};
+use weir_core::admission::{
+    next_offer, next_permit, LinkClock, Permit, PermitStep, Window, WindowPacer,
+};
+use weir_core::link_estimate::{
+    Climb, FitKind, LinkEstimate, LinkEstimator, LinkTimer, QueueWatch,
+};
 use weir_core::scheduler::{Delivered, OutBatch};
 use weir_core::{ClassSet, NodeId};
 
@@ -147,10 +151,8 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
     let mut flight: VecDeque<InFlight> = VecDeque::with_capacity(window);
     // Permits handed to the scheduler and not yet turned into batches,
     // and when the last was.
-    let mut offered = 0usize;
+    let mut permit = Permit::None;
     let mut offered_at = Instant::now();
-    // Whether the permit out is the urgent lane's (beyond a full window).
-    let mut offered_urgent = false;
     let mut open = true;
     let mut backoff = RETRY_INITIAL;
     let mut retry_at: Option<Instant> = None;
@@ -161,6 +163,9 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
     let mut clock = LinkClock::default();
     // The window's slots, offered at most one per round trip / window.
     let mut pacer = WindowPacer::default();
+    // Whether the link holds a queue, and the estimate acted on.
+    let mut queue = QueueWatch::default();
+    let mut climb = Climb::new(link_prior, Duration::ZERO);
     // The deadline passed: what is unconfirmed, and what the scheduler
     // handed over and was never taken, is undelivered.
     let lost = |todo: &VecDeque<Prepared>,
@@ -195,77 +200,55 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
         // is built from the queues as they are when the link can take it,
         // and an urgent record never finds more than the lead and one
         // batch committed ahead of it.
-        let mut offer_at = None;
-        // The urgent lane's batches have a window of their own beside the
-        // others' (they are small: one class, no riders); sharing one would
-        // leave the others a slot short for every urgent batch in flight.
-        let lane_flight = flight.iter().filter(|f| f.prepared.beyond).count();
-        let lane_todo = todo.iter().filter(|p| p.beyond).count();
-        let committed = flight.len() - lane_flight + todo.len() - lane_todo;
-        let bulk_free = flight.len() - lane_flight < window;
+        let w = Window {
+            size: window,
+            in_flight: flight.len(),
+            lane_in_flight: flight.iter().filter(|f| f.prepared.beyond).count(),
+            built: todo.len(),
+            lane_built: todo.iter().filter(|p| p.beyond).count(),
+            urgent_lane,
+            open,
+            out: permit,
+        };
         // Only with the urgent lane (an urgent record need not wait for the
         // pace, weir_core::admission::WindowPacer): without it the pace
         // would hold the urgent records back too.
         let paced = match urgent_lane {
-            true => epoch + pacer.next(window, flight.len() - lane_flight),
+            true => epoch + pacer.next(window, w.in_flight - w.lane_in_flight),
             false => epoch,
         };
-        let lane_free = urgent_lane && open && lane_flight + lane_todo < window;
-        if open && offered == 0 && committed < window {
-            let at = offer_due(
-                epoch,
-                &clock,
-                &todo,
-                &link.borrow(),
-                *horizon.borrow(),
-                paced,
-            );
-            if at <= Instant::now() {
+        let due = offer_due(
+            epoch,
+            &clock,
+            &todo,
+            &link.borrow(),
+            *horizon.borrow(),
+            paced,
+        );
+        let mut offer_at = None;
+        match next_permit(&w, Instant::now() - epoch, due - epoch) {
+            PermitStep::Offer => {
                 ready.offer();
-                offered = 1;
+                permit = Permit::Any;
                 offered_at = Instant::now();
                 pacer.offered(offered_at - epoch);
-            } else {
-                offer_at = Some(at);
-                if lane_free {
-                    // Held back: an urgent record need not wait for it.
-                    ready.offer_urgent();
-                    offered = 1;
-                    offered_urgent = true;
-                    offered_at = Instant::now();
-                }
             }
-        } else if offered_urgent && committed < window {
-            // A slot is free: the urgent lane's permit may carry any batch,
-            // once the lead and the pace allow one (as a new permit would).
-            let at = offer_due(
-                epoch,
-                &clock,
-                &todo,
-                &link.borrow(),
-                *horizon.borrow(),
-                paced,
-            );
-            if at <= Instant::now() {
+            PermitStep::OfferUrgent { recheck } => {
+                ready.offer_urgent();
+                permit = Permit::Urgent;
+                offered_at = Instant::now();
+                offer_at = recheck.map(|at| epoch + at);
+            }
+            PermitStep::Widen => {
                 ready.widen();
-                offered_urgent = false;
+                permit = Permit::Any;
                 pacer.offered(Instant::now() - epoch);
-            } else {
-                offer_at = Some(at);
             }
-        } else if lane_free && offered == 0 {
-            // The window is full: an urgent record need not wait for a
-            // confirmation; its class alone may go beyond it.
-            ready.offer_urgent();
-            offered = 1;
-            offered_urgent = true;
-            offered_at = Instant::now();
+            PermitStep::WaitUntil(at) => offer_at = Some(epoch + at),
+            PermitStep::Idle => {}
         }
         let waiting = retry_at.is_some_and(|at| at > Instant::now());
-        let sendable = todo.front().is_some_and(|p| match p.beyond {
-            true => lane_flight < window,
-            false => bulk_free,
-        });
+        let sendable = todo.front().is_some_and(|p| w.may_send(p.beyond));
         if !waiting && sendable {
             retry_at = None;
             let prepared = todo.pop_front().expect("not empty");
@@ -278,7 +261,8 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
             );
             // While the send is under way (the emulated link's transfer),
             // the next batch is asked for when it is due.
-            let mut due = (open && offered == 0 && committed < window)
+            let mut due = Window { out: permit, ..w }
+                .may_offer()
                 .then(|| offer_due(epoch, &clock, &todo, &estimate, *horizon.borrow(), paced));
             // Cancel safety: a send is never raced against anything but the
             // abort and the timer that offers a permit (which only wakes
@@ -295,7 +279,7 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                         () = sleep_until_some(due), if due.is_some() => {
                             due = None;
                             ready.offer();
-                            offered = 1;
+                            permit = Permit::Any;
                             offered_at = Instant::now();
                             pacer.offered(offered_at - epoch);
                         }
@@ -343,7 +327,9 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
         if !open && todo.is_empty() && flight.is_empty() {
             break;
         }
-        let can_receive = open && todo.is_empty() && (bulk_free || offered_urgent);
+        // What the window was at the top of this turn (a send goes round
+        // again), with the permit as offered since.
+        let can_receive = Window { out: permit, ..w }.may_receive();
         // Cancel safety: every branch either only waits (the abort, the
         // retry timer) or is cancel safe (`recv`, and polling the head
         // confirmation by reference, which keeps it in `flight`).
@@ -379,12 +365,25 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                             pacer.confirmed(now - done.sent);
                         }
                         backoff = RETRY_INITIAL;
+                        queue.confirmed(
+                            now - epoch,
+                            now - done.sent,
+                            done.prepared.encoded.body.len() as u64,
+                            link_prior.bytes_per_sec,
+                        );
+                        metrics.set_link_queue(queue.queue());
                         if let Some(est) = estimator.as_mut() {
                             measured(
                                 est,
-                                done.prepared.encoded.body.len() as u64,
-                                elapsed,
-                                (timer.saturated(), link_prior),
+                                Measured {
+                                    now: now - epoch,
+                                    bytes: done.prepared.encoded.body.len() as u64,
+                                    elapsed,
+                                    saturated: timer.saturated(),
+                                    queued: queue.queued(),
+                                    prior: link_prior,
+                                },
+                                &mut climb,
                                 &link,
                                 &metrics,
                             );
@@ -412,10 +411,9 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                     open = false;
                     continue;
                 };
-                offered = offered.saturating_sub(1);
                 // Taken under the urgent lane's permit (not widened since):
                 // it may go beyond the window.
-                let beyond = std::mem::take(&mut offered_urgent);
+                let beyond = std::mem::take(&mut permit) == Permit::Urgent;
                 if beyond {
                     metrics.urgent_lane_batches.inc();
                 }
@@ -506,32 +504,52 @@ fn failed(
     tracing::warn!(sink, batch = head.encoded.seq, attempt = head.attempts, error = %error, "delivery failed; retrying");
 }
 
-/// A confirmed transaction of `bytes` that took `elapsed` on the link
-/// teaches the estimator; a full fit is published (`to_act_on`: lone
-/// transactions never take the bandwidth below the configured `prior`
-/// unless `saturated` says the link was seen busy).
+/// What a confirmed transaction says of the link.
+struct Measured {
+    /// When it was confirmed (from the egress's epoch).
+    now: Duration,
+    bytes: u64,
+    /// Its time on the link (`LinkTimer`).
+    elapsed: Duration,
+    /// Of the last 64, how many were sent behind others (`LinkTimer`).
+    saturated: u32,
+    /// Whether the link holds a queue (`QueueWatch`).
+    queued: bool,
+    /// The configured uplink, in what TCP carries of it.
+    prior: LinkEstimate,
+}
+
+/// A confirmed transaction teaches the estimator; what to act on
+/// (`Climb`: each full fit through `to_act_on`, and with no queue on the
+/// link a climb back towards the prior) is published when it changes.
 fn measured(
     est: &mut LinkEstimator,
-    bytes: u64,
-    elapsed: Duration,
-    (saturated, prior): (u32, LinkEstimate),
+    m: Measured,
+    climb: &mut Climb,
     link: &tokio::sync::watch::Sender<LinkEstimate>,
     metrics: &Metrics,
 ) {
     // The transaction alone (not compression or queueing): Eq. 1's
     // `T_sc + US / Th_up` for the bytes on the wire.
-    est.observe(bytes, elapsed);
-    let now = est.estimate();
-    metrics.set_link(&now);
+    est.observe(m.bytes, m.elapsed);
+    let fit = est.estimate();
+    metrics.set_link(&fit);
     // Only a window of varied sizes separates T_sc from bandwidth; small
     // alike batches (an idle link) say little about the bandwidth, and
     // acting on them would shrink C_out and the spare a node offers its
     // peers. The scheduler keeps the last full fit (or the configured
     // prior) until then.
-    if est.fit_kind() == weir_core::link_estimate::FitKind::Full {
-        link.send_replace(weir_core::link_estimate::to_act_on(now, prior, saturated));
+    let full = (est.fit_kind() == FitKind::Full).then_some(fit);
+    let now = climb.update(m.now, full, m.prior, m.saturated, m.queued);
+    let published = link.borrow().bytes_per_sec;
+    if full.is_some() || now.bytes_per_sec > published * (1.0 + CLIMB_STEP) {
+        link.send_replace(now);
     }
 }
+
+/// Least relative rise of the climb published on its own (without a full
+/// fit): the scheduler is not woken for every confirmation.
+const CLIMB_STEP: f64 = 0.005;
 
 /// Everything else a confirmed transaction updates.
 fn confirmed(
@@ -1024,6 +1042,16 @@ mod tests {
             bytes_per_sec: prior_bytes_per_sec,
             per_transaction: Duration::from_millis(50),
         };
+        published_from(prior, batches, every, confirm_per_byte).await
+    }
+
+    /// [`published_after`] from any `prior`.
+    async fn published_from(
+        prior: weir_core::link_estimate::LinkEstimate,
+        batches: u64,
+        every: Duration,
+        confirm_per_byte: Duration,
+    ) -> weir_core::link_estimate::LinkEstimate {
         let (ctx, releases, _ready, published) = context(prior);
         let (tx, rx) = mpsc::channel(64);
         let now = tokio::time::Instant::now();
@@ -1071,6 +1099,26 @@ mod tests {
             (busy.bytes_per_sec / 2e6 - 1.0).abs() < 0.1,
             "measured {:.0} B/s on a 2 MB/s link",
             busy.bytes_per_sec
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sender_paced_under_its_link_climbs_back_to_the_prior() {
+        // A prior T_sc of 20 ms on a 50 ms link: a batch sent up to 30 ms
+        // after the one before left the link counts as sent behind it, and
+        // its time is that of a busy period paced by the sender (about
+        // 1 MB/s here, a batch of 8-64 KiB every 36 ms), not by the 2 MB/s
+        // link. Such fits stand once 8 of 64 are "behind"; the round trips
+        // show no queue, so the estimate acted on climbs back to the prior.
+        let prior = weir_core::link_estimate::LinkEstimate {
+            bytes_per_sec: 2e6,
+            per_transaction: Duration::from_millis(20),
+        };
+        let est = published_from(prior, 300, Duration::from_millis(36), Duration::ZERO).await;
+        assert!(
+            est.bytes_per_sec >= 0.95 * 2e6,
+            "acted on {:.0} B/s of a 2 MB/s link",
+            est.bytes_per_sec
         );
     }
 }

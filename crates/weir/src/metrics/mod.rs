@@ -61,6 +61,7 @@ pub struct Metrics {
     compression_predicted: Gauge<f64, AtomicU64>,
     link_bandwidth: Gauge<f64, AtomicU64>,
     link_transaction: Gauge<f64, AtomicU64>,
+    link_queue: Gauge<f64, AtomicU64>,
     /// Peering (`weir_peer_*`).
     pub peer: PeerMetrics,
     /// The spool (`weir_spool_*`).
@@ -130,6 +131,7 @@ impl Metrics {
             compression_predicted: Gauge::default(),
             link_bandwidth: Gauge::default(),
             link_transaction: Gauge::default(),
+            link_queue: Gauge::default(),
             peer: PeerMetrics::new(classes),
             spool: SpoolMetrics::new(classes),
             security: SecurityMetrics::default(),
@@ -232,6 +234,11 @@ impl Metrics {
             "link_transaction_seconds",
             "Online estimate of the uplink's fixed per-transaction time T_sc",
             m.link_transaction.clone(),
+        );
+        m.registry.register(
+            "link_queue_seconds",
+            "Median round trip of the last 16 confirmed transactions above the lowest of the last 10 s: the uplink's queue",
+            m.link_queue.clone(),
         );
         m.peer.register(&mut m.registry);
         m.spool.register(&mut m.registry);
@@ -365,6 +372,12 @@ impl Metrics {
         self.link_bandwidth.set(estimate.bytes_per_sec);
         self.link_transaction
             .set(estimate.per_transaction.as_secs_f64());
+    }
+
+    /// The uplink's queue: the recent round trips above the floor
+    /// (`weir_core::link_estimate::QueueWatch`).
+    pub fn set_link_queue(&self, queue: Duration) {
+        self.link_queue.set(queue.as_secs_f64());
     }
 
     /// The uplink bandwidth last fitted (before `to_act_on`).

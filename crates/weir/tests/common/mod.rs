@@ -48,12 +48,42 @@ pub fn unique(test: &str) -> String {
     format!("weir-test-{}-{test}", std::process::id())
 }
 
-/// A fresh, empty directory unique to this process and `name`.
+/// A fresh, empty directory unique to this process and `name`. The first
+/// call of a process removes what earlier test processes, no longer
+/// running, left in the temporary directory (kept until then, so a failed
+/// run's files can be read).
 pub fn tmp(name: &str) -> PathBuf {
+    static SWEEP: std::sync::Once = std::sync::Once::new();
+    SWEEP.call_once(sweep_stale);
     let dir = std::env::temp_dir().join(unique(name));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// Removes `weir-test-<pid>-*` entries of the temporary directory whose
+/// process has gone.
+fn sweep_stale() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("weir-test-"))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = match e.file_type().is_ok_and(|t| t.is_dir()) {
+                true => std::fs::remove_dir_all(e.path()),
+                false => std::fs::remove_file(e.path()),
+            };
+        }
+    }
 }
 
 /// Polls `done` until it holds; panics naming `what` once [`PATIENCE`]
