@@ -64,13 +64,24 @@ grep -q '^listen = "127.0.0.1:9464"' "$gen/weir.toml" || {
   exit 1
 }
 
+# The cross builds in one cargo run: the host's build scripts and proc
+# macros are built once, and the two targets' crates share the cores.
+cross=()
+for arch in "${arches[@]}"; do
+  [ "$arch" = amd64 ] && continue
+  target=$(target_of "$arch")
+  rustup target add "$target" >/dev/null 2>&1 || true
+  cross+=(--target "$target")
+done
+if [ ${#cross[@]} -gt 0 ]; then
+  cargo build --release --locked "${cross[@]}" -p weir
+fi
+
 for arch in "${arches[@]}"; do
   target=$(target_of "$arch")
   if [ "$arch" = amd64 ]; then
     bin=$host
   else
-    rustup target add "$target" >/dev/null 2>&1 || true
-    cargo build --release --locked --target "$target" -p weir
     bin=target/$target/release/weir
   fi
   root=$out/weir_${version}_${arch}

@@ -176,7 +176,7 @@ fn capacity_follows_the_uplink_estimate_beyond_the_hysteresis() {
     // Less the headroom, 1.02e6 is within 1 % of the 1e6 configured.
     s.handle_link_estimate(link(1.02e6, MS * 10));
     s.poll_window(MS * 100, &q, 0);
-    assert_eq!(s.capacity(), 1e6, "a 1 % change is jitter");
+    assert_eq!(s.capacity(), 1e6, "a 1 % rise is jitter");
     s.handle_link_estimate(link(2e6, MS * 10));
     s.poll_window(MS * 200, &q, 0);
     // C_out leaves the headroom of the measured link unallocated.
@@ -189,6 +189,28 @@ fn capacity_follows_the_uplink_estimate_beyond_the_hysteresis() {
     s.handle_link_estimate(link(1.92e6, MS * 10));
     s.poll_window(MS * 300, &q, 0);
     assert_eq!(s.capacity(), 1.92e6 * (1.0 - UPLINK_HEADROOM));
+    // A fall of 1 % is followed too (C_out would otherwise sit 0.5 %
+    // above the estimate); a rise of 1 % is not.
+    s.handle_link_estimate(link(1.92e6 * 0.99, MS * 10));
+    s.poll_window(MS * 400, &q, 0);
+    let fell = 1.92e6 * 0.99 * (1.0 - UPLINK_HEADROOM);
+    assert_eq!(s.capacity(), fell);
+    s.handle_link_estimate(link(1.92e6, MS * 10));
+    s.poll_window(MS * 500, &q, 0);
+    assert_eq!(s.capacity(), fell, "a 1 % rise is jitter");
+    // Whatever the estimate does, C_out stays under it.
+    for (k, e) in [1.9e6, 1.89e6, 1.95e6, 1.87e6, 1.99e6, 1.88e6]
+        .into_iter()
+        .enumerate()
+    {
+        s.handle_link_estimate(link(e, MS * 10));
+        s.poll_window(MS * (600 + 100 * k as u32), &q, 0);
+        assert!(
+            s.capacity() < e,
+            "C_out {} above an estimate of {e}",
+            s.capacity()
+        );
+    }
 }
 
 #[test]

@@ -538,8 +538,14 @@ fn measured(
     // alike batches (an idle link) say little about the bandwidth, and
     // acting on them would shrink C_out and the spare a node offers its
     // peers. The scheduler keeps the last full fit (or the configured
-    // prior) until then.
-    let full = (est.fit_kind() == FitKind::Full).then_some(fit);
+    // prior) until then. With a queue on the link, though, the batches
+    // went out back to back and were timed at the rate the link carried
+    // them (`LinkTimer`): the bandwidth of a fit with `T_sc` held is the
+    // link's, and acting on it is what drains the queue (in the
+    // real-process lab, a node sending batches of alike sizes at 480 B
+    // records kept `C_out` at the prior, above what its link carried, and
+    // its `tbf` queue grew to 100 kB).
+    let full = (est.fit_kind() == FitKind::Full || m.queued).then_some(fit);
     let now = climb.update(m.now, full, m.prior, m.saturated, m.queued);
     let published = link.borrow().bytes_per_sec;
     if full.is_some() || now.bytes_per_sec > published * (1.0 + CLIMB_STEP) {
@@ -1042,15 +1048,22 @@ mod tests {
             bytes_per_sec: prior_bytes_per_sec,
             per_transaction: Duration::from_millis(50),
         };
-        published_from(prior, batches, every, confirm_per_byte).await
+        published_from(prior, batches, every, confirm_per_byte, varied).await
     }
 
-    /// [`published_after`] from any `prior`.
+    /// 8-64 KiB, varied.
+    fn varied(seq: u64) -> usize {
+        8192 + (seq as usize * 7919) % (56 << 10)
+    }
+
+    /// [`published_after`] from any `prior`, with batches of `size(seq)`
+    /// bytes.
     async fn published_from(
         prior: weir_core::link_estimate::LinkEstimate,
         batches: u64,
         every: Duration,
         confirm_per_byte: Duration,
+        size: fn(u64) -> usize,
     ) -> weir_core::link_estimate::LinkEstimate {
         let (ctx, releases, _ready, published) = context(prior);
         let (tx, rx) = mpsc::channel(64);
@@ -1066,7 +1079,7 @@ mod tests {
         };
         let handle = tokio::spawn(run(sink, rx, ctx));
         for seq in 1..=batches {
-            let size = 8192 + (seq as usize * 7919) % (56 << 10);
+            let size = size(seq);
             let mut b = batch(seq);
             b.records[0].payload = Bytes::from(vec![7u8; size]);
             tx.send(b).await.unwrap();
@@ -1114,9 +1127,35 @@ mod tests {
             bytes_per_sec: 2e6,
             per_transaction: Duration::from_millis(20),
         };
-        let est = published_from(prior, 300, Duration::from_millis(36), Duration::ZERO).await;
+        let est = published_from(
+            prior,
+            300,
+            Duration::from_millis(36),
+            Duration::ZERO,
+            varied,
+        )
+        .await;
         assert!(
             est.bytes_per_sec >= 0.95 * 2e6,
+            "acted on {:.0} B/s of a 2 MB/s link",
+            est.bytes_per_sec
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_queue_on_the_link_acts_on_a_fit_of_alike_batches() {
+        // Batches all of 48 KiB, kept busy on a 2 MB/s link with the prior
+        // at 4 MB/s: alike sizes give no full fit (T_sc held), but the
+        // link holds a queue, so the bandwidth the busy period shows is
+        // the link's and is acted on. Without the queue's evidence the
+        // prior would stand and the queue grow.
+        let prior = weir_core::link_estimate::LinkEstimate {
+            bytes_per_sec: 4e6,
+            per_transaction: Duration::from_millis(50),
+        };
+        let est = published_from(prior, 300, Duration::ZERO, Duration::ZERO, |_| 48 << 10).await;
+        assert!(
+            (est.bytes_per_sec / 2e6 - 1.0).abs() < 0.1,
             "acted on {:.0} B/s of a 2 MB/s link",
             est.bytes_per_sec
         );
