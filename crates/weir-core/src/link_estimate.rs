@@ -680,6 +680,9 @@ pub struct QueueWatch {
     floor: VecDeque<(Duration, f64)>,
     /// The last [`QUEUE_SPAN`] round trips above the floor, in seconds.
     recent: VecDeque<f64>,
+    /// Their median, kept as each confirmation comes (read twice a
+    /// confirmation: the gauge and [`QueueWatch::queued`]).
+    queue: Duration,
 }
 
 impl QueueWatch {
@@ -715,16 +718,18 @@ impl QueueWatch {
         if self.recent.len() > QUEUE_SPAN {
             self.recent.pop_front();
         }
+        let mut v = [0.0f64; QUEUE_SPAN + 1];
+        let n = self.recent.len();
+        for (slot, r) in v.iter_mut().zip(&self.recent) {
+            *slot = *r;
+        }
+        self.queue = secs_to_duration(median(&mut v[..n]));
     }
 
     /// The median round trip above the floor over the last [`QUEUE_SPAN`]
     /// confirmations: the link's queue, in time.
     pub fn queue(&self) -> Duration {
-        if self.recent.is_empty() {
-            return Duration::ZERO;
-        }
-        let mut v: Vec<f64> = self.recent.iter().copied().collect();
-        secs_to_duration(median(&mut v))
+        self.queue
     }
 
     /// Whether the link holds a queue: [`QueueWatch::queue`] over
@@ -757,6 +762,8 @@ pub const CLIMB_PER_SEC: f64 = 0.2;
 pub struct Climb {
     value: LinkEstimate,
     at: Duration,
+    /// What [`Climb::observe`] last returned (the prior at first).
+    published: LinkEstimate,
 }
 
 impl Climb {
@@ -765,6 +772,7 @@ impl Climb {
         Self {
             value: prior,
             at: now,
+            published: prior,
         }
     }
 
@@ -796,7 +804,46 @@ impl Climb {
         self.at = now;
         next
     }
+
+    /// A transaction confirmed at `now` with the estimator's `fit`
+    /// (`full`: a full fit, not one with `T_sc` held): [`Climb::update`],
+    /// and the estimate to publish if there is one to publish.
+    ///
+    /// Only a window of varied sizes separates `T_sc` from bandwidth; small
+    /// alike batches (an idle link) say little about the bandwidth, and
+    /// acting on them would shrink `C_out` and the spare a node offers its
+    /// peers, so a fit with `T_sc` held is not acted on. With a queue on
+    /// the link, though, the batches went out back to back and were timed
+    /// at the rate the link carried them ([`LinkTimer`]): that fit's
+    /// bandwidth is the link's, and acting on it is what drains the queue
+    /// (in the real-process lab, a node sending batches of alike sizes at
+    /// 480 B records kept `C_out` at the prior, above what its link
+    /// carried, and its `tbf` queue grew to 100 kB). A fit acted on is
+    /// published; a climb alone once it has risen [`CLIMB_STEP`] above what
+    /// was last published (the scheduler is not woken for every
+    /// confirmation).
+    pub fn observe(
+        &mut self,
+        now: Duration,
+        fit: LinkEstimate,
+        full: bool,
+        prior: LinkEstimate,
+        saturated: u32,
+        queued: bool,
+    ) -> Option<LinkEstimate> {
+        let acted = (full || queued).then_some(fit);
+        let next = self.update(now, acted, prior, saturated, queued);
+        let risen = next.bytes_per_sec > self.published.bytes_per_sec * (1.0 + CLIMB_STEP);
+        (acted.is_some() || risen).then(|| {
+            self.published = next;
+            next
+        })
+    }
 }
+
+/// Least relative rise of the climb published on its own, without a fit
+/// acted on ([`Climb::observe`]).
+pub const CLIMB_STEP: f64 = 0.005;
 
 #[cfg(test)]
 pub(crate) mod tests {

@@ -520,8 +520,9 @@ struct Measured {
 }
 
 /// A confirmed transaction teaches the estimator; what to act on
-/// (`Climb`: each full fit through `to_act_on`, and with no queue on the
-/// link a climb back towards the prior) is published when it changes.
+/// (`Climb::observe`: a full fit, or any with a queue on the link, through
+/// `to_act_on`, and with no queue a climb back towards the prior) is
+/// published when it changes.
 fn measured(
     est: &mut LinkEstimator,
     m: Measured,
@@ -534,28 +535,11 @@ fn measured(
     est.observe(m.bytes, m.elapsed);
     let fit = est.estimate();
     metrics.set_link(&fit);
-    // Only a window of varied sizes separates T_sc from bandwidth; small
-    // alike batches (an idle link) say little about the bandwidth, and
-    // acting on them would shrink C_out and the spare a node offers its
-    // peers. The scheduler keeps the last full fit (or the configured
-    // prior) until then. With a queue on the link, though, the batches
-    // went out back to back and were timed at the rate the link carried
-    // them (`LinkTimer`): the bandwidth of a fit with `T_sc` held is the
-    // link's, and acting on it is what drains the queue (in the
-    // real-process lab, a node sending batches of alike sizes at 480 B
-    // records kept `C_out` at the prior, above what its link carried, and
-    // its `tbf` queue grew to 100 kB).
-    let full = (est.fit_kind() == FitKind::Full || m.queued).then_some(fit);
-    let now = climb.update(m.now, full, m.prior, m.saturated, m.queued);
-    let published = link.borrow().bytes_per_sec;
-    if full.is_some() || now.bytes_per_sec > published * (1.0 + CLIMB_STEP) {
-        link.send_replace(now);
+    let full = est.fit_kind() == FitKind::Full;
+    if let Some(acted) = climb.observe(m.now, fit, full, m.prior, m.saturated, m.queued) {
+        link.send_replace(acted);
     }
 }
-
-/// Least relative rise of the climb published on its own (without a full
-/// fit): the scheduler is not woken for every confirmation.
-const CLIMB_STEP: f64 = 0.005;
 
 /// Everything else a confirmed transaction updates.
 fn confirmed(
