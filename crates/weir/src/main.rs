@@ -502,7 +502,16 @@ fn main() -> ExitCode {
             }
         }
         Command::CheckConfig { file } => match load_checked(Some(&file)) {
-            Ok(_) => {
+            Ok(cfg) => {
+                // Not a config error (space may free before weir starts),
+                // but what the operator should know now.
+                let warning = cfg
+                    .spooled()
+                    .then(|| weir::spool::check_space(&cfg.spool))
+                    .flatten();
+                if let Some(w) = &warning {
+                    eprintln!("{}: warning: {w}", file.display());
+                }
                 println!("{}: ok", file.display());
                 ExitCode::SUCCESS
             }

@@ -12,7 +12,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,9 +23,7 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::Channel;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use weir::config::{AmqpEgress, ExchangeType, QueueType, UrlOrder};
 use weir::egress::amqp::{
@@ -39,8 +36,9 @@ use weir_core::link_estimate::LinkEstimate;
 use weir_core::scheduler::OutBatch;
 use weir_core::{ClassId, ClassSet, NodeId, Record};
 
-use common::amqp::{connect_test_client, AMQP_URL as URL, BROKER};
+use common::amqp::{connect_test_client, AMQP_URL as URL};
 use common::process::parse_config;
+use common::proxy::{Mode, Proxy};
 use common::{eventually, logs, tally, unique, PATIENCE};
 
 /// A node id unique to this process and test, so connection names
@@ -487,70 +485,6 @@ async fn broker_closing_the_connection_loses_nothing() {
     cleanup(&channel, &n).await;
 }
 
-// ---- A TCP proxy in front of RabbitMQ that the tests can break. ----
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    /// Forward everything.
-    Pass,
-    /// Reset every connection and refuse new ones, like a dead uplink.
-    Down,
-    /// Keep connections open but forward nothing, like a black-holed link.
-    Stall,
-    /// Forward what the client sends; hold what the broker sends (its
-    /// confirms) until the mode is `Pass` again.
-    HoldReplies,
-}
-
-struct Proxy {
-    addr: SocketAddr,
-    mode: watch::Sender<Mode>,
-    inject: broadcast::Sender<Vec<u8>>,
-}
-
-impl Proxy {
-    async fn start() -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
-        let addr = listener.local_addr().expect("proxy address");
-        let (mode, _) = watch::channel(Mode::Pass);
-        let (inject, _) = broadcast::channel(16);
-        let (m, i) = (mode.clone(), inject.clone());
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                if *m.borrow() == Mode::Down {
-                    continue; // dropped: the client sees the connection reset
-                }
-                let Ok(server) = TcpStream::connect(BROKER).await else {
-                    continue;
-                };
-                tokio::spawn(proxy_connection(
-                    client,
-                    server,
-                    m.subscribe(),
-                    i.subscribe(),
-                ));
-            }
-        });
-        Proxy { addr, mode, inject }
-    }
-
-    fn url(&self) -> String {
-        format!("amqp://guest:guest@{}/%2f", self.addr)
-    }
-
-    fn set(&self, mode: Mode) {
-        self.mode.send_replace(mode);
-    }
-
-    /// Sends a frame to the client of every open connection, between two
-    /// of the broker's frames.
-    fn inject(&self, frame: Vec<u8>) {
-        self.inject
-            .send(frame)
-            .expect("a proxied connection is open");
-    }
-}
-
 /// An AMQP method frame on channel 0.
 fn method_frame(class: u16, method: u16, args: &[u8]) -> Vec<u8> {
     let mut payload = Vec::new();
@@ -574,100 +508,6 @@ fn connection_blocked(reason: &str) -> Vec<u8> {
 /// `connection.unblocked` (class 10, method 61).
 fn connection_unblocked() -> Vec<u8> {
     method_frame(10, 61, &[])
-}
-
-/// Whether a connection must end on this mode change: always when the
-/// link goes down; when it comes back after a stall (its bytes are lost).
-fn ends(mode: Mode, stalled: &mut bool) -> bool {
-    match mode {
-        Mode::Down => true,
-        Mode::HoldReplies => false,
-        Mode::Stall => {
-            *stalled = true;
-            false
-        }
-        Mode::Pass => *stalled,
-    }
-}
-
-async fn proxy_connection(
-    client: TcpStream,
-    server: TcpStream,
-    mut mode: watch::Receiver<Mode>,
-    mut inject: broadcast::Receiver<Vec<u8>>,
-) {
-    let (mut client_rd, mut client_wr) = client.into_split();
-    let (mut server_rd, mut server_wr) = server.into_split();
-    // Whole frames from the broker, so that injected frames land between
-    // two of them; read_exact is not cancel safe, hence its own task.
-    let (frames_tx, mut frames) = mpsc::channel::<Vec<u8>>(64);
-    let reader = tokio::spawn(async move {
-        loop {
-            let mut head = [0u8; 7];
-            if server_rd.read_exact(&mut head).await.is_err() {
-                return;
-            }
-            let size = u32::from_be_bytes([head[3], head[4], head[5], head[6]]) as usize;
-            let mut frame = head.to_vec();
-            frame.resize(7 + size + 1, 0);
-            if server_rd.read_exact(&mut frame[7..]).await.is_err()
-                || frames_tx.send(frame).await.is_err()
-            {
-                return;
-            }
-        }
-    });
-    let mut stalled = *mode.borrow() == Mode::Stall;
-    let mut holding = *mode.borrow() == Mode::HoldReplies;
-    let mut held: Vec<Vec<u8>> = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        // Cancel safety: `read` into a buffer, `recv` on channels and
-        // `changed` are all cancel safe; writes happen in the arm bodies.
-        tokio::select! {
-            n = client_rd.read(&mut buf) => match n {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if !stalled && server_wr.write_all(&buf[..n]).await.is_err() {
-                        break;
-                    }
-                }
-            },
-            frame = frames.recv() => match frame {
-                None => break,
-                Some(frame) if holding => held.push(frame),
-                Some(frame) => {
-                    if !stalled && client_wr.write_all(&frame).await.is_err() {
-                        break;
-                    }
-                }
-            },
-            frame = inject.recv() => {
-                if let Ok(frame) = frame {
-                    if client_wr.write_all(&frame).await.is_err() {
-                        break;
-                    }
-                }
-            }
-            changed = mode.changed() => {
-                let now = *mode.borrow_and_update();
-                if changed.is_err() || ends(now, &mut stalled) {
-                    break;
-                }
-                holding = now == Mode::HoldReplies;
-                if !holding {
-                    let mut gone = false;
-                    for frame in held.drain(..) {
-                        gone = gone || client_wr.write_all(&frame).await.is_err();
-                    }
-                    if gone {
-                        break;
-                    }
-                }
-            }
-        }
-    }
-    reader.abort();
 }
 
 #[tokio::test]

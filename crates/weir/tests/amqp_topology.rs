@@ -88,11 +88,18 @@ fn run_to_exit(config: &Path) -> (Option<i32>, String) {
 
 #[tokio::test]
 async fn a_queue_of_another_type_stops_start_up_with_both_settings_named() {
-    for (existing, configured) in [("quorum", "classic"), ("classic", "quorum")] {
-        let name = unique(&format!("mismatch-{existing}"));
+    // A queue declared without a type is classic; RabbitMQ calls its type
+    // "none", and weir's error says "classic".
+    for (declared, configured) in [
+        (Some("quorum"), "classic"),
+        (Some("classic"), "quorum"),
+        (None, "quorum"),
+    ] {
+        let existing = declared.unwrap_or("classic");
+        let name = unique(&format!("mismatch-{}", declared.unwrap_or("untyped")));
         let queue = format!("{name}.q");
         delete_queue(&queue).await;
-        declare(&queue, Some(existing)).await;
+        declare(&queue, declared).await;
         let dir = tmp(&name);
         let config = write_config(
             &dir,

@@ -83,7 +83,8 @@ pub enum Admit {
 /// The limits an append is checked against, besides the class's own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpoolRoom {
-    /// Bytes all classes' logs take now.
+    /// Bytes all classes' logs take now, with the appends admitted and not
+    /// yet written.
     pub total_bytes: u64,
     /// The spool's total quota.
     pub total_max: u64,
@@ -91,6 +92,53 @@ pub struct SpoolRoom {
     pub disk_free: u64,
     /// Free bytes weir never eats into.
     pub disk_reserve: u64,
+    /// Bytes admitted to the writer and not yet written, all classes.
+    pub pending_bytes: u64,
+    /// Most bytes admitted and not yet written: appends beyond wait, so a
+    /// burst cannot grow the writer's backlog without bound.
+    pub pending_max: u64,
+}
+
+impl SpoolRoom {
+    /// Free bytes the spool may still use on its filesystem.
+    pub fn usable_disk(&self) -> u64 {
+        self.disk_free.saturating_sub(self.disk_reserve)
+    }
+}
+
+/// The limit that keeps a record out of the spool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Limit {
+    /// The class's own quota (`spool_max_bytes`).
+    ClassQuota,
+    /// The spool's quota for all classes (`spool.max_bytes`).
+    SpoolQuota,
+    /// The filesystem's free space is down to `spool.min_free_bytes`.
+    DiskReserve,
+    /// The writer has as many bytes not yet written as it admits; passes
+    /// as soon as it writes them.
+    WriterBacklog,
+}
+
+impl Limit {
+    /// Every limit, for metrics that show each.
+    pub const ALL: [Limit; 4] = [
+        Limit::ClassQuota,
+        Limit::SpoolQuota,
+        Limit::DiskReserve,
+        Limit::WriterBacklog,
+    ];
+
+    /// The name metrics and logs use: the config key that sets the limit,
+    /// or what it is.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Limit::ClassQuota => "spool_max_bytes",
+            Limit::SpoolQuota => "max_bytes",
+            Limit::DiskReserve => "min_free_bytes",
+            Limit::WriterBacklog => "writer_backlog",
+        }
+    }
 }
 
 /// A segment dropped whole by [`FullPolicy::DropOldest`].
@@ -105,11 +153,25 @@ pub struct Eviction {
     pub dropped: u64,
 }
 
+/// A damaged stretch of a segment, known from a scan: a reader that meets
+/// it again skips it without counting it twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Damage {
+    /// The segment (its first index).
+    pub segment: u64,
+    /// Byte offset where the damage starts.
+    pub start: u64,
+    /// Byte offset of the next intact frame (or the readable end).
+    pub end: u64,
+}
+
 /// The bookkeeping of one class's log. The last segment is the one being
 /// appended to; all others are sealed.
 #[derive(Debug, Clone)]
 pub struct ClassLog {
     segments: VecDeque<SegmentMeta>,
+    /// Damage found by start-up's scan in segments still in the log.
+    damage: Vec<Damage>,
     /// Each segment's key table, beside `segments`.
     keys: VecDeque<SegmentKeys>,
     next_index: u64,
@@ -118,6 +180,9 @@ pub struct ClassLog {
     max_bytes: u64,
     policy: FullPolicy,
     bytes: u64,
+    /// Bytes admitted and not yet written: they count against the
+    /// class's quota before they are on disk.
+    pending: u64,
 }
 
 impl ClassLog {
@@ -142,12 +207,14 @@ impl ClassLog {
                 .map(|_| SegmentKeys::for_version(VERSION))
                 .collect(),
             segments: segments.into(),
+            damage: Vec::new(),
             next_index,
             released,
             segment_bytes,
             max_bytes,
             policy,
             bytes,
+            pending: 0,
         }
     }
 
@@ -261,13 +328,43 @@ impl ClassLog {
         self.released.is_released(index)
     }
 
-    /// Whether a frame of `frame_len` bytes may be appended now.
+    /// A frame of `frame_len` bytes was admitted: it counts against the
+    /// class's quota until [`Self::settled`].
+    pub fn admitted(&mut self, frame_len: u64) {
+        self.pending += frame_len;
+    }
+
+    /// An admitted frame left the writer's backlog (appended, or given up
+    /// unacknowledged).
+    pub fn settled(&mut self, frame_len: u64) {
+        self.pending = self.pending.saturating_sub(frame_len);
+    }
+
+    /// The limit a frame of `frame_len` bytes would pass, if any: the
+    /// writer's backlog first (it passes by itself), then the class's
+    /// quota, the spool's, and the disk's reserve.
+    pub fn limit(&self, frame_len: u64, room: &SpoolRoom) -> Option<Limit> {
+        if room.pending_bytes > 0 && room.pending_bytes + frame_len > room.pending_max {
+            Some(Limit::WriterBacklog)
+        } else if self.bytes + self.pending + frame_len > self.max_bytes {
+            Some(Limit::ClassQuota)
+        } else if room.total_bytes + frame_len > room.total_max {
+            Some(Limit::SpoolQuota)
+        } else if room.usable_disk() < frame_len {
+            Some(Limit::DiskReserve)
+        } else {
+            None
+        }
+    }
+
+    /// Whether a frame of `frame_len` bytes may be appended now. The
+    /// writer's backlog always blocks (it passes by itself); any other
+    /// limit is the class's policy's to answer.
     pub fn admit(&self, frame_len: u64, room: &SpoolRoom) -> Admit {
-        let over = self.bytes + frame_len > self.max_bytes
-            || room.total_bytes + frame_len > room.total_max
-            || room.disk_free < room.disk_reserve.saturating_add(frame_len);
-        if !over {
-            return Admit::Append;
+        match self.limit(frame_len, room) {
+            None => return Admit::Append,
+            Some(Limit::WriterBacklog) => return Admit::Block,
+            Some(_) => {}
         }
         match self.policy {
             FullPolicy::Block => Admit::Block,
@@ -339,9 +436,49 @@ impl ClassLog {
             self.segments.pop_front();
             self.keys.pop_front();
             self.bytes -= front.bytes;
+            self.damage.retain(|d| d.segment != front.first_index);
             out.push(front);
         }
         out
+    }
+
+    /// The active segment, removed from the log, when every record in it is
+    /// released and a frame of `wanted` bytes (one the class could not
+    /// append) still passes a limit: a delivered segment would otherwise
+    /// hold its bytes against every limit for good, since only an append
+    /// could seal it and no append is admitted. The caller closes and
+    /// deletes its file; the next append starts a new segment. Without
+    /// such pressure a delivered active segment stays, to be appended to.
+    pub fn reclaim_active(&mut self, wanted: u64, room: &SpoolRoom) -> Option<SegmentMeta> {
+        let active = *self.segments.back()?;
+        let delivered =
+            (active.first_index..active.end_index).all(|i| self.released.is_released(i));
+        let pressed = matches!(
+            self.limit(wanted, room),
+            Some(Limit::ClassQuota | Limit::SpoolQuota | Limit::DiskReserve)
+        );
+        if !delivered || !pressed {
+            return None;
+        }
+        self.segments.pop_back();
+        self.keys.pop_back();
+        self.bytes -= active.bytes;
+        self.damage.retain(|d| d.segment != active.first_index);
+        Some(active)
+    }
+
+    /// Damage that start-up's scan found (and counted) in `segment`.
+    pub fn note_damage(&mut self, damage: Damage) {
+        self.damage.push(damage);
+    }
+
+    /// The end of a damaged stretch known to start at `offset` of
+    /// `segment`, if a scan already found (and counted) it.
+    pub fn known_damage(&self, segment: u64, offset: u64) -> Option<u64> {
+        self.damage
+            .iter()
+            .find(|d| d.segment == segment && d.start <= offset && offset < d.end)
+            .map(|d| d.end)
     }
 
     /// Drops the oldest segment whole (policy [`FullPolicy::DropOldest`]):
@@ -350,6 +487,7 @@ impl ClassLog {
         let segment = self.segments.pop_front()?;
         self.keys.pop_front();
         self.bytes -= segment.bytes;
+        self.damage.retain(|d| d.segment != segment.first_index);
         let was_active = self.segments.is_empty();
         let dropped = self.released.release_below(segment.end_index);
         Some(Eviction {
@@ -370,6 +508,8 @@ mod tests {
             total_max: 1 << 30,
             disk_free: 1 << 40,
             disk_reserve: 1 << 20,
+            pending_bytes: 0,
+            pending_max: 16 << 20,
         }
     }
 
@@ -481,6 +621,107 @@ mod tests {
         let mut tight = room(0);
         tight.disk_free = (1 << 20) + 99;
         assert_eq!(l.admit(100, &tight), Admit::Block);
+    }
+
+    #[test]
+    fn each_limit_is_named_and_the_writer_backlog_always_blocks() {
+        let l = log(FullPolicy::DropNewest);
+        let mut r = room(0);
+        assert_eq!(l.limit(100, &r), None);
+        r.pending_bytes = (16 << 20) - 50;
+        assert_eq!(l.limit(100, &r), Some(Limit::WriterBacklog));
+        assert_eq!(l.admit(100, &r), Admit::Block, "whatever the policy");
+        r.pending_bytes = 0;
+        assert_eq!(l.limit(3001, &r), Some(Limit::ClassQuota));
+        // Admitted bytes count against the class's quota until settled.
+        let mut l = l;
+        l.admitted(2950);
+        assert_eq!(l.limit(100, &r), Some(Limit::ClassQuota));
+        l.settled(2950);
+        assert_eq!(l.limit(100, &r), None);
+        r.total_bytes = (1 << 30) - 50;
+        assert_eq!(l.limit(100, &r), Some(Limit::SpoolQuota));
+        r.total_bytes = 0;
+        r.disk_free = (1 << 20) + 99;
+        assert_eq!(l.limit(100, &r), Some(Limit::DiskReserve));
+        assert_eq!(l.admit(100, &r), Admit::DropNewest);
+        assert_eq!(r.usable_disk(), 99);
+        r.disk_free = 10;
+        assert_eq!(r.usable_disk(), 0);
+    }
+
+    #[test]
+    fn a_delivered_active_segment_is_reclaimed_only_when_it_blocks_the_class() {
+        // One segment, filled until the disk's reserve is reached: the
+        // spool's whole room is the active segment.
+        let mut l = ClassLog::new(
+            Vec::new(),
+            Released::new(0),
+            1 << 20,
+            1 << 30,
+            FullPolicy::Block,
+        );
+        let idx = fill(&mut l, 8);
+        assert_eq!(l.segments().count(), 1);
+        let mut full = room(l.bytes());
+        full.disk_free = full.disk_reserve + 50;
+        assert_eq!(l.admit(100, &full), Admit::Block);
+        // Not yet delivered: kept.
+        for &i in &idx[..7] {
+            l.release(i);
+        }
+        assert_eq!(l.reclaim_active(100, &full), None);
+        l.release(idx[7]);
+        // Delivered, but with room to spare: kept, to be appended to.
+        assert_eq!(l.reclaim_active(100, &room(l.bytes())), None);
+        // Delivered and blocking: reclaimed, and the next append starts a
+        // new segment numbered after it.
+        let gone = l.reclaim_active(100, &full).expect("reclaimed");
+        assert_eq!((gone.first_index, gone.end_index, gone.bytes), (0, 8, 850));
+        assert_eq!(l.bytes(), 0);
+        assert_eq!(l.unreleased(), 0);
+        assert!(l.needs_segment(100));
+        assert_eq!(fill(&mut l, 1), vec![8]);
+        // The writer's backlog passes by itself: no reason to reclaim.
+        for i in 8..9 {
+            l.release(i);
+        }
+        let mut backlog = room(0);
+        backlog.pending_bytes = 16 << 20;
+        assert_eq!(l.reclaim_active(100, &backlog), None);
+        // Released out of order: the older segment keeps a record, the
+        // active one is delivered; it may still go.
+        let mut l = log(FullPolicy::Block);
+        fill(&mut l, 12);
+        for i in 1..12 {
+            l.release(i);
+        }
+        let mut quota = room(l.bytes());
+        quota.total_max = l.bytes();
+        let gone = l.reclaim_active(100, &quota).expect("reclaimed");
+        assert_eq!((gone.first_index, gone.end_index), (9, 12));
+        assert_eq!(l.unreleased(), 1);
+        assert_eq!(fill(&mut l, 1), vec![12]);
+    }
+
+    #[test]
+    fn known_damage_is_found_by_any_offset_inside_it_until_its_segment_goes() {
+        let mut l = log(FullPolicy::Block);
+        fill(&mut l, 12);
+        l.note_damage(Damage {
+            segment: 0,
+            start: 250,
+            end: 450,
+        });
+        assert_eq!(l.known_damage(0, 250), Some(450));
+        assert_eq!(l.known_damage(0, 449), Some(450));
+        assert_eq!(l.known_damage(0, 450), None);
+        assert_eq!(l.known_damage(9, 250), None);
+        for i in 0..9 {
+            l.release(i);
+        }
+        assert_eq!(l.take_deletable().len(), 1);
+        assert_eq!(l.known_damage(0, 250), None);
     }
 
     #[test]

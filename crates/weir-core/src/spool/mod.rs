@@ -32,7 +32,8 @@ pub use commit::GroupCommit;
 pub use frame::{Frame, FrameError, HeaderError, SegmentHeader};
 pub use keys::{KeyField, SegmentKeys};
 pub use log::{
-    Admit, ClassLog, Eviction, FullPolicy, LogPosition, ReadPlan, SegmentMeta, SpoolRoom,
+    Admit, ClassLog, Damage, Eviction, FullPolicy, Limit, LogPosition, ReadPlan, SegmentMeta,
+    SpoolRoom,
 };
 pub use released::Released;
 pub use scan::{Scan, Scanned};

@@ -650,11 +650,22 @@ fn declaration_error(e: &lapin::Error, key: &'static str, what: String) -> OpenE
             AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED | AMQPSoftError::ACCESSREFUSED)
         )
     );
-    let message = format!("{what}: {e}");
+    let message = format!("{what}: {}", explain_broker(&e.to_string()));
     if fatal {
         OpenError::Declaration { key, message }
     } else {
         OpenError::Unavailable(message)
+    }
+}
+
+/// The broker's words, with what they mean where RabbitMQ's are
+/// misleading: a queue declared without a type (a classic queue) has its
+/// `x-queue-type` reported as "none".
+fn explain_broker(said: &str) -> String {
+    if said.contains("'x-queue-type'") && said.contains("current is none") {
+        format!("{said} (\"none\" is RabbitMQ's name for a classic queue here: the queue exists as classic; delete it, or set egress.amqp.queue_type = \"classic\")")
+    } else {
+        said.to_owned()
     }
 }
 
@@ -1072,6 +1083,16 @@ mod tests {
     use super::*;
     use weir_core::ClassId;
     use weir_proto::Encoding;
+
+    #[test]
+    fn a_queue_type_of_none_is_called_classic() {
+        let said = "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'q' in vhost '/': received the value 'quorum' of type 'longstr' but current is none";
+        let explained = explain_broker(said);
+        assert!(explained.starts_with(said), "{explained}");
+        assert!(explained.contains("exists as classic"), "{explained}");
+        let other = "PRECONDITION_FAILED - inequivalent arg 'durable' for queue 'q'";
+        assert_eq!(explain_broker(other), other);
+    }
 
     #[test]
     fn redacted_url_never_shows_the_password() {

@@ -16,11 +16,13 @@ pub struct CodecLabel {
     pub codec: String,
 }
 
-/// The `class` and `reason` labels of records dropped by policy.
+/// The `class` and `reason` labels: why spooled records were dropped
+/// (`full`, `evicted`, `ttl`), or which limit blocks a class
+/// (`spool_max_bytes`, `max_bytes`, `min_free_bytes`, `writer_backlog`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DropLabel {
+pub struct ReasonLabel {
     /// Class name.
     pub class: String,
-    /// `full` (drop-newest), `evicted` (drop-oldest), `ttl`.
+    /// Why.
     pub reason: String,
 }

@@ -6,9 +6,10 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use weir_core::spool::Limit;
 use weir_core::{ClassId, ClassSet};
 
-use super::labels::{ClassLabel, DropLabel};
+use super::labels::{ClassLabel, ReasonLabel};
 
 /// Why spooled records were dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,9 +40,10 @@ pub struct SpoolMetrics {
     records: Family<ClassLabel, Gauge<i64, AtomicI64>>,
     appended: Family<ClassLabel, Counter>,
     recovered: Family<ClassLabel, Counter>,
-    dropped: Family<DropLabel, Counter>,
+    dropped: Family<ReasonLabel, Counter>,
     corrupt_frames: Family<ClassLabel, Counter>,
     torn_bytes: Family<ClassLabel, Counter>,
+    blocked: Family<ReasonLabel, Gauge<i64, AtomicI64>>,
     /// Segment files moved aside because their header could not be read.
     pub quarantined_segments: Counter,
     /// fdatasync calls on segment files.
@@ -109,6 +111,11 @@ impl SpoolMetrics {
             "Segment files moved aside (unreadable header)",
             self.quarantined_segments.clone(),
         );
+        r.register(
+            "blocked",
+            "1 while a limit refuses the class's appends (acknowledgements wait): reason spool_max_bytes, max_bytes, min_free_bytes or writer_backlog",
+            self.blocked.clone(),
+        );
         r.register("syncs", "fdatasync calls on segments", self.syncs.clone());
         r.register(
             "written_bytes",
@@ -149,7 +156,7 @@ impl SpoolMetrics {
     /// `n` records dropped for `reason`.
     pub fn dropped(&self, class: ClassId, reason: DropReason, n: u64) {
         self.dropped
-            .get_or_create(&DropLabel {
+            .get_or_create(&ReasonLabel {
                 class: self.label(class).class.clone(),
                 reason: reason.as_str().to_owned(),
             })
@@ -159,6 +166,24 @@ impl SpoolMetrics {
     /// A damaged stretch skipped.
     pub fn corrupt(&self, class: ClassId) {
         self.corrupt_frames.get_or_create(self.label(class)).inc();
+    }
+
+    /// Shows every limit of a spooled class as not blocking, so that the
+    /// series exist before the first block.
+    pub fn spooled(&self, class: ClassId) {
+        for limit in Limit::ALL {
+            self.blocked(class, limit, false);
+        }
+    }
+
+    /// Whether `limit` refuses `class`'s appends now.
+    pub fn blocked(&self, class: ClassId, limit: Limit, blocked: bool) {
+        self.blocked
+            .get_or_create(&ReasonLabel {
+                class: self.label(class).class.clone(),
+                reason: limit.as_str().to_owned(),
+            })
+            .set(i64::from(blocked));
     }
 
     /// A torn tail of `bytes` cut.

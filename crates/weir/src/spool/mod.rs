@@ -48,7 +48,7 @@ use weir_core::{ClassId, ClassSet, Record};
 use crate::config::{ClassDurability, SpoolConfig};
 use crate::metrics::{DropReason, Metrics};
 
-use shared::{lock, ClassSlot, Msg, Shared, Submit, HOUSEKEEPING, MAX_PENDING_BYTES};
+use shared::{lock, ClassSlot, Msg, Shared, Submit, HOUSEKEEPING};
 
 pub use recover::Recovered;
 pub use sequence::SequenceLease;
@@ -73,6 +73,39 @@ pub enum SpoolError {
     /// A thread could not be started.
     #[error("cannot start the spool's {0} thread: {1}")]
     Thread(&'static str, std::io::Error),
+}
+
+/// What to tell an operator whose spool filesystem, with `free` bytes
+/// free, leaves the spool less than one segment above `min_free_bytes`:
+/// spooled classes would block (acknowledgements withheld) from their
+/// first records.
+pub fn space_warning(config: &SpoolConfig, free: u64) -> Option<String> {
+    let usable = free.saturating_sub(config.min_free_bytes);
+    (usable < config.segment_bytes).then(|| {
+        format!(
+            "spool.dir {}: {free} bytes free on its filesystem, spool.min_free_bytes is {}: {usable} bytes usable, less than one segment (spool.segment_bytes {}); spooled classes will withhold acknowledgements until space frees (free space, lower min_free_bytes, or move spool.dir)",
+            config.dir.display(),
+            config.min_free_bytes,
+            config.segment_bytes
+        )
+    })
+}
+
+/// [`space_warning`] for a configuration not yet started (`check-config`):
+/// the free space of `spool.dir`, or of its nearest existing parent when
+/// it does not exist yet.
+pub fn check_space(config: &SpoolConfig) -> Option<String> {
+    let mut at = config.dir.as_path();
+    while !at.exists() {
+        at = match at.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => std::path::Path::new("."),
+        };
+        if at == std::path::Path::new(".") {
+            break;
+        }
+    }
+    space_warning(config, files::free_bytes(at).ok()?)
 }
 
 /// Why a record was not appended.
@@ -157,6 +190,9 @@ impl Spool {
             _ => dir_error(e),
         })?;
         let disk_free = files::free_bytes(&config.dir).map_err(dir_error)?;
+        if let Some(warning) = space_warning(config, disk_free) {
+            tracing::warn!("{warning}");
+        }
         let mut slots = Vec::new();
         let mut recovered = Recovered {
             records: vec![0; classes.len()],
@@ -186,6 +222,7 @@ impl Spool {
                 path: dir.clone(),
                 source,
             })?;
+            metrics.spool.spooled(id);
             slots.push(Some(ClassSlot {
                 id,
                 name: class.name.clone(),
@@ -307,13 +344,13 @@ impl Spool {
         let len = frame::max_frame_len(record.key.len(), record.payload.len()) as u64;
         {
             let mut st = lock(&slot.state);
-            let pending = shared.pending.load(Ordering::Relaxed);
             let room = shared.room();
-            let admit = if pending + len > MAX_PENDING_BYTES && pending > 0 {
-                Admit::Block
-            } else {
-                st.log.admit(st.pending_bytes + len, &room)
+            let admit = st.log.admit(len, &room);
+            let limit = match admit {
+                Admit::Block => st.log.limit(len, &room).map(|l| (l, len)),
+                _ => None,
             };
+            shared.set_blocked(slot, &mut st, limit);
             match admit {
                 Admit::Append | Admit::EvictOldest => {}
                 Admit::Block => return Err(AppendError::Full(record)),
@@ -326,7 +363,7 @@ impl Spool {
                     return Ok(Appended::Dropped);
                 }
             }
-            st.pending_bytes += len;
+            st.log.admitted(len);
         }
         shared.pending.fetch_add(len, Ordering::Relaxed);
         let mut submit = lock(&shared.submit);

@@ -58,6 +58,9 @@ pub(super) fn run(shared: Arc<Shared>) {
 
 /// What one step of a refill found.
 enum Step {
+    /// The class is not behind: nothing to read, no file to keep open (a
+    /// deleted segment's space returns only once no one has it open).
+    Idle,
     /// Nothing to do (caught up, or the queue is full).
     Done,
     /// Moved on; look again.
@@ -70,6 +73,10 @@ fn refill(shared: &Shared, slot: &ClassSlot, open: &mut Option<Open>) {
         match step(shared, slot, open) {
             Ok(Step::Again) => {}
             Ok(Step::Done) => return,
+            Ok(Step::Idle) => {
+                *open = None;
+                return;
+            }
             Err(e) => {
                 tracing::error!(class = %slot.name, error = %e, "cannot read the spool back; retrying");
                 *open = None;
@@ -84,7 +91,7 @@ fn step(shared: &Shared, slot: &ClassSlot, open: &mut Option<Open>) -> std::io::
     let (cursor, limit, next) = {
         let mut st = lock(&slot.state);
         let Some(cursor) = st.behind else {
-            return Ok(Step::Done);
+            return Ok(Step::Idle);
         };
         let (limit, next) = match st.log.read_plan(cursor, st.durable_end) {
             ReadPlan::CaughtUp => {
@@ -157,20 +164,29 @@ fn step(shared: &Shared, slot: &ClassSlot, open: &mut Option<Open>) -> std::io::
             }
         }
         if frames.is_empty() {
-            // Damage written after start-up's scan: find the next intact
-            // frame in the rest of the segment.
-            let rest = Bytes::from(files::read_at(&o.file, offset, (limit - offset) as usize)?);
-            let keys = lock(&slot.state)
-                .log
-                .keys(cursor.segment)
-                .cloned()
-                .unwrap_or_default();
-            let skip_to = match Scan::with_keys(&o.header, rest, 0, keys).next() {
-                Some(Scanned::Corrupt { end, .. }) => offset + end as u64,
-                _ => limit,
+            let known = lock(&slot.state).log.known_damage(cursor.segment, offset);
+            let skip_to = match known {
+                // Found and counted by start-up's scan.
+                Some(end) => end.min(limit),
+                None => {
+                    // Damage written after start-up's scan: find the next
+                    // intact frame in the rest of the segment.
+                    let rest =
+                        Bytes::from(files::read_at(&o.file, offset, (limit - offset) as usize)?);
+                    let keys = lock(&slot.state)
+                        .log
+                        .keys(cursor.segment)
+                        .cloned()
+                        .unwrap_or_default();
+                    let skip_to = match Scan::with_keys(&o.header, rest, 0, keys).next() {
+                        Some(Scanned::Corrupt { end, .. }) => offset + end as u64,
+                        _ => limit,
+                    };
+                    shared.metrics.spool.corrupt(slot.id);
+                    tracing::error!(class = %slot.name, segment = cursor.segment, offset, skipped_to = skip_to, "corrupt frames in the spool skipped while reading back");
+                    skip_to
+                }
             };
-            shared.metrics.spool.corrupt(slot.id);
-            tracing::error!(class = %slot.name, segment = cursor.segment, offset, skipped_to = skip_to, "corrupt frames in the spool skipped while reading back");
             let mut st = lock(&slot.state);
             if st.behind == Some(cursor) {
                 st.behind = Some(Cursor {

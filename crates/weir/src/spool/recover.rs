@@ -7,7 +7,7 @@ use std::io;
 use std::path::Path;
 
 use bytes::Bytes;
-use weir_core::spool::{ClassLog, Released, Scan, Scanned, SegmentHeader, SegmentMeta};
+use weir_core::spool::{ClassLog, Damage, Released, Scan, Scanned, SegmentHeader, SegmentMeta};
 use weir_core::ClassId;
 
 use super::files;
@@ -55,6 +55,7 @@ pub(super) fn class(
     }
     let mut metas = Vec::new();
     let mut tables = Vec::new();
+    let mut damage = Vec::new();
     let mut cursor: Option<Cursor> = None;
     let mut unreleased = 0u64;
     let last = names.len().saturating_sub(1);
@@ -108,6 +109,11 @@ pub(super) fn class(
                     }
                 }
                 Scanned::Corrupt { start, end, error } => {
+                    damage.push(Damage {
+                        segment: header.first_index,
+                        start: start as u64,
+                        end: end as u64,
+                    });
                     metrics.spool.corrupt(id);
                     found.corrupt += 1;
                     if !reported {
@@ -124,6 +130,11 @@ pub(super) fn class(
                     valid = start as u64;
                 }
                 Scanned::Tail { start, error } => {
+                    damage.push(Damage {
+                        segment: header.first_index,
+                        start: start as u64,
+                        end: bytes.len() as u64,
+                    });
                     metrics.spool.corrupt(id);
                     found.corrupt += 1;
                     tracing::error!(file = %path.display(), offset = start, %error, "spool segment damaged from here to its end; the rest of it is skipped");
@@ -151,6 +162,10 @@ pub(super) fn class(
     for (segment, keys) in tables {
         log.restore_keys(segment, keys);
     }
+    // Counted here; the reader skips these without counting them again.
+    for d in damage {
+        log.note_damage(d);
+    }
     found.records[id.index()] = unreleased;
     metrics.spool.recovered(id, unreleased);
     if unreleased > 0 {
@@ -163,10 +178,10 @@ pub(super) fn class(
     }
     Ok(ClassState {
         log,
-        pending_bytes: 0,
         behind: cursor,
         durable_end,
         checkpoint_dirty: true,
+        blocked: None,
     })
 }
 

@@ -6,11 +6,11 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 use weir_core::queue::MultiLevelQueue;
-use weir_core::spool::{ClassLog, SpoolRoom};
+use weir_core::spool::{ClassLog, Limit, SpoolRoom};
 use weir_core::{ClassId, Record};
 
 use crate::config::{ClassDurability, SpoolConfig};
@@ -39,8 +39,6 @@ pub(super) use weir_core::spool::LogPosition as Cursor;
 #[derive(Debug)]
 pub(super) struct ClassState {
     pub(super) log: ClassLog,
-    /// Bytes admitted and not yet written.
-    pub(super) pending_bytes: u64,
     /// `Some`: the class queue was full when a record became durable; the
     /// reader loads records from here on. `None`: new durable records go
     /// straight to the queue.
@@ -49,7 +47,22 @@ pub(super) struct ClassState {
     pub(super) durable_end: Option<Cursor>,
     /// The release state changed since the last checkpoint.
     pub(super) checkpoint_dirty: bool,
+    /// `Some` while appends of this class are refused by a limit.
+    pub(super) blocked: Option<Blocked>,
 }
+
+/// A class whose appends a limit refuses: what an operator is told.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Blocked {
+    pub(super) limit: Limit,
+    /// The frame refused last (what must fit for the class to go on).
+    pub(super) wanted: u64,
+    pub(super) since: Instant,
+    pub(super) logged: Instant,
+}
+
+/// While a class stays blocked, a reminder is logged this often.
+pub(super) const BLOCKED_LOG_EVERY: Duration = Duration::from_secs(10);
 
 #[derive(Debug)]
 pub(super) struct ClassSlot {
@@ -129,6 +142,100 @@ impl Shared {
             total_max: self.config.max_bytes,
             disk_free: self.disk_free.load(Ordering::Relaxed),
             disk_reserve: self.config.min_free_bytes,
+            pending_bytes: self.pending.load(Ordering::Relaxed),
+            pending_max: MAX_PENDING_BYTES,
+        }
+    }
+
+    /// Records whether `slot`'s appends are refused, and by which limit:
+    /// the gauge follows, and an operator reads why in the log (when it
+    /// starts, every [`BLOCKED_LOG_EVERY`] while it lasts, and when it
+    /// ends). The writer's own backlog passes by itself and is only shown
+    /// in the gauge.
+    pub(super) fn set_blocked(
+        &self,
+        slot: &ClassSlot,
+        st: &mut ClassState,
+        now: Option<(Limit, u64)>,
+    ) {
+        let at = Instant::now();
+        match (st.blocked.as_mut(), now) {
+            (None, None) => {}
+            (Some(b), Some((limit, wanted))) if b.limit == limit => {
+                b.wanted = wanted;
+                if at.duration_since(b.logged) >= BLOCKED_LOG_EVERY {
+                    b.logged = at;
+                    self.log_blocked(slot, st, true);
+                }
+            }
+            (before, now) => {
+                let since = before.as_ref().map_or(at, |b| b.since);
+                if let Some(b) = before {
+                    self.metrics.spool.blocked(slot.id, b.limit, false);
+                }
+                match now {
+                    Some((limit, wanted)) => {
+                        st.blocked = Some(Blocked {
+                            limit,
+                            wanted,
+                            since,
+                            logged: at,
+                        });
+                        self.metrics.spool.blocked(slot.id, limit, true);
+                        self.log_blocked(slot, st, false);
+                    }
+                    None => {
+                        let was = st.blocked.take().expect("blocked before");
+                        if was.limit != Limit::WriterBacklog {
+                            tracing::info!(
+                                class = %slot.name,
+                                blocked_for_s = format!("{:.1}", at.duration_since(was.since).as_secs_f64()),
+                                "spool accepts this class's records again"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn log_blocked(&self, slot: &ClassSlot, st: &ClassState, still: bool) {
+        let Some(b) = st.blocked else { return };
+        let room = self.room();
+        let for_s = format!("{:.1}", b.since.elapsed().as_secs_f64());
+        let what = if still {
+            "spool still full for this class: acknowledgements wait"
+        } else {
+            "spool full for this class: acknowledgements wait until space returns"
+        };
+        match b.limit {
+            Limit::WriterBacklog => {}
+            Limit::ClassQuota => tracing::warn!(
+                class = %slot.name,
+                reason = b.limit.as_str(),
+                spool_bytes = st.log.bytes(),
+                spool_max_bytes = slot.settings.max_bytes,
+                blocked_for_s = for_s,
+                "{what} (the class's quota is reached; space returns as records are delivered)"
+            ),
+            Limit::SpoolQuota => tracing::warn!(
+                class = %slot.name,
+                reason = b.limit.as_str(),
+                spool_bytes = room.total_bytes,
+                max_bytes = room.total_max,
+                blocked_for_s = for_s,
+                "{what} (spool.max_bytes is reached; space returns as records are delivered)"
+            ),
+            Limit::DiskReserve => tracing::warn!(
+                class = %slot.name,
+                reason = b.limit.as_str(),
+                dir = %self.config.dir.display(),
+                free_bytes = room.disk_free,
+                min_free_bytes = room.disk_reserve,
+                class_spool_bytes = st.log.bytes(),
+                blocked_for_s = for_s,
+                "{what} (the filesystem's free space is down to spool.min_free_bytes; space returns as records are delivered or other files are removed)"
+            ),
         }
     }
 

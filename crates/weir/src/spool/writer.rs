@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use weir_core::queue::PushError;
-use weir_core::spool::{frame, Admit, Checkpoint, Eviction, Frame, GroupCommit, SegmentHeader};
+use weir_core::spool::{
+    frame, Admit, Checkpoint, Eviction, Frame, GroupCommit, SegmentHeader, SegmentMeta,
+};
 use weir_core::{ClassId, Record};
 
 use super::files;
@@ -141,7 +143,7 @@ impl Writer {
                 .slot(record.class)
                 .expect("only spooled classes are appended");
             let mut st = lock(&slot.state);
-            st.pending_bytes -= len;
+            st.log.settled(len);
             shared.pending.fetch_sub(len, Ordering::Relaxed);
             // drop-oldest: make room before appending.
             while st.log.admit(len, &shared.room()) == Admit::EvictOldest {
@@ -426,6 +428,35 @@ impl Writer {
         }
     }
 
+    /// The class's delivered active segment left the log (it blocked the
+    /// class): its file is closed here and deleted by the caller; nothing
+    /// in it is left to read, and the next append starts a new segment.
+    fn reclaimed(&mut self, slot: &ClassSlot, st: &mut ClassState, segment: &SegmentMeta) {
+        let c = slot.id.index();
+        if self.active[c]
+            .as_ref()
+            .is_some_and(|a| a.first_index == segment.first_index)
+        {
+            self.active[c] = None;
+        }
+        if st
+            .durable_end
+            .is_some_and(|d| d.segment == segment.first_index)
+        {
+            st.durable_end = None;
+        }
+        if st.behind.is_some_and(|b| b.segment == segment.first_index) {
+            st.behind = None;
+        }
+        st.checkpoint_dirty = true;
+        tracing::info!(
+            class = %slot.name,
+            segment = segment.first_index,
+            bytes = segment.bytes,
+            "delivered spool segment reclaimed to make room (the class was blocked by a limit)"
+        );
+    }
+
     /// A segment was dropped by `drop-oldest`: delete it, count its
     /// records.
     fn evicted(&mut self, slot: &ClassSlot, st: &mut ClassState, ev: Eviction) {
@@ -471,10 +502,25 @@ impl Writer {
         let shared = self.shared.clone();
         let mut freed = false;
         let checkpoint_due = force || self.last_checkpoint.elapsed() >= CHECKPOINT_EVERY;
+        let room = shared.room();
         for slot in shared.classes.iter().flatten() {
             let (gone, checkpoint) = {
                 let mut st = lock(&slot.state);
-                let gone = st.log.take_deletable();
+                let mut gone = st.log.take_deletable();
+                // A class refused by a limit while its only undelivered
+                // bytes are gone: the delivered active segment goes too.
+                let reclaimed = st
+                    .blocked
+                    .and_then(|b| st.log.reclaim_active(b.wanted, &room));
+                if let Some(active) = reclaimed {
+                    self.reclaimed(slot, &mut st, &active);
+                    gone.push(active);
+                }
+                if let Some(b) = st.blocked {
+                    if st.log.limit(b.wanted, &room).is_none() {
+                        shared.set_blocked(slot, &mut st, None);
+                    }
+                }
                 let checkpoint = (checkpoint_due && st.checkpoint_dirty).then(|| {
                     st.checkpoint_dirty = false;
                     Checkpoint::of(st.log.released())

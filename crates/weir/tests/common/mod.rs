@@ -14,7 +14,9 @@
 //! - `process`: the `weir` binary, config snippets, starting weir and
 //!   signalling it, the admin endpoint's metrics;
 //! - `peering`: the three-node peering scenario;
-//! - `pki`: CAs and certificates made with `openssl`.
+//! - `pki`: CAs and certificates made with `openssl`;
+//! - `proxy`: a TCP proxy in front of RabbitMQ that a test can cut,
+//!   stall, or use to hold replies and inject frames.
 //!
 //! Timing: nothing here judges how fast the machine is. Waits are for
 //! observable events, bounded by [`PATIENCE`] only so that a broken build
@@ -27,6 +29,7 @@ pub mod mqtt;
 pub mod peering;
 pub mod pki;
 pub mod process;
+pub mod proxy;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

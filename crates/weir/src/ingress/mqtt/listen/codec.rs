@@ -158,6 +158,14 @@ pub(super) fn frame(
     buf: &BytesMut,
     max: usize,
 ) -> Result<Option<mqttbytes::FixedHeader>, ProtocolError> {
+    // Refused as soon as its fixed header says so: a packet over the limit
+    // is never read in (the codec waits for the body when only the header
+    // pushes it over).
+    if let Some(size) = declared_size(buf) {
+        if size > max {
+            return Err(ProtocolError::TooLarge { size, max });
+        }
+    }
     match mqttbytes::check(buf.iter(), max) {
         // The codec limits only the remaining length; the config means the
         // whole packet, as MQTT 5's Maximum Packet Size does.
@@ -175,6 +183,20 @@ pub(super) fn frame(
         }
         Err(e) => Err(ProtocolError::Malformed(e)),
     }
+}
+
+/// The whole size of the packet at the head of `buf` as its fixed header
+/// states it, once the header is complete; `None` before that, or for a
+/// malformed length (the codec reports it).
+fn declared_size(buf: &[u8]) -> Option<usize> {
+    let mut remaining = 0usize;
+    for (i, &b) in buf.iter().skip(1).take(4).enumerate() {
+        remaining |= usize::from(b & 0x7f) << (7 * i);
+        if b & 0x80 == 0 {
+            return Some(2 + i + remaining);
+        }
+    }
+    None
 }
 
 /// The length of the fixed header before `remaining` bytes: the type byte
@@ -586,6 +608,7 @@ mod tests {
                     ),
                     "{version:?} packet of {len} bytes at a limit of {len}"
                 );
+                let header = 2 + buf[1..].iter().take_while(|b| **b & 0x80 != 0).count();
                 for over in 1..=4 {
                     let limit = len - over;
                     match decode(&mut buf.clone(), version, limit) {
@@ -596,6 +619,21 @@ mod tests {
                             "{version:?} packet of {len} bytes at a limit of {limit}: {other:?}"
                         ),
                     }
+                    // Refused at its fixed header, before its body.
+                    let mut head = BytesMut::from(&buf[..header]);
+                    match decode(&mut head, version, limit) {
+                        Err(ProtocolError::TooLarge { size, max }) => {
+                            assert_eq!((size, max), (len, limit));
+                        }
+                        other => panic!(
+                            "{version:?} fixed header of a {len}-byte packet at a limit of {limit}: {other:?}"
+                        ),
+                    }
+                    let mut short = BytesMut::from(&buf[..header - 1]);
+                    assert!(
+                        matches!(decode(&mut short, version, limit), Ok(None)),
+                        "an incomplete fixed header waits"
+                    );
                 }
             }
         }
