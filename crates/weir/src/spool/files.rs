@@ -32,6 +32,32 @@ pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// Creates `dir` and any missing parent, durably: each directory created
+/// is synced in its parent, so that a power cut cannot take a directory
+/// (and every segment in it) that files were synced into. The parent of
+/// `dir` is synced even when `dir` existed: an earlier start may have
+/// created it without.
+pub(super) fn create_dir_durable(dir: &Path) -> io::Result<()> {
+    let mut created = Vec::new();
+    let mut at = Some(dir);
+    while let Some(d) = at.filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+        created.push(d.to_path_buf());
+        at = d.parent();
+    }
+    fs::create_dir_all(dir)?;
+    if created.is_empty() {
+        created.push(dir.to_path_buf());
+    }
+    for d in created.iter().rev() {
+        let parent = match d.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        sync_dir(parent)?;
+    }
+    Ok(())
+}
+
 /// Creates a segment file holding `header`, durably (file and directory
 /// synced): frames appended later never sit in a file whose header or
 /// directory entry a power cut could lose.
@@ -108,10 +134,16 @@ pub(super) fn read_checkpoint(dir: &Path) -> Option<Checkpoint> {
     Checkpoint::decode(&fs::read(dir.join(CHECKPOINT_FILE)).ok()?)
 }
 
-/// Replaces a class's checkpoint (write, then rename over). Not synced: a
-/// stale checkpoint only replays delivered records again.
-pub(super) fn write_checkpoint(dir: &Path, checkpoint: &Checkpoint) -> io::Result<()> {
-    replace(dir, CHECKPOINT_FILE, &checkpoint.encode(), false)
+/// Replaces a class's checkpoint (write, then rename over); with
+/// `durable`, file and directory are synced (the directory sync also makes
+/// earlier segment deletions hold). A stale checkpoint only replays
+/// delivered records again.
+pub(super) fn write_checkpoint(
+    dir: &Path,
+    checkpoint: &Checkpoint,
+    durable: bool,
+) -> io::Result<()> {
+    replace(dir, CHECKPOINT_FILE, &checkpoint.encode(), durable)
 }
 
 /// Replaces `dir/name` with `bytes` whole (a temporary file renamed over

@@ -182,7 +182,7 @@ impl Spool {
             path: config.dir.clone(),
             source,
         };
-        std::fs::create_dir_all(&config.dir).map_err(dir_error)?;
+        files::create_dir_durable(&config.dir).map_err(dir_error)?;
         let dir_lock = files::lock_dir(&config.dir).map_err(|e| match e.kind() {
             std::io::ErrorKind::WouldBlock => SpoolError::Locked {
                 path: config.dir.clone(),
@@ -205,7 +205,7 @@ impl Spool {
                 continue;
             }
             let dir = config.dir.join(&class.name);
-            std::fs::create_dir_all(&dir).map_err(|source| SpoolError::Dir {
+            files::create_dir_durable(&dir).map_err(|source| SpoolError::Dir {
                 path: dir.clone(),
                 source,
             })?;

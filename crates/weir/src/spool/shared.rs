@@ -30,6 +30,11 @@ pub(super) const HOUSEKEEPING: Duration = Duration::from_millis(100);
 /// Checkpoints are rewritten at most this often: a crash replays at most
 /// this much delivered traffic again.
 pub(super) const CHECKPOINT_EVERY: Duration = Duration::from_millis(20);
+/// Checkpoints are made durable (file and directory synced, with the
+/// segment deletions before them) at most this often: after a power cut,
+/// at most this much delivered traffic is sent again. A checkpoint lost
+/// to a power cut costs duplicates, never a record.
+pub(super) const CHECKPOINT_SYNC_EVERY: Duration = Duration::from_secs(1);
 
 /// A position in a class's log: a segment and a byte offset in it.
 pub(super) use weir_core::spool::LogPosition as Cursor;

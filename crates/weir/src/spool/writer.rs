@@ -20,8 +20,8 @@ use weir_core::{ClassId, Record};
 
 use super::files;
 use super::shared::{
-    lock, ClassSlot, ClassState, Cursor, Msg, Shared, CHECKPOINT_EVERY, HOUSEKEEPING,
-    MAX_GROUP_RECORDS,
+    lock, ClassSlot, ClassState, Cursor, Msg, Shared, CHECKPOINT_EVERY, CHECKPOINT_SYNC_EVERY,
+    HOUSEKEEPING, MAX_GROUP_RECORDS,
 };
 use crate::config::SyncMode;
 use crate::metrics::DropReason;
@@ -52,6 +52,12 @@ struct Writer {
     active: Vec<Option<Active>>,
     last_sync: Instant,
     last_checkpoint: Instant,
+    /// When checkpoints were last written durably (file and directory
+    /// synced, so that the segment deletions before them hold too).
+    last_durable_checkpoint: Instant,
+    /// Per class: release state changed or segments deleted since the last
+    /// durable checkpoint.
+    releases_unsynced: Vec<bool>,
     last_error_log: Option<Instant>,
 }
 
@@ -62,6 +68,8 @@ pub(super) fn run(shared: Arc<Shared>, rx: Receiver<Msg>) {
         active: (0..n).map(|_| None).collect(),
         last_sync: Instant::now(),
         last_checkpoint: Instant::now() - CHECKPOINT_EVERY,
+        last_durable_checkpoint: Instant::now() - CHECKPOINT_SYNC_EVERY,
+        releases_unsynced: vec![true; n],
         last_error_log: None,
     };
     let mut stop = false;
@@ -502,6 +510,7 @@ impl Writer {
         let shared = self.shared.clone();
         let mut freed = false;
         let checkpoint_due = force || self.last_checkpoint.elapsed() >= CHECKPOINT_EVERY;
+        let durable_due = force || self.last_durable_checkpoint.elapsed() >= CHECKPOINT_SYNC_EVERY;
         let room = shared.room();
         for slot in shared.classes.iter().flatten() {
             let (gone, checkpoint) = {
@@ -521,7 +530,10 @@ impl Writer {
                         shared.set_blocked(slot, &mut st, None);
                     }
                 }
-                let checkpoint = (checkpoint_due && st.checkpoint_dirty).then(|| {
+                let c = slot.id.index();
+                self.releases_unsynced[c] |= st.checkpoint_dirty || !gone.is_empty();
+                let durable = durable_due && self.releases_unsynced[c];
+                let checkpoint = ((checkpoint_due && st.checkpoint_dirty) || durable).then(|| {
                     st.checkpoint_dirty = false;
                     Checkpoint::of(st.log.released())
                 });
@@ -536,13 +548,22 @@ impl Writer {
                 freed = true;
             }
             if let Some(cp) = checkpoint {
-                if let Err(e) = files::write_checkpoint(&slot.dir, &cp) {
-                    tracing::warn!(class = %slot.name, error = %e, "cannot write the spool checkpoint; a restart would replay delivered records");
+                let c = slot.id.index();
+                let durable = durable_due && self.releases_unsynced[c];
+                match files::write_checkpoint(&slot.dir, &cp, durable) {
+                    Ok(()) if durable => self.releases_unsynced[c] = false,
+                    Ok(()) => {}
+                    Err(e) => {
+                        tracing::warn!(class = %slot.name, error = %e, "cannot write the spool checkpoint; a restart would replay delivered records")
+                    }
                 }
             }
         }
         if checkpoint_due {
             self.last_checkpoint = Instant::now();
+        }
+        if durable_due {
+            self.last_durable_checkpoint = Instant::now();
         }
         let interval_due = shared.config.sync == SyncMode::Interval
             && self.last_sync.elapsed() >= shared.config.sync_interval;
