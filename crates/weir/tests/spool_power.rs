@@ -25,6 +25,10 @@ use common::process::{
 use common::{tmp, PATIENCE};
 use weir_faultfs::{Cut, Mounted};
 
+/// An egress that never connects: what is acknowledged stays spooled.
+const UNREACHABLE: &str =
+    "[egress]\nkind = \"amqp\"\ndrain_timeout = \"1s\"\n[egress.amqp]\nurl = \"amqp://127.0.0.1:1/%2f\"";
+
 /// A reproducible sequence of choices (seeded from the clock, printed).
 struct Rng(u64);
 
@@ -87,6 +91,13 @@ async fn power_cuts_lose_nothing_acknowledged_and_every_restart_recovers() {
         "weir.toml",
         &spool_config(&spool, mqtt, admin, &file_egress(&out), ""),
     );
+    // Some rounds with the cloud unreachable: every acknowledged record
+    // then lives in the spool alone when the power goes.
+    let cfg_down = write_config(
+        &dir,
+        "down.toml",
+        &spool_config(&spool, mqtt, admin, UNREACHABLE, ""),
+    );
     let seed = weir::clock::unix_micros();
     eprintln!("power cuts: {cuts}, seed {seed}");
     let mut rng = Rng(seed);
@@ -94,7 +105,8 @@ async fn power_cuts_lose_nothing_acknowledged_and_every_restart_recovers() {
     let mut torn = 0;
     for round in 0..cuts {
         let log = std::fs::File::create(dir.join(format!("weir-{round}.log"))).unwrap();
-        let mut child = spawn_weir(&cfg, log);
+        let up = rng.below(2) == 0;
+        let mut child = spawn_weir(if up { &cfg } else { &cfg_down }, log);
         // Every restart recovers and listens.
         wait_port(SocketAddr::from(([127, 0, 0, 1], mqtt))).await;
         assert!(
@@ -163,5 +175,106 @@ async fn power_cuts_lose_nothing_acknowledged_and_every_restart_recovers() {
     assert!(stats.lost_bytes > 0, "no cut ever caught unsynced data");
     assert_eq!(lost, 0, "acknowledged records lost to a power cut");
     assert_eq!(reused, 0, "(origin, seq) reused after a power cut");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A failing disk: a segment's `fdatasync` or `write` fails with EIO or
+/// ENOSPC while QoS 1 records arrive. weir must not acknowledge a record
+/// whose write or sync failed: the filesystem (as Linux does) drops what a
+/// failed sync covered and lets the next sync of the file "succeed", so a
+/// writer that retried the sync and trusted it would lose acknowledged
+/// records at the power cut that follows each injected failure here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_write_or_sync_is_never_acknowledged() {
+    use common::process::{metric, scrape};
+    use weir_faultfs::Op;
+
+    let dir = tmp("spool-eio");
+    let fs = mount(&dir);
+    let spool = dir.join("fs").join("spool");
+    let out = dir.join("out");
+    let (mqtt, admin) = (free_port(), free_port());
+    let cfg = write_config(
+        &dir,
+        "weir.toml",
+        &spool_config(&spool, mqtt, admin, &file_egress(&out), ""),
+    );
+    // The cloud is unreachable while the disk fails: every acknowledged
+    // record is in the spool alone when the power goes.
+    let cfg_down = write_config(
+        &dir,
+        "down.toml",
+        &spool_config(&spool, mqtt, admin, UNREACHABLE, ""),
+    );
+    let cases = [
+        (Op::Fsync, libc::EIO, 1),
+        (Op::Fsync, libc::EIO, 3),
+        (Op::Write, libc::EIO, 1),
+        (Op::Write, libc::ENOSPC, 2),
+        (Op::Fsync, libc::ENOSPC, 1),
+    ];
+    let mut acked: Vec<Vec<u8>> = Vec::new();
+    let mut abandoned = 0.0;
+    for (round, (op, errno, count)) in cases.into_iter().enumerate() {
+        let log = std::fs::File::create(dir.join(format!("weir-{round}.log"))).unwrap();
+        let mut child = spawn_weir(&cfg_down, log);
+        wait_port(SocketAddr::from(([127, 0, 0, 1], mqtt))).await;
+        let injected = fs.stats().injected;
+        let publishing = publish(mqtt, round, 2_000.0);
+        let injector = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            fs.fail(op, errno, count, Some(".seg"));
+            // Until every failure happened, and then a little more: the
+            // records after it are acknowledged from a new segment.
+            common::eventually("the injected failures happen", || {
+                fs.stats().injected >= injected + u64::from(count)
+            })
+            .await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let m = scrape(SocketAddr::from(([127, 0, 0, 1], admin)))
+                .await
+                .unwrap_or_default();
+            // The power goes right after.
+            kill9(&mut child);
+            fs.power_cut(Cut::Clean);
+            m
+        };
+        let (mine, m) = tokio::join!(publishing, injector);
+        let n = metric(&m, "weir_spool_abandoned_segments_total");
+        eprintln!(
+            "{op:?} failing with errno {errno} x{count}: {} acknowledged, {n} segments abandoned",
+            mine.len()
+        );
+        assert!(n >= 1.0, "the failure abandoned a segment: {m}");
+        abandoned += n;
+        acked.extend(mine);
+    }
+    let log = std::fs::File::create(dir.join("weir-final.log")).unwrap();
+    let mut child = spawn_weir(&cfg, log);
+    wait_port(SocketAddr::from(([127, 0, 0, 1], mqtt))).await;
+    let want: BTreeSet<Vec<u8>> = acked.iter().cloned().collect();
+    let give_up = tokio::time::Instant::now() + PATIENCE;
+    let got = loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let got: BTreeSet<Vec<u8>> = file_batch_records(&out)
+            .into_iter()
+            .map(|r| r.payload.to_vec())
+            .collect();
+        if want.is_subset(&got) || tokio::time::Instant::now() > give_up {
+            break got;
+        }
+    };
+    sigterm(child.id());
+    let _ = child.wait();
+    drop(fs);
+    let lost = want.difference(&got).count();
+    eprintln!(
+        "failing disk: {} acknowledged, {lost} lost, {abandoned} segments abandoned in all",
+        want.len()
+    );
+    assert_eq!(
+        lost, 0,
+        "a record acknowledged after a failed write or sync was lost"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }

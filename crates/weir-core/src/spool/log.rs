@@ -183,6 +183,9 @@ pub struct ClassLog {
     /// Bytes admitted and not yet written: they count against the
     /// class's quota before they are on disk.
     pending: u64,
+    /// The last segment takes no more appends: it was abandoned (a write
+    /// or sync of it failed), or it was sealed before the one abandoned.
+    sealed: bool,
 }
 
 impl ClassLog {
@@ -215,6 +218,7 @@ impl ClassLog {
             policy,
             bytes,
             pending: 0,
+            sealed: false,
         }
     }
 
@@ -380,6 +384,7 @@ impl ClassLog {
     pub fn needs_segment(&self, frame_len: u64) -> bool {
         match self.segments.back() {
             None => true,
+            Some(_) if self.sealed => true,
             Some(s) => s.end_index > s.first_index && s.bytes + frame_len > self.segment_bytes,
         }
     }
@@ -393,6 +398,7 @@ impl ClassLog {
             bytes: header_len,
         };
         self.segments.push_back(s);
+        self.sealed = false;
         if let Some(k) = self.keys.back_mut() {
             k.seal();
         }
@@ -417,6 +423,43 @@ impl ClassLog {
         self.bytes += frame_len;
         self.next_index += 1;
         index
+    }
+
+    /// A write or sync of the active segment failed: the segment keeps only
+    /// its first `kept_bytes` (what was synced before), holding the records
+    /// below `kept_end`, and nothing more is appended to it (after a
+    /// failed sync the file's state cannot be trusted: Linux may have
+    /// dropped the data and report the next sync as a success). The
+    /// records from `kept_end` on are appended again, with the same
+    /// indices, to a new segment. A segment left without a record leaves
+    /// the log (its file is replaced by the new segment, which has its
+    /// name). Returns the bytes the log no longer counts.
+    ///
+    /// # Panics
+    /// If there is no active segment, or `kept_end` is outside it.
+    pub fn abandon_active(&mut self, kept_bytes: u64, kept_end: u64) -> u64 {
+        let s = self
+            .segments
+            .back_mut()
+            .expect("abandoning needs an active segment");
+        assert!(
+            (s.first_index..=s.end_index).contains(&kept_end),
+            "records kept must be the segment's"
+        );
+        self.next_index = kept_end;
+        self.sealed = true;
+        if kept_end == s.first_index {
+            let gone = s.bytes;
+            self.segments.pop_back();
+            self.keys.pop_back();
+            self.bytes -= gone;
+            return gone;
+        }
+        let dropped = s.bytes.saturating_sub(kept_bytes);
+        s.bytes -= dropped;
+        s.end_index = kept_end;
+        self.bytes -= dropped;
+        dropped
     }
 
     /// Marks a delivered record released; returns whether it was not yet.
@@ -464,6 +507,8 @@ impl ClassLog {
         self.keys.pop_back();
         self.bytes -= active.bytes;
         self.damage.retain(|d| d.segment != active.first_index);
+        // A segment left behind it is sealed: the next append starts anew.
+        self.sealed = true;
         Some(active)
     }
 
@@ -701,7 +746,40 @@ mod tests {
         let gone = l.reclaim_active(100, &quota).expect("reclaimed");
         assert_eq!((gone.first_index, gone.end_index), (9, 12));
         assert_eq!(l.unreleased(), 1);
+        assert!(
+            l.needs_segment(1),
+            "the sealed segment left is not appended to"
+        );
         assert_eq!(fill(&mut l, 1), vec![12]);
+        assert_eq!(l.segments().last().map(|s| s.first_index), Some(12));
+    }
+
+    #[test]
+    fn an_abandoned_segment_keeps_what_was_synced_and_the_rest_goes_to_a_new_one() {
+        let mut l = log(FullPolicy::Block);
+        // Five records synced, three more written by a group whose sync
+        // failed.
+        fill(&mut l, 8);
+        assert_eq!(l.bytes(), 850);
+        assert_eq!(l.abandon_active(550, 5), 300);
+        assert_eq!((l.bytes(), l.next_index(), l.unreleased()), (550, 5, 5));
+        assert!(l.needs_segment(1), "nothing more goes to it");
+        // Appended again with the same indices, in a new segment.
+        assert_eq!(fill(&mut l, 3), vec![5, 6, 7]);
+        let segs: Vec<(u64, u64, u64)> = l
+            .segments()
+            .map(|s| (s.first_index, s.end_index, s.bytes))
+            .collect();
+        assert_eq!(segs, [(0, 5, 550), (5, 8, 350)]);
+        assert!(!l.needs_segment(100), "the new one is appended to");
+        // A segment left without a record leaves the log: the next one
+        // takes its first index (and its file name).
+        assert_eq!(l.abandon_active(50, 5), 350);
+        assert_eq!(l.segments().count(), 1);
+        assert!(l.needs_segment(1));
+        assert_eq!(fill(&mut l, 1), vec![5]);
+        let firsts: Vec<u64> = l.segments().map(|s| s.first_index).collect();
+        assert_eq!(firsts, [0, 5]);
     }
 
     #[test]

@@ -50,8 +50,11 @@ pub struct SpoolMetrics {
     pub syncs: Counter,
     /// Bytes written to segment files (headers and frames), each once.
     pub written_bytes: Counter,
-    /// Failed writes or syncs (full disk, I/O errors), each retried.
+    /// Failed writes or syncs (full disk, I/O errors).
     pub write_errors: Counter,
+    /// Segments abandoned after a failed write or sync (their unsynced
+    /// records rewritten to a new segment).
+    pub abandoned_segments: Counter,
 }
 
 impl SpoolMetrics {
@@ -124,8 +127,13 @@ impl SpoolMetrics {
         );
         r.register(
             "write_errors",
-            "Failed segment writes or syncs (retried)",
+            "Failed segment writes or syncs (the segment is abandoned, its unsynced records rewritten to a new one)",
             self.write_errors.clone(),
+        );
+        r.register(
+            "abandoned_segments",
+            "Segments abandoned after a failed write or sync: never written through again, cut back to what was synced",
+            self.abandoned_segments.clone(),
         );
     }
 

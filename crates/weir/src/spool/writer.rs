@@ -142,88 +142,35 @@ impl Writer {
     fn commit(&mut self, group: Vec<(u64, Record, u64)>) {
         let shared = self.shared.clone();
         let last = group.last().map_or(0, |g| g.0);
-        let mut done: Vec<(Record, Cursor)> = Vec::with_capacity(group.len());
-        let mut touched = vec![false; self.active.len()];
-        let mut failed = false;
-        for (_, mut record, len) in group {
-            let c = record.class.index();
-            let slot = shared
-                .slot(record.class)
-                .expect("only spooled classes are appended");
-            let mut st = lock(&slot.state);
-            st.log.settled(len);
-            shared.pending.fetch_sub(len, Ordering::Relaxed);
-            // drop-oldest: make room before appending.
-            while st.log.admit(len, &shared.room()) == Admit::EvictOldest {
-                let Some(ev) = st.log.evict_oldest() else {
-                    break;
-                };
-                self.evicted(slot, &mut st, ev);
-            }
-            let mut attempts = 0u32;
-            let ensured = loop {
-                match self.ensure_segment(slot, &mut st, &record, len) {
-                    Ok(()) => break true,
-                    Err(e) => {
-                        // Never sleep holding the class's lock: ingress
-                        // takes it to admit appends.
-                        drop(st);
-                        self.error(&e, "cannot create a spool segment; retrying");
-                        attempts += 1;
-                        std::thread::sleep(RETRY_PAUSE);
-                        st = lock(&slot.state);
-                        if self.stopping() && attempts >= ATTEMPTS_WHEN_STOPPING {
-                            break false;
-                        }
-                    }
-                }
-            };
-            if !ensured {
-                // Not on disk, so never acknowledged.
-                failed = true;
-                drop(st);
-                continue;
-            }
-            let active = self.active[c].as_mut().expect("ensured");
-            let offset = active.len + active.buf.len() as u64;
-            let before = active.buf.len();
-            let index = st.log.next_index();
-            let key = st.log.key_field(&record.key, offset);
-            frame::encode(
-                &active.header,
-                &Frame {
-                    index,
-                    origin: record.origin,
-                    seq: record.seq,
-                    ingress_us: record.ingress_us,
-                    key: record.key.clone(),
-                    payload: record.payload.clone(),
-                },
-                key,
-                &mut active.buf,
-            );
-            let flen = (active.buf.len() - before) as u64;
-            let appended = st.log.append(flen);
-            debug_assert_eq!(appended, index);
-            shared.total_bytes.fetch_add(flen, Ordering::Relaxed);
-            record.spool = Some(index);
-            done.push((
-                record,
-                Cursor {
-                    segment: active.first_index,
-                    offset,
-                },
-            ));
-            touched[c] = true;
-        }
         let sync = match shared.config.sync {
             SyncMode::Group => true,
             SyncMode::Interval => self.last_sync.elapsed() >= shared.config.sync_interval,
             SyncMode::None => false,
         };
-        for (c, t) in touched.iter().enumerate() {
-            if *t && !self.flush(c, sync, true) {
-                failed = true;
+        // Each class's records in arrival order: classes have segments of
+        // their own.
+        let mut by_class: Vec<Vec<(Record, u64)>> =
+            (0..self.active.len()).map(|_| Vec::new()).collect();
+        for (_, record, len) in group {
+            let slot = shared
+                .slot(record.class)
+                .expect("only spooled classes are appended");
+            lock(&slot.state).log.settled(len);
+            shared.pending.fetch_sub(len, Ordering::Relaxed);
+            by_class[record.class.index()].push((record, len));
+        }
+        let mut done: Vec<(Record, Cursor)> = Vec::new();
+        let mut touched = vec![false; self.active.len()];
+        let mut failed = false;
+        for (c, records) in by_class.into_iter().enumerate() {
+            if records.is_empty() {
+                continue;
+            }
+            touched[c] = true;
+            match self.append_class(c, &records, sync) {
+                Some(out) => done.extend(out),
+                // Not on disk, so never acknowledged.
+                None => failed = true,
             }
         }
         if sync {
@@ -290,8 +237,8 @@ impl Writer {
     }
 
     /// Makes sure the class has an open segment with room for a frame of
-    /// about `len` bytes: opens the last one after a restart, or seals it
-    /// and starts a new one.
+    /// about `len` bytes: opens the last one after a restart, or starts a
+    /// new one (the caller has sealed the last).
     fn ensure_segment(
         &mut self,
         slot: &ClassSlot,
@@ -319,17 +266,8 @@ impl Writer {
             });
             return Ok(());
         }
-        // Seal the current segment: its frames reach the disk before any
-        // frame of the next.
-        if current.is_some() {
-            // The caller holds this class's lock: no eviction from here.
-            if !self.flush(c, true, false) {
-                return Err(io::Error::other(
-                    "the segment being sealed could not be written",
-                ));
-            }
-            self.active[c] = None;
-        }
+        // The caller wrote and sealed the previous one.
+        debug_assert!(current.is_none(), "a new segment after the last was sealed");
         let header = SegmentHeader {
             version: frame::VERSION,
             first_index: st.log.next_index(),
@@ -353,68 +291,212 @@ impl Writer {
         Ok(())
     }
 
-    /// Writes a class's encoded frames and, if `sync`, fdatasyncs them;
-    /// retries until it succeeds (the records' tickets wait meanwhile,
-    /// which is back-pressure), except when stopping: then `false`. On a
-    /// full disk a `drop-oldest` class may evict (`may_evict`, when the
-    /// caller does not hold the class's lock).
-    fn flush(&mut self, c: usize, sync: bool, may_evict: bool) -> bool {
-        let mut attempts = 0u32;
+    /// Appends `records` of class `c` to its segment, writes them and, if
+    /// `sync`, syncs them; returns each record (with its index) and where
+    /// it is, or `None` if it gave up (only when stopping: those records
+    /// were never acknowledged).
+    ///
+    /// A failed write or sync is never retried on the same file: the
+    /// segment is abandoned at what was synced before ([`Self::abandon`])
+    /// and the records not yet on disk are appended again, with the same
+    /// indices, to a new segment, after a pause that grows with each
+    /// failure. Acknowledgements wait meanwhile (back-pressure).
+    fn append_class(
+        &mut self,
+        c: usize,
+        records: &[(Record, u64)],
+        sync: bool,
+    ) -> Option<Vec<(Record, Cursor)>> {
+        let shared = self.shared.clone();
+        let slot = shared.classes[c].as_ref().expect("spooled");
+        let mut out: Vec<(Record, Cursor)> = Vec::with_capacity(records.len());
+        // `out[unwritten..]` are in the active segment's buffer, not yet on
+        // disk.
+        let mut unwritten = 0;
+        let mut failures = 0u32;
         loop {
-            let Some(a) = self.active[c].as_mut() else {
-                return true;
-            };
-            if a.buf.is_empty() && !(sync && a.unsynced) {
-                return true;
-            }
-            let result = a.file.write_all_at(&a.buf, a.len).and_then(|()| {
-                if sync {
-                    a.file.sync_data()
-                } else {
-                    Ok(())
-                }
-            });
-            match result {
-                Ok(()) => {
-                    a.len += a.buf.len() as u64;
-                    self.shared
-                        .metrics
-                        .spool
-                        .written_bytes
-                        .inc_by(a.buf.len() as u64);
-                    a.unsynced = !sync && (a.unsynced || !a.buf.is_empty());
-                    a.buf.clear();
-                    if sync {
-                        self.shared.metrics.spool.syncs.inc();
+            let failure = 'pass: {
+                for (record, len) in &records[out.len()..] {
+                    let mut st = lock(&slot.state);
+                    // drop-oldest: make room before appending.
+                    while st.log.admit(*len, &shared.room()) == Admit::EvictOldest {
+                        let Some(ev) = st.log.evict_oldest() else {
+                            break;
+                        };
+                        self.evicted(slot, &mut st, ev);
                     }
-                    return true;
-                }
-                Err(e) => {
-                    attempts += 1;
-                    self.shared.metrics.spool.write_errors.inc();
-                    let full = e.raw_os_error() == Some(libc::ENOSPC);
-                    self.error(
-                        &e,
-                        if full {
-                            "spool disk full; acknowledgements wait until space returns"
-                        } else {
-                            "spool write failed; retrying"
-                        },
-                    );
-                    if full && may_evict {
-                        self.free_space_for(c);
-                    }
-                    if self.stopping() && attempts >= ATTEMPTS_WHEN_STOPPING {
-                        tracing::error!(records_bytes = self.active[c].as_ref().map_or(0, |a| a.buf.len()), "giving up a spool write at shutdown; those records were never acknowledged");
-                        if let Some(a) = self.active[c].as_mut() {
-                            a.buf.clear();
+                    if st.log.needs_segment(*len) && self.active[c].is_some() {
+                        // Seal the active segment: its frames reach the
+                        // disk before any frame of the next.
+                        drop(st);
+                        if let Err(e) = self.flush_once(c, true) {
+                            break 'pass Some(e);
                         }
-                        return false;
+                        self.active[c] = None;
+                        unwritten = out.len();
+                        st = lock(&slot.state);
                     }
-                    std::thread::sleep(RETRY_PAUSE);
-                    self.refresh_free_space();
+                    let mut attempts = 0u32;
+                    while let Err(e) = self.ensure_segment(slot, &mut st, record, *len) {
+                        // Never sleep holding the class's lock: ingress
+                        // takes it to admit appends.
+                        drop(st);
+                        self.error(&e, "cannot create a spool segment; retrying");
+                        attempts += 1;
+                        if self.stopping() && attempts >= ATTEMPTS_WHEN_STOPPING {
+                            return None;
+                        }
+                        std::thread::sleep(RETRY_PAUSE);
+                        self.refresh_free_space();
+                        st = lock(&slot.state);
+                    }
+                    let active = self.active[c].as_mut().expect("ensured");
+                    let offset = active.len + active.buf.len() as u64;
+                    let before = active.buf.len();
+                    let index = st.log.next_index();
+                    let key = st.log.key_field(&record.key, offset);
+                    frame::encode(
+                        &active.header,
+                        &Frame {
+                            index,
+                            origin: record.origin,
+                            seq: record.seq,
+                            ingress_us: record.ingress_us,
+                            key: record.key.clone(),
+                            payload: record.payload.clone(),
+                        },
+                        key,
+                        &mut active.buf,
+                    );
+                    let flen = (active.buf.len() - before) as u64;
+                    let appended = st.log.append(flen);
+                    debug_assert_eq!(appended, index);
+                    shared.total_bytes.fetch_add(flen, Ordering::Relaxed);
+                    let mut record = record.clone();
+                    record.spool = Some(index);
+                    out.push((
+                        record,
+                        Cursor {
+                            segment: active.first_index,
+                            offset,
+                        },
+                    ));
                 }
+                self.flush_once(c, sync).err()
+            };
+            let Some(e) = failure else {
+                return Some(out);
+            };
+            failures += 1;
+            let kept_end = out.get(unwritten).and_then(|(r, _)| r.spool);
+            self.abandon(slot, &e, kept_end);
+            out.truncate(unwritten);
+            if self.stopping() && failures >= ATTEMPTS_WHEN_STOPPING {
+                tracing::error!(class = %slot.name, records = records.len() - out.len(), "giving up a spool write at shutdown; those records were never acknowledged");
+                return None;
             }
+            if e.raw_os_error() == Some(libc::ENOSPC) {
+                self.free_space_for(c);
+            }
+            std::thread::sleep(RETRY_PAUSE * (1 << (failures - 1).min(5)));
+            self.refresh_free_space();
+        }
+    }
+
+    /// A write or sync of class `slot`'s active segment failed: the file is
+    /// closed and never written through again (after a failed fsync Linux
+    /// may have dropped the data and report the next fsync of the same
+    /// file as a success). The log keeps what was written before this
+    /// failure (`kept_end`: the first record not on disk; `None`: every
+    /// record appended is kept, as after a failed sync of writes already
+    /// acknowledged with `sync = "interval"` or `"none"`), the file is cut
+    /// back to it where it can be, and the next append starts a new
+    /// segment.
+    fn abandon(&mut self, slot: &ClassSlot, e: &io::Error, kept_end: Option<u64>) {
+        let c = slot.id.index();
+        let Some(a) = self.active[c].take() else {
+            return;
+        };
+        let (first, kept_bytes) = (a.first_index, a.len);
+        drop(a);
+        let mut st = lock(&slot.state);
+        let kept_end = kept_end.unwrap_or_else(|| st.log.next_index());
+        let dropped = st.log.abandon_active(kept_bytes, kept_end);
+        self.shared
+            .total_bytes
+            .fetch_sub(dropped, Ordering::Relaxed);
+        drop(st);
+        let path = files::segment_path(&slot.dir, first);
+        let tidied = if kept_end == first {
+            files::delete_segment(&slot.dir, first)
+        } else {
+            files::truncate(&path, kept_bytes)
+        };
+        if let Err(te) = tidied {
+            tracing::debug!(file = %path.display(), error = %te, "cannot cut an abandoned spool segment back; start-up skips what it holds past that");
+        }
+        self.shared.metrics.spool.abandoned_segments.inc();
+        let due = self
+            .last_error_log
+            .is_none_or(|t| t.elapsed() >= ERROR_LOG_EVERY);
+        if due {
+            self.last_error_log = Some(Instant::now());
+            tracing::error!(
+                class = %slot.name,
+                file = %path.display(),
+                kept_bytes,
+                error = %e,
+                "spool write or sync failed: segment abandoned (never written through again); its records not yet on disk go to a new segment and their acknowledgements wait"
+            );
+        }
+    }
+
+    /// Writes a class's encoded frames and, if `sync`, fdatasyncs them:
+    /// one attempt. On an error the segment must be abandoned.
+    fn flush_once(&mut self, c: usize, sync: bool) -> io::Result<()> {
+        let Some(a) = self.active[c].as_mut() else {
+            return Ok(());
+        };
+        if a.buf.is_empty() && !(sync && a.unsynced) {
+            return Ok(());
+        }
+        let result = a.file.write_all_at(&a.buf, a.len).and_then(|()| {
+            if sync {
+                a.file.sync_data()
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(e) = result {
+            self.shared.metrics.spool.write_errors.inc();
+            return Err(e);
+        }
+        a.len += a.buf.len() as u64;
+        self.shared
+            .metrics
+            .spool
+            .written_bytes
+            .inc_by(a.buf.len() as u64);
+        a.unsynced = !sync && (a.unsynced || !a.buf.is_empty());
+        a.buf.clear();
+        if sync {
+            self.shared.metrics.spool.syncs.inc();
+        }
+        Ok(())
+    }
+
+    /// Syncs what class `c` wrote without syncing (`sync = "interval"` or
+    /// `"none"`); a failure abandons the segment, and the records it
+    /// acknowledged since its last sync may be lost.
+    fn sync_written(&mut self, c: usize) {
+        if !self.active[c].as_ref().is_some_and(|a| a.unsynced) {
+            return;
+        }
+        if let Err(e) = self.flush_once(c, true) {
+            let shared = self.shared.clone();
+            let slot = shared.classes[c].as_ref().expect("spooled");
+            tracing::error!(class = %slot.name, error = %e, "spool sync failed: records acknowledged since the last sync (spool.sync is not \"group\") may not be on disk");
+            self.abandon(slot, &e, None);
         }
     }
 
@@ -569,9 +651,7 @@ impl Writer {
             && self.last_sync.elapsed() >= shared.config.sync_interval;
         if interval_due || (force && shared.config.sync != SyncMode::Group) {
             for c in 0..self.active.len() {
-                if self.active[c].as_ref().is_some_and(|a| a.unsynced) {
-                    self.flush(c, true, true);
-                }
+                self.sync_written(c);
             }
             self.last_sync = Instant::now();
         }
@@ -584,7 +664,7 @@ impl Writer {
     /// At close: everything written is synced, checkpoints are current.
     fn finish(&mut self) {
         for c in 0..self.active.len() {
-            self.flush(c, true, true);
+            self.sync_written(c);
         }
         self.housekeep(true);
         self.shared.writer_gone.store(true, Ordering::Release);
