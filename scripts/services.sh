@@ -17,6 +17,8 @@ command -v openssl >/dev/null || need+=(openssl)
 command -v curl >/dev/null || need+=(curl)
 # The unit file test runs `systemd-analyze verify`.
 command -v systemd-analyze >/dev/null || need+=(systemd)
+# The clock tests fake weir's wall clock with libfaketime.
+[ -n "$(ls /usr/lib/*/faketime/libfaketime.so.1 2>/dev/null)" ] || need+=(faketime)
 # weir-lab's cluster test builds network namespaces and shapes them with tc.
 { command -v ip && command -v tc; } >/dev/null || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then

@@ -253,8 +253,9 @@ impl App {
         }
         let stop = CancellationToken::new();
         let abort = CancellationToken::new();
-        // Sequence numbers start from the clock so a restarted node never
-        // reuses a (origin, seq) the cloud has seen.
+        // Sequence numbers start above the last lease in spool.dir and the
+        // clock, so a restarted node never reuses an (origin, seq) the cloud
+        // has seen; without a lease, from the clock alone.
         let seed = crate::clock::unix_micros();
         let intake = Intake::new(
             cfg.node.id,
@@ -296,8 +297,20 @@ impl App {
             );
             (Some(Arc::new(spool)), Some(lease))
         } else {
-            (None, None)
+            // No class is spooled: the lease still lives in spool.dir, so
+            // that record ids never repeat across restarts.
+            (None, SequenceLease::open_alone(&cfg.spool.dir, seed))
         };
+        // Batch numbers (a batch file's name, an AMQP message_id) from a
+        // lease beside the records', where there is one: a restart at a
+        // restored clock must not overwrite a batch file nor have a
+        // consumer drop a batch as one it has seen.
+        let batch_lease = lease.as_ref().and_then(|_| {
+            SequenceLease::open_batches(&cfg.spool.dir, seed)
+                .map_err(|e| tracing::warn!(dir = %cfg.spool.dir.display(), error = %e, "no batch sequence-number lease: batch numbers start from the clock"))
+                .ok()
+        });
+        let first_batch_seq = batch_lease.as_ref().map_or(seed, SequenceLease::peek);
         let ingress = Arc::new(intake.with_spool(spool.clone(), lease));
 
         // Peering binds first (it accepts nothing until it starts, below):
@@ -394,7 +407,8 @@ impl App {
         let heart = crate::systemd::Heartbeat::default();
         let scheduler = tokio::spawn(crate::scheduler::run(
             params,
-            seed,
+            first_batch_seq,
+            batch_lease,
             crate::scheduler::Feedback {
                 link: link_rx,
                 delivered: delivered_rx,

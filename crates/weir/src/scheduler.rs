@@ -57,12 +57,14 @@ fn reconfigure(core: &mut Scheduler, now: Duration, r: Reconfigure) {
 
 /// Runs until `stop` fires and the queues are empty, or until `abort` fires.
 /// Dropping `out` when it returns lets the egress finish and exit. Batch
-/// sequence numbers start at `first_batch_seq` (seeded from the clock so a
-/// restart does not reuse numbers).
+/// sequence numbers start at `first_batch_seq` (from `batches`, their
+/// lease, kept ahead of them, where there is one; else from the clock), so
+/// a restart does not reuse numbers.
 #[allow(clippy::too_many_arguments)]
 pub async fn run(
     params: SchedulerParams,
     first_batch_seq: u64,
+    batches: Option<crate::spool::SequenceLease>,
     mut feedback: Feedback,
     intake: Arc<Intake>,
     out: mpsc::Sender<OutBatch>,
@@ -145,6 +147,9 @@ pub async fn run(
             Poll::Batch(batch) => {
                 intake.notify_space();
                 link_free = false;
+                if let Some(lease) = &batches {
+                    lease.cover(batch.seq + 1);
+                }
                 // The egress announced it is waiting, so the channel has room.
                 if let Err(e) = out.try_send(batch) {
                     let b = match e {
