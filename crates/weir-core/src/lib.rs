@@ -12,6 +12,7 @@
 //! - [`record`]: the unit weir relays, with origin and sequence number.
 //! - [`classify`]: MQTT topic filters and gRPC stream names mapped to classes.
 //! - [`queue`]: bounded lock-free multi-level queues, one per class.
+//! - [`memory`]: the memory budget: the queues sized to fit a limit.
 //! - [`token_bucket`]: per-class rate limiters whose rates the allocator sets.
 //! - [`drain`]: batches out of the queues, most urgent class first, within
 //!   each class's bucket.
@@ -50,6 +51,7 @@ pub mod drain;
 pub mod gate;
 pub mod janus;
 pub mod link_estimate;
+pub mod memory;
 pub mod passwd;
 pub mod peer;
 pub mod queue;

@@ -240,7 +240,17 @@ impl App {
             None => None,
         };
         let scheme = cfg.scheduler.scheme;
-        let queues = Arc::new(scheduler::queues_for(scheme, &cfg.memory_capacities()));
+        // The class queues sized to the memory weir may use.
+        let memory_limit = crate::memory::resolve(cfg.node.memory_limit);
+        let memory_plan = crate::memory::plan(&cfg, memory_limit.as_ref());
+        let described =
+            crate::memory::describe(&memory_plan, cfg.node.memory_limit, memory_limit.as_ref());
+        if memory_plan.starved() {
+            tracing::warn!("{described}");
+        } else {
+            tracing::info!("{described}");
+        }
+        let queues = Arc::new(scheduler::queues_for(scheme, &memory_plan.queues));
         let metrics = Arc::new(Metrics::new(&cfg.classes));
         {
             // Queue lengths are read when scraped, never a window late.

@@ -7,6 +7,8 @@
 //!   reported at once.
 //! - [`app`]: builds and runs everything from a config; ordered shutdown.
 //! - [`clock`]: the wall clock, read in one place.
+//! - [`memory`]: the memory limit weir plans for (given, or its cgroup's)
+//!   and the class queues sized to fit it.
 //! - [`intake`]: [`intake::Intake`], the one way into the class queues, for
 //!   ingress, peering and the scheduler.
 //! - [`ingress`]: the MQTT (`ingress::mqtt`) and gRPC (`ingress::grpc`)
@@ -42,6 +44,7 @@ pub mod fuzzing;
 pub mod handoff;
 pub mod ingress;
 pub mod intake;
+pub mod memory;
 pub mod metrics;
 pub mod peer;
 pub mod priority;

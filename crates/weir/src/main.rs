@@ -512,6 +512,14 @@ fn main() -> ExitCode {
                 if let Some(w) = &warning {
                     eprintln!("{}: warning: {w}", file.display());
                 }
+                // What the memory limit makes of the queues, as start-up
+                // will derive it (on this machine, in this cgroup).
+                let limit = weir::memory::resolve(cfg.node.memory_limit);
+                let plan = weir::memory::plan(&cfg, limit.as_ref());
+                println!(
+                    "{}",
+                    weir::memory::describe(&plan, cfg.node.memory_limit, limit.as_ref())
+                );
                 println!("{}: ok", file.display());
                 ExitCode::SUCCESS
             }

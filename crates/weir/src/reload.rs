@@ -240,9 +240,11 @@ impl Reloader {
             let _ = self.apply_peers(&new, &running.config);
             return Err(e);
         }
+        // Sized to the memory limit as start-up sizes them.
+        let limit = crate::memory::resolve(new.node.memory_limit);
         self.intake.queues().set_capacities(&capacities_for(
             new.scheduler.scheme,
-            &new.memory_capacities(),
+            &crate::memory::capacities(&new, limit.as_ref()),
         ));
         self.intake.set_classifier(new.classifier.clone());
         self.intake.metrics().latency.set_bounds(&new.classes);

@@ -78,7 +78,7 @@ pub use ingress::{
     MqttListen, MqttMode, MqttSubscribe, MqttTls, Qos0WhenFull, SubscribeQos,
 };
 pub use log::{LogConfig, LogFormat};
-pub use node::{CpuPriority, NodeConfig};
+pub use node::{CpuPriority, MemoryLimit, NodeConfig};
 pub use peering::{Adverts, PeerConfig, PeeringConfig};
 pub use problems::Problem;
 pub use scheduler::{

@@ -5,6 +5,7 @@ use serde::Deserialize;
 use weir_core::record::NodeId;
 
 use super::problems::Problems;
+use super::units::Size;
 
 /// One node needs no id planning; nodes that peer must each set their own.
 pub const NODE_ID: u64 = 1;
@@ -31,6 +32,21 @@ pub(crate) struct RawNode {
     pub worker_threads: Option<u64>,
     pub nice: Option<i64>,
     pub realtime_priority: Option<u64>,
+    pub memory_limit: Option<String>,
+}
+
+/// The memory weir plans for (`node.memory_limit`): the class queues are
+/// sized so that weir stays under it (`weir_core::memory`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MemoryLimit {
+    /// The limit of the cgroup weir runs in (a container's `--memory`,
+    /// systemd's `MemoryMax=`), if one is set.
+    #[default]
+    Auto,
+    /// This many bytes.
+    Bytes(u64),
+    /// None: the queues as configured.
+    Unlimited,
 }
 
 /// What weir asks of the kernel's CPU scheduler for its threads
@@ -64,6 +80,8 @@ pub struct NodeConfig {
     pub worker_threads: Option<usize>,
     /// CPU priority of weir's threads; off by default.
     pub priority: CpuPriority,
+    /// The memory weir plans for.
+    pub memory_limit: MemoryLimit,
 }
 
 impl NodeConfig {
@@ -112,10 +130,32 @@ pub(crate) fn node(p: &mut Problems, raw: RawNode) -> Option<NodeConfig> {
             " (SCHED_RR priority; leave it out for the normal policy)",
         )
         .map(|n| n as u8);
+    let memory_limit = match raw.memory_limit.as_deref().map(str::trim) {
+        None | Some("auto") => MemoryLimit::Auto,
+        Some("none") => MemoryLimit::Unlimited,
+        Some(text) => match text.parse::<Size>() {
+            Ok(size) if size.bytes() > 0 => MemoryLimit::Bytes(size.bytes()),
+            Ok(_) => {
+                p.push(
+                    "node.memory_limit",
+                    "must be more than 0; \"auto\" reads the cgroup's limit, \"none\" plans for none",
+                );
+                MemoryLimit::Auto
+            }
+            Err(e) => {
+                p.push(
+                    "node.memory_limit",
+                    format!("{e}; or \"auto\" (the cgroup's limit) or \"none\""),
+                );
+                MemoryLimit::Auto
+            }
+        },
+    };
     (p.len() == before).then_some(NodeConfig {
         id,
         name,
         worker_threads,
         priority: CpuPriority { nice, realtime },
+        memory_limit,
     })
 }
