@@ -161,11 +161,19 @@ impl Output {
         let Some(path) = path else {
             return Ok(Output::Stdout(BufWriter::new(std::io::stdout())));
         };
+        let existed = path.exists();
         let file = OpenOptions::new()
             .create(true)
             .append(true)
             .open(path)
             .with_context(|| format!("opening the output {}", path.display()))?;
+        if !existed {
+            // Its name is synced before anything in it is committed: a
+            // power cut must not take the file the state says holds what
+            // was handed on.
+            sync_dir_of(path)
+                .with_context(|| format!("syncing the directory of {}", path.display()))?;
+        }
         let mut len = file.metadata()?.len();
         if let Some(committed) = committed {
             if len < committed {
@@ -234,10 +242,18 @@ fn store_state(path: &Path, state: &State) -> anyhow::Result<()> {
     serde_json::to_writer(&mut f, state)?;
     f.sync_data()?;
     std::fs::rename(&tmp, path).with_context(|| format!("renaming onto {}", path.display()))?;
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        File::open(dir)?.sync_all()?;
-    }
+    sync_dir_of(path)?;
     Ok(())
+}
+
+/// Syncs the directory holding `path` (the current one for a bare name),
+/// so that a name created or renamed in it survives a power cut.
+fn sync_dir_of(path: &Path) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    File::open(dir)?.sync_all()
 }
 
 /// Consumes until `stop` fires, `idle_exit` passes with nothing to read, or

@@ -278,3 +278,127 @@ async fn a_failed_write_or_sync_is_never_acknowledged() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `weir consume --output --state` on the power-cut filesystem: killed and
+/// the power cut at random moments while it reads a queue, restarted each
+/// time. Every restart must succeed and, in the end, the output must hold
+/// every record exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weir_consume_across_power_cuts_hands_each_record_on_once() {
+    use common::amqp::{amqp_egress, delete_queue, AMQP_URL};
+    use common::process::WEIR;
+    use std::process::{Command, Stdio};
+
+    let dir = tmp("consume-power");
+    let name = common::unique("consume-power");
+    let queue = format!("{name}.q");
+    delete_queue(&queue).await;
+    // The queue, filled by a weir in memory mode with small batches.
+    let mqtt = free_port();
+    let cfg = write_config(
+        &dir,
+        "relay.toml",
+        &format!(
+            "[spool]\ndir = \"{}\"\n[scheduler]\nmax_batch_records = 8\n[ingress.mqtt]\nlisten = \"127.0.0.1:{mqtt}\"\n[ingress.grpc]\nenabled = false\n{}\n",
+            dir.join("state").display(),
+            amqp_egress(&name)
+        ),
+    );
+    let log = std::fs::File::create(dir.join("relay.log")).unwrap();
+    let mut relay = spawn_weir(&cfg, log);
+    wait_port(SocketAddr::from(([127, 0, 0, 1], mqtt))).await;
+    const N: u64 = 8_000;
+    let pace = Pace::unpaced(64, tokio::time::Instant::now() + PATIENCE);
+    let acked = publish_qos1(mqtt, "consume-power", pace, |i| {
+        (i < N).then(|| (b"lt/consume".to_vec(), format!("c-{i}").into_bytes()))
+    })
+    .await;
+    assert_eq!(acked.len() as u64, N);
+    sigterm(relay.id());
+    assert!(
+        relay.wait().unwrap().success(),
+        "the relay drained to RabbitMQ"
+    );
+
+    let fs = mount(&dir);
+    // Output and state in directories of their own (made durably here):
+    // each name must be synced in its own directory.
+    let root = dir.join("fs");
+    for d in ["out", "state"] {
+        std::fs::create_dir(root.join(d)).unwrap();
+    }
+    std::fs::File::open(&root).unwrap().sync_all().unwrap();
+    let out = root.join("out").join("out.jsonl");
+    let state = root.join("state").join("state.json");
+    let args = |idle: Option<&str>| {
+        let mut a = vec![
+            "consume".to_owned(),
+            "--url".into(),
+            AMQP_URL.into(),
+            "--queue".into(),
+            queue.clone(),
+            "--prefetch".into(),
+            "4".into(),
+            "--output".into(),
+            out.display().to_string(),
+            "--state".into(),
+            state.display().to_string(),
+        ];
+        if let Some(idle) = idle {
+            a.extend(["--idle-exit".into(), idle.into()]);
+        }
+        a
+    };
+    let mut rng = Rng(weir::clock::unix_micros());
+    let mut failed_restarts = Vec::new();
+    const CUTS: usize = 15;
+    for round in 0..CUTS {
+        let mut child = Command::new(WEIR)
+            .args(args(None))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join(format!("consume-{round}.log"))).unwrap())
+            .spawn()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(30 + rng.below(300))).await;
+        if let Some(status) = child.try_wait().unwrap() {
+            failed_restarts.push((round, status));
+        }
+        kill9(&mut child);
+        fs.power_cut(match rng.below(2) {
+            0 => Cut::Clean,
+            _ => Cut::Torn(rng.below(u64::MAX)),
+        });
+    }
+    let last = Command::new(WEIR)
+        .args(args(Some("3s")))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&last.stderr).into_owned();
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    drop(fs);
+    let mut counts: BTreeMap<(u64, u64), usize> = BTreeMap::new();
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line:?}"));
+        *counts
+            .entry((v["origin"].as_u64().unwrap(), v["seq"].as_u64().unwrap()))
+            .or_insert(0) += 1;
+    }
+    let twice = counts.values().filter(|&&n| n > 1).count();
+    eprintln!(
+        "weir consume, {CUTS} power cuts: {} records in the output ({twice} twice), {} failed restarts",
+        counts.len(),
+        failed_restarts.len()
+    );
+    assert!(last.status.success(), "the last run: {err}");
+    assert!(
+        failed_restarts.is_empty(),
+        "restarts failed: {failed_restarts:?} (see consume-N.log)"
+    );
+    assert_eq!(counts.len() as u64, N, "every record handed on: {err}");
+    assert_eq!(twice, 0, "records handed on twice");
+    delete_queue(&queue).await;
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -178,7 +178,7 @@ struct Link {
     /// What the confirmations of this link's publishes found out.
     health: Arc<Health>,
     /// Why RabbitMQ blocked the connection, while it does.
-    blocked: Arc<Mutex<Option<String>>>,
+    blocked: Arc<Mutex<BrokerBlock>>,
     /// Stops the task that follows the connection's events.
     _events: DropGuard,
 }
@@ -696,7 +696,7 @@ impl Link {
             .map_err(|e| OpenError::Unavailable(format!("connecting to RabbitMQ: {e}")))?;
         // Follow blocked/unblocked from the start: RabbitMQ blocks a
         // connection at its first publish under an alarm.
-        let blocked = Arc::new(Mutex::new(None));
+        let blocked = Arc::new(Mutex::new(BrokerBlock::default()));
         let stop = CancellationToken::new();
         tokio::spawn(follow_events(
             conn.events_listener(),
@@ -900,11 +900,20 @@ impl Link {
     }
 }
 
+/// The broker's block of a connection: its reason while it lasts, and how
+/// many blocks there were (a wait that spans a whole block, between two of
+/// its looks at the connection, still learns of it).
+#[derive(Debug, Default)]
+struct BrokerBlock {
+    reason: Option<String>,
+    blocks: u64,
+}
+
 /// Follows a connection's events until it closes or `stop` fires: the
 /// broker's block and its reason, into `blocked` and the metrics.
 async fn follow_events(
     events: impl futures::Stream<Item = Event> + Send + 'static,
-    blocked: Arc<Mutex<Option<String>>>,
+    blocked: Arc<Mutex<BrokerBlock>>,
     metrics: Arc<AmqpMetrics>,
     stop: CancellationToken,
 ) {
@@ -918,11 +927,13 @@ async fn follow_events(
             Some(Event::ConnectionBlocked(reason)) => {
                 tracing::warn!(reason = %reason, "RabbitMQ blocked the connection (a resource alarm); publishing waits until it unblocks");
                 metrics.blocked(&reason);
-                *blocked.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);
+                let mut b = blocked.lock().unwrap_or_else(|e| e.into_inner());
+                b.reason = Some(reason);
+                b.blocks += 1;
             }
             Some(Event::ConnectionUnblocked) => {
                 metrics.unblocked();
-                *blocked.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                blocked.lock().unwrap_or_else(|e| e.into_inner()).reason = None;
             }
             Some(_) => {}
             None => break,
@@ -931,6 +942,7 @@ async fn follow_events(
     if blocked
         .lock()
         .unwrap_or_else(|e| e.into_inner())
+        .reason
         .take()
         .is_some()
     {
@@ -943,7 +955,7 @@ async fn follow_events(
 #[derive(Clone)]
 struct Watch {
     status: ConnectionStatus,
-    blocked: Arc<Mutex<Option<String>>>,
+    blocked: Arc<Mutex<BrokerBlock>>,
     limits: Limits,
     metrics: Arc<AmqpMetrics>,
 }
@@ -959,6 +971,13 @@ impl Watch {
         let mut fut = std::pin::pin!(fut);
         let mut deadline = Instant::now() + limit;
         let mut blocked_since: Option<Instant> = None;
+        let blocks = || {
+            self.blocked
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .blocks
+        };
+        let mut blocks_seen = blocks();
         let tick = limit.min(Duration::from_secs(1));
         loop {
             // Cancel safety: `fut` is pinned outside the loop and polled by
@@ -974,6 +993,7 @@ impl Watch {
             }
             let now = Instant::now();
             if self.status.blocked() {
+                blocks_seen = blocks();
                 let since = *blocked_since.get_or_insert(now);
                 if let Some(after) = self.limits.blocked_failover {
                     if now - since >= after {
@@ -981,6 +1001,7 @@ impl Watch {
                             .blocked
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
+                            .reason
                             .clone()
                             .unwrap_or_else(|| "no reason given".to_owned());
                         return Err(format!(
@@ -994,6 +1015,11 @@ impl Watch {
                 // Unblocked since the last check: the broker has only just
                 // resumed reading, so it gets a whole period again.
                 tracing::info!(blocked_for = ?since.elapsed(), "RabbitMQ unblocked the connection");
+                deadline = now + limit;
+            } else if now >= deadline && blocks() != blocks_seen {
+                // A block began and ended between two looks: the broker has
+                // only just resumed reading, as above.
+                blocks_seen = blocks();
                 deadline = now + limit;
             } else if now >= deadline {
                 self.metrics.timeouts.inc();
