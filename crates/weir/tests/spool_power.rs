@@ -49,6 +49,46 @@ fn mount(dir: &std::path::Path) -> Mounted {
         .expect("this test needs root and /dev/fuse to mount its power-cut filesystem")
 }
 
+/// A weir whose spool is on a fresh power-cut filesystem, and its configs:
+/// `cfg` delivers to the file egress on the ordinary disk (the cloud, which
+/// the cuts do not touch), `cfg_down` to a broker that never answers.
+struct OnFaultFs {
+    dir: std::path::PathBuf,
+    fs: Mounted,
+    out: std::path::PathBuf,
+    mqtt: u16,
+    admin: u16,
+    cfg: std::path::PathBuf,
+    cfg_down: std::path::PathBuf,
+}
+
+fn on_faultfs(name: &str) -> OnFaultFs {
+    let dir = tmp(name);
+    let fs = mount(&dir);
+    let spool = dir.join("fs").join("spool");
+    let out = dir.join("out");
+    let (mqtt, admin) = (free_port(), free_port());
+    let cfg = write_config(
+        &dir,
+        "weir.toml",
+        &spool_config(&spool, mqtt, admin, &file_egress(&out), ""),
+    );
+    let cfg_down = write_config(
+        &dir,
+        "down.toml",
+        &spool_config(&spool, mqtt, admin, UNREACHABLE, ""),
+    );
+    OnFaultFs {
+        dir,
+        fs,
+        out,
+        mqtt,
+        admin,
+        cfg,
+        cfg_down,
+    }
+}
+
 fn kill9(child: &mut Child) {
     let _ = child.kill();
     let _ = child.wait();
@@ -79,25 +119,17 @@ async fn power_cuts_lose_nothing_acknowledged_and_every_restart_recovers() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(25);
-    let dir = tmp("spool-power");
-    let fs = mount(&dir);
-    let spool = dir.join("fs").join("spool");
-    // The cloud: the file egress on the ordinary disk, which the cuts do
-    // not touch.
-    let out = dir.join("out");
-    let (mqtt, admin) = (free_port(), free_port());
-    let cfg = write_config(
-        &dir,
-        "weir.toml",
-        &spool_config(&spool, mqtt, admin, &file_egress(&out), ""),
-    );
+    let OnFaultFs {
+        dir,
+        fs,
+        out,
+        mqtt,
+        cfg,
+        cfg_down,
+        ..
+    } = on_faultfs("spool-power");
     // Some rounds with the cloud unreachable: every acknowledged record
     // then lives in the spool alone when the power goes.
-    let cfg_down = write_config(
-        &dir,
-        "down.toml",
-        &spool_config(&spool, mqtt, admin, UNREACHABLE, ""),
-    );
     let seed = weir::clock::unix_micros();
     eprintln!("power cuts: {cuts}, seed {seed}");
     let mut rng = Rng(seed);
@@ -189,23 +221,17 @@ async fn a_failed_write_or_sync_is_never_acknowledged() {
     use common::process::{metric, scrape};
     use weir_faultfs::Op;
 
-    let dir = tmp("spool-eio");
-    let fs = mount(&dir);
-    let spool = dir.join("fs").join("spool");
-    let out = dir.join("out");
-    let (mqtt, admin) = (free_port(), free_port());
-    let cfg = write_config(
-        &dir,
-        "weir.toml",
-        &spool_config(&spool, mqtt, admin, &file_egress(&out), ""),
-    );
-    // The cloud is unreachable while the disk fails: every acknowledged
-    // record is in the spool alone when the power goes.
-    let cfg_down = write_config(
-        &dir,
-        "down.toml",
-        &spool_config(&spool, mqtt, admin, UNREACHABLE, ""),
-    );
+    let OnFaultFs {
+        dir,
+        fs,
+        out,
+        mqtt,
+        admin,
+        cfg,
+        cfg_down,
+    } = on_faultfs("spool-eio");
+    // The cloud is unreachable while the disk fails (`cfg_down`): every
+    // acknowledged record is in the spool alone when the power goes.
     let cases = [
         (Op::Fsync, libc::EIO, 1),
         (Op::Fsync, libc::EIO, 3),
