@@ -250,6 +250,9 @@ impl App {
         } else {
             tracing::info!("{described}");
         }
+        if let Some(w) = crate::memory::connections_warning(&cfg, memory_limit.as_ref()) {
+            tracing::warn!("{w}");
+        }
         let queues = Arc::new(scheduler::queues_for(scheme, &memory_plan.queues));
         let metrics = Arc::new(Metrics::new(&cfg.classes));
         {

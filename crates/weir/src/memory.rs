@@ -57,6 +57,27 @@ fn in_flight_bytes(cfg: &Config) -> u64 {
     window * cfg.scheduler.max_batch_bytes as u64 * 3
 }
 
+/// A warning when `cfg` lets more MQTT devices connect than the memory
+/// limit's headroom holds (their buffers are not in the plan).
+pub fn connections_warning(cfg: &Config, limit: Option<&Limit>) -> Option<String> {
+    let limit = limit?;
+    let mqtt = cfg
+        .ingress
+        .mqtt
+        .as_ref()
+        .filter(|m| matches!(m.mode, crate::config::MqttMode::Listen(_)))?;
+    let allowed = mqtt.limits.max_connections as u64;
+    let fit = weir_core::memory::connections_that_fit(limit.bytes);
+    (allowed > fit).then(|| {
+        format!(
+            "ingress.mqtt.max_connections = {allowed}: that many connections would take up to {:.0} MiB (about {} KiB each), beyond what the memory limit of {:.0} MiB leaves for them (about {fit}); lower max_connections to the devices this box serves",
+            (allowed * weir_core::memory::CONNECTION_BYTES) as f64 / (1 << 20) as f64,
+            weir_core::memory::CONNECTION_BYTES >> 10,
+            limit.bytes as f64 / (1 << 20) as f64
+        )
+    })
+}
+
 /// One line saying what was derived under `setting`, for start-up and
 /// `check-config`.
 pub fn describe(plan: &Plan, setting: MemoryLimit, limit: Option<&Limit>) -> String {
@@ -212,6 +233,23 @@ mod tests {
             ]
         );
         assert!(hierarchies("1:cpu:/\n", MOUNTINFO).is_empty());
+    }
+
+    #[test]
+    fn more_connections_than_the_headroom_holds_are_warned_of() {
+        let limit = Limit {
+            bytes: 64 << 20,
+            source: "test".to_owned(),
+        };
+        let defaults = crate::config::parse("", "defaults").unwrap();
+        let w = connections_warning(&defaults, Some(&limit)).expect("4096 do not fit");
+        assert!(
+            w.contains("max_connections = 4096") && w.contains("about 341"),
+            "{w}"
+        );
+        assert_eq!(connections_warning(&defaults, None), None);
+        let few = crate::config::parse("[ingress.mqtt]\nmax_connections = 300\n", "few").unwrap();
+        assert_eq!(connections_warning(&few, Some(&limit)), None);
     }
 
     #[test]

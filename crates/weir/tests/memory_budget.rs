@@ -132,6 +132,10 @@ async fn a_small_box_applies_back_pressure_instead_of_being_oom_killed() {
         )),
         "weir read its cgroup's limit: {text}"
     );
+    assert!(
+        text.contains("ingress.mqtt.max_connections = 4096"),
+        "the default connection limit does not fit in 96 MiB, and weir says so: {text}"
+    );
 
     // 1 KiB records until weir holds them back (its queues are full).
     let acks = Arc::new(AtomicU64::new(0));
