@@ -1,5 +1,5 @@
 //! Batch compression as weir's egress runs it, against the zstd crate alone
-//! on the same body. Goal (issue 4): zstd level 1 inside weir at least 80%
+//! on the same body. Goal: zstd level 1 inside weir at least 80%
 //! of the zstd crate's own throughput.
 //!
 //! The body is a ~64 KiB `weir.v1.Batch` of sensor-CSV records (the piping

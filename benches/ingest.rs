@@ -1,4 +1,4 @@
-//! The ingest-to-egress hot path stage by stage (issue 20), per record at
+//! The ingest-to-egress hot path stage by stage, per record at
 //! 256 B and 1 KiB: MQTT decode of a read burst, batch encoding (weir's
 //! borrowed-record writer, `weir_proto::encode_records`, against the owned
 //! prost message it replaced).
@@ -84,7 +84,7 @@ fn batch_encode(c: &mut Criterion) {
         g.bench_function("weir_encode", |b| {
             b.iter(|| black_box(weir::egress::encode(1, &classes, black_box(&batch))))
         });
-        // What the egress did before issue 20: an owned message, then
+        // The owned message a prost encoder needs, then
         // prost's encoder.
         g.bench_function("owned_prost_message", |b| {
             b.iter(|| {

@@ -1,4 +1,4 @@
-//! Per-record costs issue 15 added to the relay's hot paths: the egress
+//! Per-record costs of the relay's metrics on its hot paths: the egress
 //! recording each confirmed record's latency against its class bound
 //! (`weir_record_latency_seconds`, `weir_records_late_total`), and ingress
 //! classifying through the reloadable classifier (an `ArcSwap` load).

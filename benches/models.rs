@@ -1,4 +1,4 @@
-//! The online models of issue 4: link estimation, batch planning and the
+//! The online models: link estimation, batch planning and the
 //! compression choice. Goal: the per-batch decision (batch plan and codec)
 //! under 1% of a transaction, i.e. under 500 us for a 50 ms transaction;
 //! aim under 1 us. The refits on each completed transaction (`observe`) are
@@ -173,7 +173,7 @@ fn compression(c: &mut Criterion) {
 }
 
 /// The whole per-batch decision: batch plan for the class, codec for the
-/// batch (issue 4's "under 1% of the transaction time").
+/// batch (the goal: under 1% of the transaction time).
 fn per_batch(c: &mut Criterion) {
     let mut g = c.benchmark_group("models/per_batch_decision");
     g.throughput(Throughput::Elements(1));

@@ -1,4 +1,4 @@
-//! Queue, token-bucket and drain hot paths (issue 2 goals: push+pop of a
+//! Queue, token-bucket and drain hot paths (goal: push+pop of a
 //! 256-byte record at most 100 ns single-threaded).
 
 use std::sync::Arc;

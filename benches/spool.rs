@@ -1,4 +1,4 @@
-//! The spool's hot paths (issue 13): encoding a frame, decoding one, and
+//! The spool's hot paths: encoding a frame, decoding one, and
 //! append + group commit per record through the real writer thread on this
 //! machine's disk (the spool directory goes under the system temp dir; put
 //! TMPDIR on the disk you care about, never on tmpfs).

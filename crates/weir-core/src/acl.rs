@@ -1,5 +1,5 @@
 //! Topic access control lists in the format of Mosquitto's `acl_file`, so
-//! an operator can reuse the file their broker already has (issue 14).
+//! an operator can reuse the file their broker already has.
 //!
 //! ```text
 //! # before any `user` line: rules for clients without a username

@@ -71,7 +71,7 @@ pub const DEFAULT_GZIP_LEVEL: u8 = 6;
 /// Level of a bare `zstd`: zstd's own default.
 pub const DEFAULT_ZSTD_LEVEL: u8 = 3;
 
-/// The default candidate set of issue 4: none, gzip 1/6/9, zstd 1/3/9/19.
+/// The default candidate set: none, gzip 1/6/9, zstd 1/3/9/19.
 pub const DEFAULT_CANDIDATES: [Codec; 8] = [
     Codec::None,
     Codec::Gzip(1),

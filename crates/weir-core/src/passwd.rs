@@ -1,5 +1,5 @@
 //! Password files in the format `mosquitto_passwd` writes, so an operator
-//! can point weir at the file their Mosquitto already uses (issue 14).
+//! can point weir at the file their Mosquitto already uses.
 //!
 //! ```text
 //! user:$7$<iterations>$<salt, base64>$<hash, base64>   PBKDF2-HMAC-SHA512, 64-byte hash

@@ -6,7 +6,7 @@
 //! records arrive and freed as they leave) plus atomic record and byte
 //! counts that bound it in both. An idle queue holds no slots: a
 //! pre-allocated ring of 65,536 slots per class cost 19.5 MiB of an idle
-//! edge box's memory before a single record arrived (issue 15). A push that does not fit hands the
+//! edge box's memory before a single record arrived. A push that does not fit hands the
 //! record back to the caller ([`PushError`]) so that ingress can apply
 //! back-pressure (withhold the MQTT PUBACK, answer `RESOURCE_EXHAUSTED`)
 //! instead of losing it: nothing in this module ever drops a record.

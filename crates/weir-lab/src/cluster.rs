@@ -1,4 +1,4 @@
-//! The JANUS evaluation with real processes (issue 16): N `weir run`
+//! The JANUS evaluation with real processes: N `weir run`
 //! processes, each in a network namespace of its own, with a shaped uplink
 //! to the cloud, peering over real gRPC on a LAN, loaded by separate
 //! `weir-load offer` processes over MQTT, delivering into RabbitMQ.

@@ -12,7 +12,7 @@ pub const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 #[derive(Parser)]
 #[command(
     name = "weir-load",
-    about = "Load tool for weir's relay figures (issue 3): throughput, latency, memory, CPU"
+    about = "Load tool for weir's relay figures: throughput, latency, memory, CPU"
 )]
 pub struct Cli {
     /// The weir binary to run (default: `weir` next to this executable).
@@ -66,7 +66,7 @@ pub enum Cmd {
     Recovery(RecoveryArgs),
     /// Do the class bounds hold on a busy box? Three classes over an
     /// emulated uplink, offered more than it carries, with 0, 1, 2 ...
-    /// busy processes beside weir (issue 18); per class p50/p99/max and
+    /// busy processes beside weir; per class p50/p99/max and
     /// the late fraction.
     Contention(ContentionArgs),
     /// Devices for a lab: QoS 1 publishes to a weir you started, at a fixed

@@ -1,4 +1,4 @@
-//! The `contention` run (issue 18): do the class bounds hold on a busy box?
+//! The `contention` run: do the class bounds hold on a busy box?
 //!
 //! weir runs with three classes (JANUS Table I: `ls` 100 ms, `nm` 500 ms,
 //! `lt` 1 s) behind an emulated uplink (`--uplink`, `--delay`), and MQTT

@@ -1,4 +1,4 @@
-//! `weir-load`: the load tool behind issue 3's figures.
+//! `weir-load`: the load tool behind weir's relay figures (docs/benchmarks.md).
 //!
 //! It runs the real `weir` binary as a child process (MQTT listen mode, AMQP
 //! egress to the local RabbitMQ with publisher confirms), drives it over

@@ -1,4 +1,4 @@
-//! The `recovery` run (issue 13's figures): weir with every class spooled
+//! The `recovery` run (docs/durability.md's figures): weir with every class spooled
 //! and its broker unreachable is filled over MQTT QoS 1 until `--bytes` of
 //! segments are on disk, as during a long uplink outage. Resident memory
 //! is sampled while it fills and once it is idle with the backlog on disk;

@@ -24,6 +24,11 @@ use common::proxy::{Mode, Proxy};
 use common::{tmp, unique, PATIENCE};
 
 const LIMIT: u64 = 96 << 20;
+/// Records published: more than the queues hold under the limit (about
+/// 16,000 of 1 KiB), and more than the configured queues' 65,536 records,
+/// which a 96 MiB box cannot hold (without the budget weir is OOM-killed
+/// at about 63,000).
+const TOTAL: u64 = 70_000;
 
 /// A memory cgroup (v1 or v2) limited to `bytes`, removed on drop.
 struct Cgroup {
@@ -151,7 +156,7 @@ async fn a_small_box_applies_back_pressure_instead_of_being_oom_killed() {
             publish_qos1(mqtt, "small-box", pace, |i| {
                 let mut p = format!("small-{i:08}-").into_bytes();
                 p.resize(1024, b'.');
-                (i < 120_000).then(|| (b"sensors/box".to_vec(), p))
+                (i < TOTAL).then(|| (b"sensors/box".to_vec(), p))
             })
             .await
         })
@@ -165,6 +170,10 @@ async fn a_small_box_applies_back_pressure_instead_of_being_oom_killed() {
         }
         stalled = now;
     }
+    assert!(
+        stalled < TOTAL / 2,
+        "back-pressure held the records at the budgeted queue ({stalled} acknowledged)"
+    );
     assert!(
         child.try_wait().unwrap().is_none(),
         "weir died during the outage: {}",
@@ -190,7 +199,11 @@ async fn a_small_box_applies_back_pressure_instead_of_being_oom_killed() {
         "weir died: {}",
         std::fs::read_to_string(&log).unwrap()
     );
-    assert_eq!(acked.len(), 120_000, "every record acknowledged in the end");
+    assert_eq!(
+        acked.len() as u64,
+        TOTAL,
+        "every record acknowledged in the end"
+    );
     let want: BTreeSet<Vec<u8>> = acked.into_iter().collect();
     let seen = consume_until(&queue, |seen| seen.len() >= want.len()).await;
     let got: BTreeSet<Vec<u8>> = seen.iter().map(|s| s.record.payload.to_vec()).collect();

@@ -17,7 +17,7 @@
 //! allows it: every batch is synced anyway, and under a sustained stream a
 //! buffered write spends most of its CPU in page-cache reclaim and dirty
 //! throttling (1.6 ms of CPU per MiB here against 0.35 ms direct; see
-//! docs/benchmarks.md, issue 20). weir's batch encoder aligns the body on
+//! docs/benchmarks.md). weir's batch encoder aligns the body on
 //! 4 KiB, so all its whole blocks go from memory to disk without a copy;
 //! the last partial block is copied into an aligned buffer, written padded
 //! to the block size, and the file cut back to the body's length before

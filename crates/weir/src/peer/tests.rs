@@ -841,7 +841,7 @@ async fn a_provider_shutting_down_keeps_what_it_delivers_from_coming_twice() {
     assert_eq!(twice, 0, "what B delivered was not taken back too");
 }
 
-/// Forwarding throughput between two peers on loopback (issue 5's goal:
+/// Forwarding throughput between two peers on loopback (the goal:
 /// at least 50,000 records/s of 256 bytes), up to the sender forgetting
 /// each record (B's stand-in egress delivers every 5 ms and B acknowledges
 /// the delivery). A measurement, not a check:
