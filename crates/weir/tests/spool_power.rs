@@ -89,6 +89,35 @@ fn on_faultfs(name: &str) -> OnFaultFs {
     }
 }
 
+/// The last start (`cfg`, the cloud reachable): waits until every record
+/// of `want` is in `out`, or `PATIENCE` passes, stops weir and returns
+/// every record delivered.
+async fn deliver_all(
+    dir: &std::path::Path,
+    cfg: &std::path::Path,
+    mqtt: u16,
+    out: &std::path::Path,
+    want: &BTreeSet<Vec<u8>>,
+) -> Vec<weir_proto::pb::Record> {
+    let log = std::fs::File::create(dir.join("weir-final.log")).unwrap();
+    let mut child = spawn_weir(cfg, log);
+    wait_port(SocketAddr::from(([127, 0, 0, 1], mqtt))).await;
+    let give_up = tokio::time::Instant::now() + PATIENCE;
+    let records = loop {
+        // Read back at a slow pace: each look decodes every batch.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let records = file_batch_records(out);
+        let got: BTreeSet<&[u8]> = records.iter().map(|r| r.payload.as_ref()).collect();
+        if want.iter().all(|p| got.contains(p.as_slice())) || tokio::time::Instant::now() > give_up
+        {
+            break records;
+        }
+    };
+    sigterm(child.id());
+    let _ = child.wait();
+    records
+}
+
 fn kill9(child: &mut Child) {
     let _ = child.kill();
     let _ = child.wait();
@@ -163,23 +192,8 @@ async fn power_cuts_lose_nothing_acknowledged_and_every_restart_recovers() {
         acked.extend(mine);
     }
     // The last start: everything acknowledged must be delivered.
-    let log = std::fs::File::create(dir.join("weir-final.log")).unwrap();
-    let mut child = spawn_weir(&cfg, log);
-    wait_port(SocketAddr::from(([127, 0, 0, 1], mqtt))).await;
     let want: BTreeSet<Vec<u8>> = acked.iter().cloned().collect();
-    let give_up = tokio::time::Instant::now() + PATIENCE;
-    let records = loop {
-        // Read back at a slow pace: each look decodes every batch.
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        let records = file_batch_records(&out);
-        let got: BTreeSet<&[u8]> = records.iter().map(|r| r.payload.as_ref()).collect();
-        if want.iter().all(|p| got.contains(p.as_slice())) || tokio::time::Instant::now() > give_up
-        {
-            break records;
-        }
-    };
-    sigterm(child.id());
-    let _ = child.wait();
+    let records = deliver_all(&dir, &cfg, mqtt, &out, &want).await;
     let stats = fs.stats();
     drop(fs);
 
@@ -275,23 +289,12 @@ async fn a_failed_write_or_sync_is_never_acknowledged() {
         abandoned += n;
         acked.extend(mine);
     }
-    let log = std::fs::File::create(dir.join("weir-final.log")).unwrap();
-    let mut child = spawn_weir(&cfg, log);
-    wait_port(SocketAddr::from(([127, 0, 0, 1], mqtt))).await;
     let want: BTreeSet<Vec<u8>> = acked.iter().cloned().collect();
-    let give_up = tokio::time::Instant::now() + PATIENCE;
-    let got = loop {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        let got: BTreeSet<Vec<u8>> = file_batch_records(&out)
-            .into_iter()
-            .map(|r| r.payload.to_vec())
-            .collect();
-        if want.is_subset(&got) || tokio::time::Instant::now() > give_up {
-            break got;
-        }
-    };
-    sigterm(child.id());
-    let _ = child.wait();
+    let got: BTreeSet<Vec<u8>> = deliver_all(&dir, &cfg, mqtt, &out, &want)
+        .await
+        .into_iter()
+        .map(|r| r.payload.to_vec())
+        .collect();
     drop(fs);
     let lost = want.difference(&got).count();
     eprintln!(

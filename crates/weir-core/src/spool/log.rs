@@ -365,7 +365,13 @@ impl ClassLog {
     /// writer's backlog always blocks (it passes by itself); any other
     /// limit is the class's policy's to answer.
     pub fn admit(&self, frame_len: u64, room: &SpoolRoom) -> Admit {
-        match self.limit(frame_len, room) {
+        self.admit_under(self.limit(frame_len, room))
+    }
+
+    /// [`Self::admit`] for a frame that [`Self::limit`] already placed
+    /// under `limit`.
+    pub fn admit_under(&self, limit: Option<Limit>) -> Admit {
+        match limit {
             None => return Admit::Append,
             Some(Limit::WriterBacklog) => return Admit::Block,
             Some(_) => {}

@@ -95,16 +95,11 @@ pub fn space_warning(config: &SpoolConfig, free: u64) -> Option<String> {
 /// the free space of `spool.dir`, or of its nearest existing parent when
 /// it does not exist yet.
 pub fn check_space(config: &SpoolConfig) -> Option<String> {
-    let mut at = config.dir.as_path();
-    while !at.exists() {
-        at = match at.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => std::path::Path::new("."),
-        };
-        if at == std::path::Path::new(".") {
-            break;
-        }
-    }
+    let at = config
+        .dir
+        .ancestors()
+        .find(|d| !d.as_os_str().is_empty() && d.exists())
+        .unwrap_or(std::path::Path::new("."));
     space_warning(config, files::free_bytes(at).ok()?)
 }
 
@@ -345,12 +340,10 @@ impl Spool {
         {
             let mut st = lock(&slot.state);
             let room = shared.room();
-            let admit = st.log.admit(len, &room);
-            let limit = match admit {
-                Admit::Block => st.log.limit(len, &room).map(|l| (l, len)),
-                _ => None,
-            };
-            shared.set_blocked(slot, &mut st, limit);
+            let limit = st.log.limit(len, &room);
+            let admit = st.log.admit_under(limit);
+            let blocked = (admit == Admit::Block).then_some(limit).flatten();
+            shared.set_blocked(slot, &mut st, blocked.map(|l| (l, len)));
             match admit {
                 Admit::Append | Admit::EvictOldest => {}
                 Admit::Block => return Err(AppendError::Full(record)),

@@ -163,6 +163,10 @@ impl Shared {
         st: &mut ClassState,
         now: Option<(Limit, u64)>,
     ) {
+        if st.blocked.is_none() && now.is_none() {
+            // The append path's usual case: nothing to record.
+            return;
+        }
         let at = Instant::now();
         match (st.blocked.as_mut(), now) {
             (None, None) => {}
