@@ -47,6 +47,7 @@ pub mod class;
 pub mod classify;
 pub mod compression;
 pub mod dedupe;
+pub mod delivery;
 pub mod drain;
 pub mod gate;
 pub mod janus;

@@ -295,6 +295,8 @@ pub struct Scheduler {
     /// The tightest bound among classes with traffic (all classes until
     /// the first window has seen any).
     tightest: Duration,
+    /// The batch size the egress's pipe asks for, once it has said.
+    pipe_batch: Option<usize>,
 }
 
 impl Scheduler {
@@ -368,6 +370,7 @@ impl Scheduler {
             publish_peer_state: false,
             events,
             tightest: Duration::MAX,
+            pipe_batch: None,
             params,
         };
         s.drainer.set_rider_budgets(&s.rider_budgets());
@@ -517,8 +520,9 @@ impl Scheduler {
     /// the rider budgets that follow it.
     fn cap_batches(&mut self) {
         let cap = admission::batch_cap(&self.link, self.horizon());
+        let pipe = self.pipe_batch.unwrap_or(usize::MAX);
         self.drainer.set_limits(BatchLimits {
-            max_bytes: self.params.limits.max_bytes.min(cap),
+            max_bytes: self.params.limits.max_bytes.min(cap).min(pipe),
             ..self.params.limits
         });
         let budgets = self.rider_budgets();
@@ -573,6 +577,14 @@ impl Scheduler {
             self.push_peer_state();
         }
         moved
+    }
+
+    /// The egress's pipe asks for batches of `bytes`
+    /// ([`crate::delivery::pipe`]): the batch cap in force is that, within
+    /// `max_batch_bytes` and what the link carries within the horizon.
+    pub fn handle_pipe_batch(&mut self, bytes: u64) {
+        self.pipe_batch = Some(usize::try_from(bytes).unwrap_or(usize::MAX));
+        self.cap_batches();
     }
 
     /// The uplink estimate changed; it is used from the next window on,

@@ -107,14 +107,7 @@ class = "ls"
 mqtt = "{name}/nm/#"
 class = "nm"
 
-[scheduler]
-# Far above what loopback carries, so the token buckets never limit.
-uplink = "10Gbit/s"
-burst = "{bytes}"
-max_batch_records = {records}
-max_batch_bytes = "{bytes}"
-
-[ingress.mqtt]
+{scheduler}[ingress.mqtt]
 mode = "listen"
 listen = "{mqtt}"
 
@@ -137,8 +130,7 @@ listen = "{admin}"
 [log]
 level = "warn"
 "#,
-            bytes = batch.max_batch_bytes,
-            records = batch.max_batch_records,
+            scheduler = tuned_scheduler(batch),
             urls = if env.amqp_urls.is_empty() {
                 format!("url = \"{}\"", env.amqp)
             } else {
@@ -287,6 +279,26 @@ impl Drop for Weir {
 }
 
 /// `config` with each `table.key=value` of `settings` applied.
+/// The `[scheduler]` of a tuned run (`--max-batch-bytes` or
+/// `--max-batch-records` given), else nothing: weir's defaults.
+fn tuned_scheduler(batch: &WeirArgs) -> String {
+    if batch.max_batch_bytes.is_none() && batch.max_batch_records.is_none() {
+        return String::new();
+    }
+    let bytes = batch.max_batch_bytes.as_deref().unwrap_or("1MiB");
+    let records = batch.max_batch_records.unwrap_or(1024);
+    format!(
+        r#"[scheduler]
+# Tuned: far above what loopback carries, so the token buckets never limit.
+uplink = "10Gbit/s"
+burst = "{bytes}"
+max_batch_records = {records}
+max_batch_bytes = "{bytes}"
+
+"#
+    )
+}
+
 fn with_settings(config: &str, settings: &[String]) -> anyhow::Result<String> {
     if settings.is_empty() {
         return Ok(config.to_string());

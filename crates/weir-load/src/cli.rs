@@ -246,13 +246,18 @@ pub struct GrpcArgs {
 /// Knobs of the generated weir config.
 #[derive(clap::Args, Clone, Debug, Serialize)]
 pub struct WeirArgs {
-    /// scheduler.max_batch_records.
-    #[arg(long, default_value_t = 1024)]
-    pub max_batch_records: u64,
-    /// scheduler.max_batch_bytes (also scheduler.burst, so that the token
-    /// bucket never cuts a batch shorter).
-    #[arg(long, default_value = "1MiB")]
-    pub max_batch_bytes: String,
+    /// A tuned config instead of weir's defaults: scheduler.max_batch_records
+    /// (with --max-batch-bytes).
+    #[arg(long)]
+    pub max_batch_records: Option<u64>,
+    /// A tuned config instead of weir's defaults: scheduler.max_batch_bytes,
+    /// also scheduler.burst (so that the token bucket never cuts a batch
+    /// shorter), and a 10 Gbit/s scheduler.uplink (so that the token
+    /// buckets never limit). Without it (and --max-batch-records), weir
+    /// runs with its defaults but for addresses, classes' routes and
+    /// durability: what a user who installs it gets.
+    #[arg(long)]
+    pub max_batch_bytes: Option<String>,
     /// Any other setting, as `table.key=value` with a TOML value (a bare
     /// word is taken as a string), e.g. `--set compression.enabled=false`;
     /// repeatable, applied last.

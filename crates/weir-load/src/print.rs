@@ -80,9 +80,8 @@ pub fn print_throughput(r: &ThroughputReport) {
         p.warmup
     );
     println!(
-        "  batch limits {} records / {}{}; {} payloads; machine: {} x {}",
-        p.weir_config.max_batch_records,
-        p.weir_config.max_batch_bytes,
+        "  {}{}; {} payloads; machine: {} x {}",
+        config_label(&p.weir_config),
         settings(&p.weir_config.set),
         r.payload,
         r.machine.nproc,
@@ -218,5 +217,17 @@ pub fn print_latency(r: &LatencyReport) {
                 }
             );
         }
+    }
+}
+
+/// "weir's default config", or the tuned batch limits.
+pub fn config_label(c: &crate::cli::WeirArgs) -> String {
+    match (&c.max_batch_bytes, c.max_batch_records) {
+        (None, None) => "weir's default config".to_string(),
+        (bytes, records) => format!(
+            "TUNED: batch limits {} records / {}, burst the same, uplink 10Gbit/s",
+            records.unwrap_or(1024),
+            bytes.as_deref().unwrap_or("1MiB")
+        ),
     }
 }

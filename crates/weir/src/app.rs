@@ -357,6 +357,9 @@ impl App {
         let (compression_tx, compression_rx) = tokio::sync::watch::channel(cfg.compression.clone());
         // The scheduler sets the horizon at its start (weir_core::admission).
         let (horizon_tx, horizon_rx) = tokio::sync::watch::channel(Duration::MAX);
+        // The egress's pipe publishes the batch size it asks for at its start.
+        let (batch_bytes_tx, batch_bytes_rx) =
+            tokio::sync::watch::channel(cfg.scheduler.max_batch_bytes as u64);
         let ctx = egress::EgressContext {
             node: cfg.node.id,
             classes: cfg.classes.clone(),
@@ -375,6 +378,9 @@ impl App {
             compression: compression_rx,
             link_prior,
             link: link_tx,
+            batch_bytes: batch_bytes_tx,
+            max_in_flight_bytes: crate::memory::pipe_bytes(&cfg, memory_limit.as_ref()),
+            max_batch_bytes: cfg.scheduler.max_batch_bytes as u64,
             metrics: Arc::clone(&metrics),
             // A broker's reconnect pacing is the operator's to set.
             retry_max: match &cfg.egress.sink {
@@ -428,6 +434,7 @@ impl App {
                 peer: peering.as_mut().and_then(|p| p.scheduler_port()),
                 reconfigure: reconfigure_rx,
                 horizon: horizon_tx,
+                batch_bytes: batch_bytes_rx,
             },
             Arc::clone(&ingress),
             tx,

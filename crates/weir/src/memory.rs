@@ -39,7 +39,7 @@ pub fn plan(cfg: &Config, limit: Option<&Limit>) -> Plan {
     weir_core::memory::plan(
         limit.map(|l| l.bytes),
         &cfg.memory_capacities(),
-        in_flight_bytes(cfg),
+        in_flight_bytes(cfg, limit),
     )
 }
 
@@ -48,13 +48,42 @@ pub fn capacities(cfg: &Config, limit: Option<&Limit>) -> Vec<QueueCapacity> {
     plan(cfg, limit).queues
 }
 
-fn in_flight_bytes(cfg: &Config) -> u64 {
-    // The urgent lane may hold a second window beside the first.
-    let window = match &cfg.egress.sink {
-        crate::config::EgressSink::Amqp(a) => a.max_in_flight as u64 * 2,
-        crate::config::EgressSink::File(_) => 2,
+/// Memory per byte of a batch in flight: its records, its encoded body and
+/// its compressed body.
+const COPIES_IN_FLIGHT: u64 = 3;
+
+/// Most wire bytes the egress keeps unconfirmed without a memory limit
+/// (the pipe follows the bandwidth-delay product below it,
+/// [`weir_core::delivery::pipe`]).
+pub const PIPE_BYTES: u64 = 32 << 20;
+
+/// Share of the usable memory (the limit less weir's base) the pipe may
+/// hold, copies included, under a limit.
+const PIPE_SHARE: f64 = 0.25;
+
+/// Most wire bytes the egress keeps unconfirmed for `cfg` under `limit`.
+pub fn pipe_bytes(cfg: &Config, limit: Option<&Limit>) -> u64 {
+    let _ = cfg;
+    match limit {
+        None => PIPE_BYTES,
+        Some(l) => {
+            let usable = ((l.bytes as f64 * (1.0 - weir_core::memory::HEADROOM)) as u64)
+                .saturating_sub(weir_core::memory::BASE_BYTES);
+            let share = (usable as f64 * PIPE_SHARE) as u64 / COPIES_IN_FLIGHT;
+            share.clamp(weir_core::delivery::pipe::MIN_PIPE_BATCH, PIPE_BYTES)
+        }
+    }
+}
+
+fn in_flight_bytes(cfg: &Config, limit: Option<&Limit>) -> u64 {
+    // The pipe, and the urgent lane's window of batches beside it.
+    let lane = match &cfg.egress.sink {
+        crate::config::EgressSink::Amqp(a) if a.urgent_lane => {
+            a.max_in_flight as u64 * weir_core::delivery::pipe::MIN_PIPE_BATCH
+        }
+        _ => 0,
     };
-    window * cfg.scheduler.max_batch_bytes as u64 * 3
+    (pipe_bytes(cfg, limit) + lane) * COPIES_IN_FLIGHT
 }
 
 /// A warning when `cfg` lets more MQTT devices connect than the memory

@@ -35,6 +35,9 @@ pub struct Feedback {
     /// Where the scheduler tells the egress its horizon (the other way:
     /// what unconfirmed batches must clear the link within).
     pub horizon: watch::Sender<Duration>,
+    /// The batch size the egress's pipe asks for
+    /// ([`weir_core::delivery::pipe`]).
+    pub batch_bytes: watch::Receiver<u64>,
 }
 
 /// New scheduler parameters and class bounds (a config reload), and where
@@ -132,6 +135,9 @@ pub async fn run(
         }
         if feedback.link.has_changed().unwrap_or(false) {
             core.handle_link_estimate(*feedback.link.borrow_and_update());
+        }
+        if feedback.batch_bytes.has_changed().unwrap_or(false) {
+            core.handle_pipe_batch(*feedback.batch_bytes.borrow_and_update());
         }
         core.poll_window(now(), &queues, intake.foreign_bytes());
         publish(&mut core, &feedback, &metrics);

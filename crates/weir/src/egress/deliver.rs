@@ -1,7 +1,11 @@
-//! The delivery loop: batches from the scheduler, encoded and compressed
-//! once, sent through the sink with a window of unconfirmed ones, each
-//! retried until it is confirmed, every confirmation fed to the uplink
-//! estimator and reported back.
+//! The delivery driver: runs `weir-core`'s [`Delivery`] machine (the
+//! window of unconfirmed batches, permits, retries, the uplink estimate and
+//! the pipe) with real time, a [`Sink`] and channels. It encodes and
+//! compresses each batch once, sends what the machine says, awaits the
+//! confirmations in sending order, and reports what the machine decides:
+//! permits to the scheduler, confirmed records to the observers (spool,
+//! peering), estimates and timings to the scheduler and the metrics. Every
+//! decision is the core's; this file only owns time, I/O and channels.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -10,12 +14,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use weir_core::admission::{
-    next_offer, next_permit, LinkClock, Permit, PermitStep, Window, WindowPacer,
-};
-use weir_core::link_estimate::{
-    Climb, FitKind, LinkEstimate, LinkEstimator, LinkTimer, QueueWatch,
-};
+use weir_core::delivery::{Delivery, DeliveryParams, Event, Offer};
+use weir_core::link_estimate::LinkEstimate;
 use weir_core::scheduler::{Delivered, OutBatch};
 use weir_core::{ClassSet, NodeId};
 
@@ -26,9 +26,6 @@ use super::sink::{Confirm, DeliveryObserver, Sink, SinkError};
 use crate::handoff::LinkReady;
 use crate::metrics::latency::Stage;
 use crate::metrics::Metrics;
-
-/// First retry delay after a failed delivery.
-const RETRY_INITIAL: Duration = Duration::from_millis(100);
 
 /// What the delivery loop needs besides its sink and its batches.
 #[derive(Debug, Clone)]
@@ -50,10 +47,17 @@ pub struct EgressContext {
     pub compression: watch::Receiver<crate::config::CompressionSection>,
     /// The uplink estimate weir starts from (configured uplink and
     /// transaction time).
-    pub link_prior: weir_core::link_estimate::LinkEstimate,
+    pub link_prior: LinkEstimate,
     /// Where the egress publishes its online link estimate (read by the
     /// scheduler for `C_out` and batch plans).
-    pub link: tokio::sync::watch::Sender<weir_core::link_estimate::LinkEstimate>,
+    pub link: watch::Sender<LinkEstimate>,
+    /// Where the egress publishes the batch size its pipe asks for
+    /// ([`weir_core::delivery::pipe`]; read by the scheduler).
+    pub batch_bytes: watch::Sender<u64>,
+    /// Most bytes unconfirmed at once (the memory plan's share).
+    pub max_in_flight_bytes: u64,
+    /// Largest batch the pipe asks for.
+    pub max_batch_bytes: u64,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Longest pause between retries of a failed delivery.
@@ -77,110 +81,272 @@ struct Prepared {
     raw_bytes: usize,
     /// `(class, records, bytes)` runs, for the per-class metrics.
     runs: Vec<(weir_core::ClassId, usize, usize)>,
-    /// Failed attempts so far.
-    attempts: u32,
-    /// When the egress received it from the scheduler.
-    received: Instant,
-    /// Built for the urgent lane: it may go while the window is full.
-    beyond: bool,
 }
 
-/// A batch sent and awaiting its confirmation.
-struct InFlight {
-    prepared: Prepared,
-    /// When sending started (the emulated link's time included).
-    started: Instant,
-    /// When the send returned.
-    sent: Instant,
-    /// The link's own time for it, where the sink knows it
-    /// ([`Sink::carried_on_send`]): the send's duration.
-    link_time: Option<Duration>,
-    confirm: Confirm,
-}
-
-/// Delivers every batch from `batches` through `sink`, in order, retrying
-/// each until it is confirmed.
-///
-/// Up to [`Sink::window`] sent batches await their confirmation at once;
-/// confirmations are taken in sending order, so releases (spool, peers)
-/// follow the order records were sent in. A failed send or confirmation
-/// sends that batch and every later unconfirmed one again, in order, after
-/// a backoff (go-back-N): a batch whose confirmation was lost arrives twice,
-/// none is lost, and no batch overtakes an earlier one of its class.
-///
-/// Each batch is encoded and compressed once (a retry resends the same
-/// body). Each confirmed transaction is fed to the uplink estimator, whose
-/// estimate is published on `ctx.link` and in the metrics; with a window,
-/// a transaction's time is from when the link finished the one before
-/// (or from its own start, if later) to its confirmation. Returns when the
-/// channel is closed and everything is confirmed (the scheduler has flushed
-/// at shutdown), or when `abort` fires (the drain deadline passed), in
-/// which case what was unconfirmed is reported in the log.
+/// Delivers every batch from `batches` through `sink`, as the [`Delivery`]
+/// machine says: in order, each retried until it is confirmed, with up to
+/// [`Sink::window`] awaiting their confirmation. Returns when the channel
+/// is closed and everything is confirmed (the scheduler has flushed at
+/// shutdown), or when `abort` fires (the drain deadline passed), in which
+/// case what was unconfirmed is reported in the log.
 pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ctx: EgressContext) {
-    let EgressContext {
-        node,
-        classes,
-        ready,
-        delivered,
-        observers,
-        mut compression,
-        link_prior,
-        link,
-        metrics,
-        retry_max,
-        abort,
-        horizon,
-        urgent_lane,
-    } = ctx;
-    let mut compressor = compress::BatchCompressor::new(&compression.borrow_and_update());
-    let mut estimator = match LinkEstimator::new(link_prior) {
-        Ok(e) => Some(e),
-        Err(e) => {
-            // The config validator requires a positive uplink; without a
-            // prior the link is not estimated and the prior stands.
-            tracing::error!(error = %e, "uplink estimator not started; the configured uplink stands");
-            None
-        }
-    };
-    metrics.set_link(&link_prior);
-    let window = sink.window().max(1);
-    let urgent_lane = urgent_lane && window > 1;
-    let carried_on_send = sink.carried_on_send();
-    // Batches to send, oldest first: retries ahead of new ones.
-    let mut todo: VecDeque<Prepared> = VecDeque::new();
-    let mut flight: VecDeque<InFlight> = VecDeque::with_capacity(window);
-    // Permits handed to the scheduler and not yet turned into batches,
-    // and when the last was.
-    let mut permit = Permit::None;
-    let mut offered_at = Instant::now();
-    let mut open = true;
-    let mut backoff = RETRY_INITIAL;
-    let mut retry_at: Option<Instant> = None;
-    // When the link will have carried what was sent, predicted.
     let epoch = Instant::now();
-    // How the link served each confirmed transaction.
-    let mut timer = LinkTimer::default();
-    let mut clock = LinkClock::default();
-    // The window's slots, offered at most one per round trip / window.
-    let mut pacer = WindowPacer::default();
-    // Whether the link holds a queue, and the estimate acted on.
-    let mut queue = QueueWatch::default();
-    let mut climb = Climb::new(link_prior, Duration::ZERO);
-    // The deadline passed: what is unconfirmed, and what the scheduler
-    // handed over and was never taken, is undelivered.
-    let lost = |todo: &VecDeque<Prepared>,
-                flight: &VecDeque<InFlight>,
-                batches: &mut mpsc::Receiver<OutBatch>| {
+    let now = || epoch.elapsed();
+    let at = |t: Option<Duration>| t.map(|t| epoch + t);
+    let mut core = Delivery::new(ctx.params(&sink), now());
+    let mut io = Io::new(ctx);
+    let mut confirms: VecDeque<Confirm> = VecDeque::new();
+    loop {
+        io.turn(&mut core, now());
+        if let Some(p) = core.poll_send(now()) {
+            let encoded = p.encoded.clone();
+            match send(&mut sink, &encoded, &mut core, &mut io, epoch).await {
+                None => return io.lost(&core, &mut batches),
+                Some(Ok(confirm)) => {
+                    confirms.push_back(confirm);
+                    core.handle_sent(now());
+                }
+                Some(Err(e)) => {
+                    io.failed(&e, sink.name());
+                    core.handle_failure(now());
+                }
+            }
+            continue;
+        }
+        if core.is_done() {
+            return;
+        }
+        // Cancel safety: every branch either only waits (the abort, the
+        // timer) or is cancel safe (`recv`, and polling the oldest
+        // confirmation by reference, which keeps it in `confirms`).
+        tokio::select! {
+            biased;
+            _ = io.ctx.abort.cancelled() => return io.lost(&core, &mut batches),
+            r = async { (&mut confirms.front_mut().expect("guarded")).await }, if !confirms.is_empty() => {
+                confirms.pop_front();
+                match r {
+                    Ok(()) => core.handle_confirm(now()),
+                    Err(e) => {
+                        confirms.clear();
+                        io.failed(&e, sink.name());
+                        core.handle_failure(now());
+                    }
+                }
+            }
+            () = sleep_until_some(at(core.poll_timeout())) => {}
+            b = batches.recv(), if core.may_receive() => match b {
+                None => core.handle_closed(),
+                Some(b) => match io.prepare(b, core.link()).await {
+                    Ok(p) => {
+                        let bytes = p.encoded.body.len() as u64;
+                        let waited = core.handle_batch(now(), p, bytes);
+                        io.handed(waited, core.last_was_urgent());
+                    }
+                    Err(b) => {
+                        io.unsent(&b);
+                        return io.lost(&core, &mut batches);
+                    }
+                },
+            },
+        }
+    }
+}
+
+/// Sends `encoded`, giving the scheduler its permits meanwhile; `None` if
+/// the deadline passed first.
+///
+/// Cancel safety: the send is raced only against the abort and the timer
+/// that gives a permit (which only turns the machine; the send stays pinned
+/// here and is polled again), so a publish is never left half done; on
+/// abort the batch is only logged, since the destination never confirmed
+/// it.
+async fn send<S: Sink>(
+    sink: &mut S,
+    encoded: &EncodedBatch,
+    core: &mut Delivery<Prepared>,
+    io: &mut Io,
+    epoch: Instant,
+) -> Option<Result<Confirm, SinkError>> {
+    let send = sink.send(encoded);
+    tokio::pin!(send);
+    loop {
+        let wake = core.poll_timeout().map(|t| epoch + t);
+        tokio::select! {
+            r = &mut send => return Some(r),
+            () = sleep_until_some(wake) => io.turn(core, epoch.elapsed()),
+            _ = io.ctx.abort.cancelled() => return None,
+        }
+    }
+}
+
+impl EgressContext {
+    /// The machine's parameters for `sink`.
+    fn params<S: Sink>(&self, sink: &S) -> DeliveryParams {
+        DeliveryParams {
+            window: sink.window().max(1),
+            urgent_lane: self.urgent_lane,
+            carried_on_send: sink.carried_on_send(),
+            link_prior: self.link_prior,
+            retry_max: self.retry_max,
+            max_in_flight_bytes: self.max_in_flight_bytes,
+            max_batch_bytes: self.max_batch_bytes,
+        }
+    }
+}
+
+/// What the driver does around the machine: encoding, compression,
+/// reporting.
+struct Io {
+    ctx: EgressContext,
+    compressor: compress::BatchCompressor,
+    /// The last failure, for the log line of the retry it causes.
+    error: Option<String>,
+}
+
+impl Io {
+    fn new(mut ctx: EgressContext) -> Self {
+        let compressor = compress::BatchCompressor::new(&ctx.compression.borrow_and_update());
+        ctx.metrics.set_link(&ctx.link_prior);
+        Self {
+            ctx,
+            compressor,
+            error: None,
+        }
+    }
+
+    /// Gives the scheduler the permit due, and reports what the machine
+    /// decided.
+    fn turn(&mut self, core: &mut Delivery<Prepared>, now: Duration) {
+        core.set_horizon(*self.ctx.horizon.borrow());
+        match core.poll_permit(now) {
+            Some(Offer::Any) => self.ctx.ready.offer(),
+            Some(Offer::Urgent) => self.ctx.ready.offer_urgent(),
+            Some(Offer::Widen) => self.ctx.ready.widen(),
+            None => {}
+        }
+        while let Some(e) = core.poll_event() {
+            self.event(e);
+        }
+    }
+
+    fn event(&mut self, e: Event<Prepared>) {
+        let m = &self.ctx.metrics;
+        match e {
+            Event::Sent { prepare, send } => {
+                if let Some(p) = prepare {
+                    m.latency.stage(Stage::Prepare, p);
+                }
+                m.latency.stage(Stage::Send, send);
+            }
+            Event::Confirmed(c) => {
+                m.latency.stage(Stage::Confirm, c.confirm);
+                self.confirmed(&c.batch, c.link_time);
+            }
+            Event::Retrying {
+                batches,
+                new,
+                attempt,
+            } => {
+                m.batches_republished.inc_by(new as u64);
+                let error = self.error.take().unwrap_or_default();
+                tracing::warn!(batches, attempt, error, "delivery failed; retrying");
+            }
+            Event::Fit(fit) => m.set_link(&fit),
+            Event::Link(acted) => {
+                self.ctx.link.send_replace(acted);
+            }
+            Event::Queue(q) => m.set_link_queue(q),
+            Event::BatchBytes(b) => {
+                self.ctx.batch_bytes.send_replace(b);
+            }
+            Event::NoEstimator(e) => {
+                // The config validator requires a positive uplink; without
+                // a prior the link is not estimated and the prior stands.
+                tracing::error!(error = %e, "uplink estimator not started; the configured uplink stands");
+            }
+        }
+    }
+
+    fn failed(&mut self, e: &SinkError, sink: &str) {
+        self.error = Some(format!("{sink}: {e}"));
+    }
+
+    /// A batch was handed over `waited` after its permit.
+    fn handed(&self, waited: Duration, urgent: bool) {
+        if urgent {
+            self.ctx.metrics.urgent_lane_batches.inc();
+        }
+        self.ctx.metrics.latency.stage(Stage::Handoff, waited);
+    }
+
+    /// Encodes and compresses `batch` (the codec chosen for the link
+    /// `estimate`); the batch back if the deadline passed meanwhile.
+    async fn prepare(
+        &mut self,
+        batch: OutBatch,
+        estimate: LinkEstimate,
+    ) -> Result<Prepared, OutBatch> {
+        let m = &self.ctx.metrics;
+        if let Some(oldest) = batch.records.iter().map(|r| r.ingress_us).min() {
+            let age = crate::clock::unix_micros().saturating_sub(oldest);
+            m.latency.stage(Stage::Queued, Duration::from_micros(age));
+        }
+        let mut encoded = encode(self.ctx.node, &self.ctx.classes, &batch);
+        let runs = batch.class_runs();
+        let raw_bytes = encoded.body.len();
+        if self.ctx.compression.has_changed().unwrap_or(false) {
+            self.compressor =
+                compress::BatchCompressor::new(&self.ctx.compression.borrow_and_update());
+        }
+        if self.compressor.enabled() {
+            let kind = self.compressor.kind(&self.ctx.classes, &batch);
+            // Cancel safety: on abort the compression future is dropped
+            // (the blocking task finishes on its own and its output is
+            // discarded); the batch was never sent.
+            encoded = tokio::select! {
+                e = self.compressor.compress(encoded, &kind, &estimate, m) => e,
+                _ = self.ctx.abort.cancelled() => return Err(batch),
+            };
+        } else {
+            m.encoded(weir_core::compression::Codec::None);
+        }
+        Ok(Prepared {
+            batch,
+            encoded,
+            raw_bytes,
+            runs,
+        })
+    }
+
+    /// A batch taken from the scheduler was never sent (the deadline passed
+    /// while it was compressed).
+    fn unsent(&self, batch: &OutBatch) {
+        for r in &batch.records {
+            self.ctx.metrics.undelivered(r.class, 1);
+        }
+        tracing::error!(
+            batch = batch.seq,
+            records = batch.records.len(),
+            "shutdown deadline passed with a batch unsent"
+        );
+    }
+
+    /// The deadline passed: what is unconfirmed, and what the scheduler
+    /// handed over and was never taken, is undelivered.
+    fn lost(&self, core: &Delivery<Prepared>, batches: &mut mpsc::Receiver<OutBatch>) {
+        let m = &self.ctx.metrics;
         let mut records = 0u64;
         let mut count = |b: &OutBatch| {
             for r in &b.records {
-                metrics.undelivered(r.class, 1);
+                m.undelivered(r.class, 1);
                 records += 1;
             }
         };
-        todo.iter().for_each(|p| count(&p.batch));
-        flight.iter().for_each(|f| count(&f.prepared.batch));
-        let mut batches_left = todo.len() + flight.len();
+        let mut batches_left = 0;
+        for p in core.unconfirmed() {
+            count(&p.batch);
+            batches_left += 1;
+        }
         while let Ok(b) = batches.try_recv() {
             count(&b);
             batches_left += 1;
@@ -192,283 +358,34 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                 "shutdown deadline passed with batches unconfirmed"
             );
         }
-    };
-    loop {
-        // Offer the scheduler one permit at a time, while a slot of the
-        // window is free, just in time: once what is committed ahead would
-        // clear the link within the lead (weir_core::admission). The batch
-        // is built from the queues as they are when the link can take it,
-        // and an urgent record never finds more than the lead and one
-        // batch committed ahead of it.
-        let w = Window {
-            size: window,
-            in_flight: flight.len(),
-            lane_in_flight: flight.iter().filter(|f| f.prepared.beyond).count(),
-            built: todo.len(),
-            lane_built: todo.iter().filter(|p| p.beyond).count(),
-            urgent_lane,
-            open,
-            out: permit,
-        };
-        // Only with the urgent lane (an urgent record need not wait for the
-        // pace, weir_core::admission::WindowPacer): without it the pace
-        // would hold the urgent records back too.
-        let paced = match urgent_lane {
-            true => epoch + pacer.next(window, w.in_flight - w.lane_in_flight),
-            false => epoch,
-        };
-        let due = offer_due(
-            epoch,
-            &clock,
-            &todo,
-            &link.borrow(),
-            *horizon.borrow(),
-            paced,
-        );
-        let mut offer_at = None;
-        match next_permit(&w, Instant::now() - epoch, due - epoch) {
-            PermitStep::Offer => {
-                ready.offer();
-                permit = Permit::Any;
-                offered_at = Instant::now();
-                pacer.offered(offered_at - epoch);
-            }
-            PermitStep::OfferUrgent { recheck } => {
-                ready.offer_urgent();
-                permit = Permit::Urgent;
-                offered_at = Instant::now();
-                offer_at = recheck.map(|at| epoch + at);
-            }
-            PermitStep::Widen => {
-                ready.widen();
-                permit = Permit::Any;
-                pacer.offered(Instant::now() - epoch);
-            }
-            PermitStep::WaitUntil(at) => offer_at = Some(epoch + at),
-            PermitStep::Idle => {}
+    }
+
+    /// Everything else a confirmed transaction updates.
+    fn confirmed(&self, done: &Prepared, elapsed: Duration) {
+        let m = &self.ctx.metrics;
+        let encoded = &done.encoded;
+        for o in &self.ctx.observers {
+            o.delivered(&done.batch.records);
         }
-        let waiting = retry_at.is_some_and(|at| at > Instant::now());
-        let sendable = todo.front().is_some_and(|p| w.may_send(p.beyond));
-        if !waiting && sendable {
-            retry_at = None;
-            let prepared = todo.pop_front().expect("not empty");
-            let started = Instant::now();
-            let estimate = *link.borrow();
-            clock.sent(
-                started - epoch,
-                prepared.encoded.body.len() as u64,
-                &estimate,
-            );
-            // While the send is under way (the emulated link's transfer),
-            // the next batch is asked for when it is due.
-            let mut due = Window { out: permit, ..w }
-                .may_offer()
-                .then(|| offer_due(epoch, &clock, &todo, &estimate, *horizon.borrow(), paced));
-            // Cancel safety: a send is never raced against anything but the
-            // abort and the timer that offers a permit (which only wakes
-            // this loop; the send future stays pinned here and is polled
-            // again), so a publish is not left half done; on abort the
-            // batch is only logged, since the destination never confirmed
-            // it.
-            let outcome = {
-                let send = sink.send(&prepared.encoded);
-                tokio::pin!(send);
-                loop {
-                    tokio::select! {
-                        r = &mut send => break Some(r),
-                        () = sleep_until_some(due), if due.is_some() => {
-                            due = None;
-                            ready.offer();
-                            permit = Permit::Any;
-                            offered_at = Instant::now();
-                            pacer.offered(offered_at - epoch);
-                        }
-                        _ = abort.cancelled() => break None,
-                    }
-                }
-            };
-            let Some(sent) = outcome else {
-                todo.push_front(prepared);
-                lost(&todo, &flight, &mut batches);
-                return;
-            };
-            if carried_on_send {
-                clock.cleared(Instant::now() - epoch);
-            }
-            match sent {
-                Ok(confirm) => {
-                    let sent = Instant::now();
-                    if prepared.attempts == 0 {
-                        metrics
-                            .latency
-                            .stage(Stage::Prepare, started - prepared.received);
-                    }
-                    metrics.latency.stage(Stage::Send, sent - started);
-                    let link_time = carried_on_send.then(|| sent - started);
-                    flight.push_back(InFlight {
-                        prepared,
-                        started,
-                        sent,
-                        link_time,
-                        confirm,
-                    })
-                }
-                Err(e) => {
-                    todo.push_front(prepared);
-                    clock.cleared(Instant::now() - epoch);
-                    // Nothing later was sent: the window before it stays.
-                    failed(&mut todo, &mut flight, 1, &e, sink.name(), &metrics);
-                    retry_at = Some(Instant::now() + backoff);
-                    backoff = (backoff * 2).min(retry_max);
-                }
-            }
-            continue;
+        m.latency
+            .delivered(&done.batch.records, crate::clock::unix_micros());
+        m.batches_confirmed.inc();
+        m.egress_bytes.inc_by(encoded.body.len() as u64);
+        m.egress_raw_bytes.inc_by(done.raw_bytes as u64);
+        for &(class, records, _) in &done.runs {
+            m.forwarded(class, records as u64);
         }
-        if !open && todo.is_empty() && flight.is_empty() {
-            break;
-        }
-        // What the window was at the top of this turn (a send goes round
-        // again), with the permit as offered since.
-        let can_receive = Window { out: permit, ..w }.may_receive();
-        // Cancel safety: every branch either only waits (the abort, the
-        // retry timer) or is cancel safe (`recv`, and polling the head
-        // confirmation by reference, which keeps it in `flight`).
-        tokio::select! {
-            biased;
-            _ = abort.cancelled() => {
-                lost(&todo, &flight, &mut batches);
-                return;
-            }
-            r = async { (&mut flight.front_mut().expect("guarded").confirm).await }, if !flight.is_empty() => {
-                match r {
-                    Ok(()) => {
-                        let done = flight.pop_front().expect("guarded");
-                        let now = Instant::now();
-                        // The transaction's own time: the link's where the
-                        // sink knows it (an emulated link), else as the
-                        // link served it (`LinkTimer`). On the emulated
-                        // link a broker's bunched confirms would only blur
-                        // what the link itself does.
-                        let elapsed = timer.confirmed(
-                            done.started - epoch,
-                            now - epoch,
-                            link.borrow().per_transaction,
-                            done.prepared.encoded.body.len() as u64,
-                            done.link_time,
-                        );
-                        if flight.is_empty() {
-                            // Everything sent is confirmed, so carried.
-                            clock.cleared(now - epoch);
-                        }
-                        metrics.latency.stage(Stage::Confirm, now - done.sent);
-                        if !done.prepared.beyond {
-                            pacer.confirmed(now - done.sent);
-                        }
-                        backoff = RETRY_INITIAL;
-                        queue.confirmed(
-                            now - epoch,
-                            now - done.sent,
-                            done.prepared.encoded.body.len() as u64,
-                            link_prior.bytes_per_sec,
-                        );
-                        metrics.set_link_queue(queue.queue());
-                        if let Some(est) = estimator.as_mut() {
-                            measured(
-                                est,
-                                Measured {
-                                    now: now - epoch,
-                                    bytes: done.prepared.encoded.body.len() as u64,
-                                    elapsed,
-                                    saturated: timer.saturated(),
-                                    queued: queue.queued(),
-                                    prior: link_prior,
-                                },
-                                &mut climb,
-                                &link,
-                                &metrics,
-                            );
-                        }
-                        confirmed(
-                            &done.prepared,
-                            elapsed,
-                            &metrics,
-                            &observers,
-                            delivered.as_ref(),
-                        );
-                    }
-                    Err(e) => {
-                        clock.cleared(Instant::now() - epoch);
-                        failed(&mut todo, &mut flight, 0, &e, sink.name(), &metrics);
-                        retry_at = Some(Instant::now() + backoff);
-                        backoff = (backoff * 2).min(retry_max);
-                    }
-                }
-            }
-            () = sleep_until_some(retry_at), if retry_at.is_some() && !todo.is_empty() => {}
-            () = sleep_until_some(offer_at), if offer_at.is_some() => {}
-            b = batches.recv(), if can_receive => {
-                let Some(batch) = b else {
-                    open = false;
-                    continue;
-                };
-                // Taken under the urgent lane's permit (not widened since):
-                // it may go beyond the window.
-                let beyond = std::mem::take(&mut permit) == Permit::Urgent;
-                if beyond {
-                    metrics.urgent_lane_batches.inc();
-                }
-                let received = Instant::now();
-                metrics.latency.stage(Stage::Handoff, received - offered_at);
-                if let Some(oldest) = batch.records.iter().map(|r| r.ingress_us).min() {
-                    let age = crate::clock::unix_micros().saturating_sub(oldest);
-                    metrics.latency.stage(Stage::Queued, Duration::from_micros(age));
-                }
-                let mut encoded = encode(node, &classes, &batch);
-                let runs = batch.class_runs();
-                let raw_bytes = encoded.body.len();
-                if compression.has_changed().unwrap_or(false) {
-                    compressor = compress::BatchCompressor::new(&compression.borrow_and_update());
-                }
-                if compressor.enabled() {
-                    let kind = compressor.kind(&classes, &batch);
-                    let estimate = *link.borrow();
-                    // Cancel safety: on abort the compression future is
-                    // dropped (the blocking task finishes on its own and its
-                    // output is discarded); the batch was never sent.
-                    encoded = tokio::select! {
-                        e = compressor.compress(encoded, &kind, &estimate, &metrics) => e,
-                        _ = abort.cancelled() => {
-                            for r in &batch.records {
-                                metrics.undelivered(r.class, 1);
-                            }
-                            tracing::error!(batch = batch.seq, records = batch.records.len(), "shutdown deadline passed with a batch unsent");
-                            lost(&todo, &flight, &mut batches);
-                            return;
-                        }
-                    };
-                } else {
-                    metrics.encoded(weir_core::compression::Codec::None);
-                }
-                todo.push_back(Prepared { batch, encoded, raw_bytes, runs, attempts: 0, received, beyond });
-            }
+        if let Some(tx) = &self.ctx.delivered {
+            // Best effort: the estimator may lag, never block egress.
+            let _ = tx.try_send(Delivered {
+                class: encoded.class,
+                bytes: encoded.body.len(),
+                raw_bytes: done.raw_bytes,
+                records: encoded.records,
+                elapsed,
+            });
         }
     }
-}
-
-/// When to ask the scheduler for the next batch, with `todo` built and not
-/// yet sent ([`weir_core::admission::next_offer`]), never before `paced`
-/// (the window's pace, [`WindowPacer`]).
-fn offer_due(
-    epoch: Instant,
-    clock: &LinkClock,
-    todo: &VecDeque<Prepared>,
-    link: &LinkEstimate,
-    horizon: Duration,
-    paced: Instant,
-) -> Instant {
-    let bytes: u64 = todo.iter().map(|p| p.encoded.body.len() as u64).sum();
-    let now = Instant::now();
-    (epoch + next_offer(now - epoch, clock, todo.len(), bytes, link, horizon)).max(paced)
 }
 
 /// Sleeps until `at`; `None` never comes.
@@ -476,101 +393,6 @@ async fn sleep_until_some(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
-    }
-}
-
-/// A send or the head confirmation failed: every unconfirmed batch goes
-/// back to the front of `todo`, in sending order, to be sent again. `unsent`
-/// is how many batches at the front of `todo` failed to send (0 or 1).
-fn failed(
-    todo: &mut VecDeque<Prepared>,
-    flight: &mut VecDeque<InFlight>,
-    unsent: usize,
-    error: &SinkError,
-    sink: &str,
-    metrics: &Metrics,
-) {
-    let again = flight.len() + unsent;
-    for f in flight.drain(..).rev() {
-        todo.push_front(f.prepared);
-    }
-    for p in todo.iter_mut().take(again) {
-        if p.attempts == 0 {
-            metrics.batches_republished.inc();
-        }
-        p.attempts += 1;
-    }
-    let head = todo.front().expect("the failed batch is back in todo");
-    tracing::warn!(sink, batch = head.encoded.seq, attempt = head.attempts, error = %error, "delivery failed; retrying");
-}
-
-/// What a confirmed transaction says of the link.
-struct Measured {
-    /// When it was confirmed (from the egress's epoch).
-    now: Duration,
-    bytes: u64,
-    /// Its time on the link (`LinkTimer`).
-    elapsed: Duration,
-    /// Of the last 64, how many were sent behind others (`LinkTimer`).
-    saturated: u32,
-    /// Whether the link holds a queue (`QueueWatch`).
-    queued: bool,
-    /// The configured uplink, in what TCP carries of it.
-    prior: LinkEstimate,
-}
-
-/// A confirmed transaction teaches the estimator; what to act on
-/// (`Climb::observe`: a full fit, or any with a queue on the link, through
-/// `to_act_on`, and with no queue a climb back towards the prior) is
-/// published when it changes.
-fn measured(
-    est: &mut LinkEstimator,
-    m: Measured,
-    climb: &mut Climb,
-    link: &tokio::sync::watch::Sender<LinkEstimate>,
-    metrics: &Metrics,
-) {
-    // The transaction alone (not compression or queueing): Eq. 1's
-    // `T_sc + US / Th_up` for the bytes on the wire.
-    est.observe(m.bytes, m.elapsed);
-    let fit = est.estimate();
-    metrics.set_link(&fit);
-    let full = est.fit_kind() == FitKind::Full;
-    if let Some(acted) = climb.observe(m.now, fit, full, m.prior, m.saturated, m.queued) {
-        link.send_replace(acted);
-    }
-}
-
-/// Everything else a confirmed transaction updates.
-fn confirmed(
-    done: &Prepared,
-    elapsed: Duration,
-    metrics: &Metrics,
-    observers: &[Arc<dyn DeliveryObserver>],
-    delivered: Option<&mpsc::Sender<Delivered>>,
-) {
-    let encoded = &done.encoded;
-    for o in observers {
-        o.delivered(&done.batch.records);
-    }
-    metrics
-        .latency
-        .delivered(&done.batch.records, crate::clock::unix_micros());
-    metrics.batches_confirmed.inc();
-    metrics.egress_bytes.inc_by(encoded.body.len() as u64);
-    metrics.egress_raw_bytes.inc_by(done.raw_bytes as u64);
-    for &(class, records, _) in &done.runs {
-        metrics.forwarded(class, records as u64);
-    }
-    if let Some(tx) = delivered {
-        // Best effort: the estimator may lag, never block egress.
-        let _ = tx.try_send(Delivered {
-            class: encoded.class,
-            bytes: encoded.body.len(),
-            raw_bytes: done.raw_bytes,
-            records: encoded.records,
-            elapsed,
-        });
     }
 }
 
@@ -665,6 +487,9 @@ mod tests {
             .1,
             link_prior: prior,
             link,
+            batch_bytes: watch::channel(0).0,
+            max_in_flight_bytes: 64 << 20,
+            max_batch_bytes: 4 << 20,
             metrics: Arc::new(Metrics::new(&cfg.classes)),
             retry_max: Duration::from_millis(20),
             abort: CancellationToken::new(),
