@@ -156,7 +156,7 @@ fn scheduler(c: &mut Criterion) {
         window: Duration::from_millis(100),
         processing_delay: Duration::from_millis(1),
         capacity: 1e12,
-        burst_bytes: 1e12,
+        burst_bytes: Some(1e12),
         limits: BatchLimits {
             max_records: BATCH,
             max_bytes: 1 << 20,

@@ -91,8 +91,10 @@ pub struct SchedulerParams {
     pub processing_delay: Duration,
     /// `C_out` to start from, record bytes per second.
     pub capacity: f64,
-    /// Token bucket depth per class, bytes.
-    pub burst_bytes: f64,
+    /// Token bucket depth per class, bytes; `None`: the batch cap in force
+    /// (a bucketful is one batch, so tokens never cut a batch shorter than
+    /// the pipe and the horizon allow).
+    pub burst_bytes: Option<f64>,
     /// Largest batch.
     pub limits: BatchLimits,
     /// Whether batches wait for records per the buffer-aided relaying plan.
@@ -297,6 +299,8 @@ pub struct Scheduler {
     tightest: Duration,
     /// The batch size the egress's pipe asks for, once it has said.
     pipe_batch: Option<usize>,
+    /// The latest time a `poll_*` or `reconfigure` was called with.
+    clock: Duration,
 }
 
 impl Scheduler {
@@ -337,7 +341,8 @@ impl Scheduler {
             None if queue_count == 1 => vec![params.capacity],
             None => vec![params.capacity / queue_count as f64; queue_count],
         };
-        let mut drainer = Drainer::new(&initial, params.burst_bytes, params.limits, now);
+        let burst = params.burst_bytes.unwrap_or(params.limits.max_bytes as f64);
+        let mut drainer = Drainer::new(&initial, burst, params.limits, now);
         drainer.set_mixing(params.mix_classes);
         // Batch plans only for class queues: Native's single FIFO mixes bounds.
         let planner = (params.adaptive && queue_count == classes.len())
@@ -371,6 +376,7 @@ impl Scheduler {
             events,
             tightest: Duration::MAX,
             pipe_batch: None,
+            clock: now,
             params,
         };
         s.drainer.set_rider_budgets(&s.rider_budgets());
@@ -464,7 +470,10 @@ impl Scheduler {
         };
         self.pbtt = pbtt;
         self.capacity = capacity;
-        self.drainer.set_burst_bytes(now, params.burst_bytes);
+        self.clock = self.clock.max(now);
+        if let Some(b) = params.burst_bytes {
+            self.drainer.set_burst_bytes(now, b);
+        }
         self.drainer.set_rates(now, &rates, capacity);
         self.drainer.set_limits(params.limits);
         self.drainer.set_mixing(params.mix_classes);
@@ -521,10 +530,14 @@ impl Scheduler {
     fn cap_batches(&mut self) {
         let cap = admission::batch_cap(&self.link, self.horizon());
         let pipe = self.pipe_batch.unwrap_or(usize::MAX);
+        let max_bytes = self.params.limits.max_bytes.min(cap).min(pipe);
         self.drainer.set_limits(BatchLimits {
-            max_bytes: self.params.limits.max_bytes.min(cap).min(pipe),
+            max_bytes,
             ..self.params.limits
         });
+        if self.params.burst_bytes.is_none() {
+            self.drainer.set_burst_bytes(self.clock, max_bytes as f64);
+        }
         let budgets = self.rider_budgets();
         self.drainer.set_rider_budgets(&budgets);
         self.drainer
@@ -625,6 +638,7 @@ impl Scheduler {
         queues: &MultiLevelQueue,
         foreign_bytes: u64,
     ) -> bool {
+        self.clock = self.clock.max(now);
         if now < self.next_window {
             return false;
         }
@@ -731,6 +745,7 @@ impl Scheduler {
     /// that may send first; or how long until one may (never past the next
     /// window). Record ages are measured against `wall_us`.
     pub fn poll_batch(&mut self, now: Duration, wall_us: u64, queues: &MultiLevelQueue) -> Poll {
+        self.clock = self.clock.max(now);
         let plans = self.planner.as_ref().map(Planner::plans);
         let drain = self.drainer.next_batch(now, wall_us, queues, plans);
         self.polled(now, drain)

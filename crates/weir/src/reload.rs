@@ -95,7 +95,7 @@ pub fn scheduler_params(cfg: &Config) -> SchedulerParams {
         window: cfg.scheduler.window,
         processing_delay: cfg.scheduler.processing_delay,
         capacity: cfg.scheduler.uplink_bytes_per_sec,
-        burst_bytes: cfg.scheduler.burst_bytes as f64,
+        burst_bytes: cfg.scheduler.burst_bytes.map(|b| b as f64),
         limits: BatchLimits {
             max_records: cfg.scheduler.max_batch_records,
             max_bytes: cfg.scheduler.max_batch_bytes,

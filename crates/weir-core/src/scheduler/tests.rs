@@ -29,7 +29,7 @@ fn params(scheme: Scheme) -> SchedulerParams {
         window: MS * 100,
         processing_delay: MS,
         capacity: 1e6,
-        burst_bytes: 64.0 * 1024.0,
+        burst_bytes: Some(64.0 * 1024.0),
         limits: BatchLimits {
             max_records: 1024,
             max_bytes: 64 * 1024,
@@ -369,7 +369,7 @@ fn batches_are_numbered_in_order() {
 #[test]
 fn a_wait_never_reaches_past_the_next_window() {
     let mut p = params(Scheme::QmOnly);
-    p.burst_bytes = 1000.0;
+    p.burst_bytes = Some(1000.0);
     p.capacity = 10_000.0;
     let q = queues(&ClassSet::janus_default(), p.scheme);
     let mut s = scheduler(p, &q);
@@ -766,7 +766,7 @@ fn a_tracked_capacity_survives_a_reconfigure() {
 #[test]
 fn a_late_wake_up_does_not_commit_a_long_transfer() {
     let p = SchedulerParams {
-        burst_bytes: 1e9,
+        burst_bytes: Some(1e9),
         limits: BatchLimits {
             max_records: 100_000,
             max_bytes: 8 << 20,
@@ -814,7 +814,7 @@ proptest! {
         sizes in proptest::collection::vec(16usize..4000, 1..300),
     ) {
         let p = SchedulerParams {
-            burst_bytes: 1e12,
+            burst_bytes: Some(1e12),
             limits: BatchLimits { max_records: 100_000, max_bytes: 16 << 20 },
             ..params(Scheme::QmOnly)
         };
@@ -859,4 +859,45 @@ fn without_tracking_the_configured_link_stands() {
     s.reconfigure(MS, p, classes).unwrap();
     s.handle_link_estimate(link(2_250_000.0, MS));
     assert_eq!(s.link().per_transaction, MS);
+}
+
+#[test]
+fn batches_follow_the_pipe_and_an_auto_burst_follows_the_batches() {
+    // A fast link (100 MB/s, 1 ms per transaction) and a deep backlog of
+    // the least urgent class: batches as large as the pipe asks for, and
+    // with burst = "auto" the bucket holds one such batch.
+    let mut p = params(Scheme::QmOnly);
+    p.capacity = 100e6;
+    p.burst_bytes = None;
+    p.adaptive = false;
+    p.limits = BatchLimits {
+        max_records: 1 << 16,
+        max_bytes: 4 << 20,
+    };
+    let q = queues(&ClassSet::janus_default(), p.scheme);
+    let mut s = Scheduler::new(
+        p,
+        ClassSet::janus_default(),
+        &q,
+        link(100e6, MS),
+        0,
+        1,
+        Duration::ZERO,
+    );
+    for seq in 0..20_000u64 {
+        q.push(record(2, seq, 1000, Duration::ZERO)).unwrap();
+    }
+    let sizes = |s: &mut Scheduler, at: Duration| -> usize {
+        match s.poll_batch(at, wall(at), &q) {
+            Poll::Batch(b) => b.bytes(),
+            other => panic!("{other:?}"),
+        }
+    };
+    s.handle_pipe_batch(200_000);
+    let first = sizes(&mut s, MS * 200);
+    assert!((190_000..=200_000).contains(&first), "{first} bytes");
+    s.handle_pipe_batch(1_000_000);
+    // A second later the bucket is full again: one batch of the new size.
+    let second = sizes(&mut s, MS * 1200);
+    assert!((990_000..=1_000_000).contains(&second), "{second} bytes");
 }

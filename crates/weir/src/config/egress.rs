@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use super::named::named_enum;
 use super::problems::Problems;
-use super::units::{HumanDuration, Rate, Written};
+use super::units::{Auto, Count, HumanDuration, Rate, Written};
 use weir_core::NodeId;
 
 /// Files need no running server: a fresh checkout works out of the box.
@@ -193,6 +193,12 @@ pub const AMQP_RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// and holds at most 8 batches' bytes besides the queues.
 pub const AMQP_MAX_IN_FLIGHT: u64 = 8;
 
+/// Batches published and awaiting their confirm at once with
+/// `max_in_flight = "auto"`: the bytes in flight follow the pipe's
+/// bandwidth-delay product ([`weir_core::delivery::pipe`]), and this only
+/// bounds how many batches carry them.
+pub const AMQP_AUTO_MAX_IN_FLIGHT: u64 = 64;
+
 /// `egress.amqp.urgent_lane` unless set: on. In the real-process JANUS lab
 /// (4G, PMRFS) it met the `ls` bound at every size with throughput at
 /// least the lane-less egress's (docs/scheduling.md, "The urgent lane").
@@ -223,7 +229,7 @@ pub(crate) struct RawAmqp {
     pub confirm_timeout: Option<Written<HumanDuration>>,
     pub connect_timeout: Option<Written<HumanDuration>>,
     pub reconnect_backoff_max: Option<Written<HumanDuration>>,
-    pub max_in_flight: Option<u64>,
+    pub max_in_flight: Option<Written<Auto<Count>>>,
     pub urgent_lane: Option<bool>,
 }
 
@@ -474,12 +480,21 @@ fn amqp_egress(p: &mut Problems, raw: RawAmqp, classes: &[String]) -> Option<Amq
         raw.reconnect_backoff_max,
         AMQP_RECONNECT_BACKOFF_MAX,
     );
-    let max_in_flight = raw.max_in_flight.unwrap_or(AMQP_MAX_IN_FLIGHT);
+    let max_in_flight = match p.unit(
+        &format!("{PATH}.max_in_flight"),
+        raw.max_in_flight,
+        Auto::Set(Count(AMQP_MAX_IN_FLIGHT)),
+    ) {
+        Some((Auto::Auto, _)) => AMQP_AUTO_MAX_IN_FLIGHT,
+        Some((Auto::Set(Count(n)), _)) => n,
+        // Already a problem: the default stands in for the checks below.
+        None => AMQP_MAX_IN_FLIGHT,
+    };
     if !(1..=AMQP_MAX_IN_FLIGHT_LIMIT).contains(&max_in_flight) {
         p.push(
             format!("{PATH}.max_in_flight"),
             format!(
-                "{max_in_flight} is out of range: between 1 (one batch per confirm round trip) and {AMQP_MAX_IN_FLIGHT_LIMIT}"
+                "{max_in_flight} is out of range: between 1 (one batch per confirm round trip) and {AMQP_MAX_IN_FLIGHT_LIMIT}, or \"auto\""
             ),
         );
     }

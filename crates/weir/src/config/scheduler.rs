@@ -12,7 +12,7 @@ use weir_core::janus::scheme::Scheme;
 use super::classes::MAX_CAPACITY_RECORDS;
 use super::named::named_enum;
 use super::problems::Problems;
-use super::units::{HumanDuration, Rate, Size, Written};
+use super::units::{Auto, Count, HumanDuration, Rate, Size, Written};
 
 /// PMRFS is JANUS's own matcher (Algorithm 3); the others are baselines.
 pub const SCHEME: SchemeName = SchemeName::Pmrfs;
@@ -30,7 +30,8 @@ pub const PROCESSING_DELAY: Duration = Duration::from_millis(1);
 pub const UPLINK_BYTES_PER_SEC: f64 = 18e6 / 8.0;
 
 /// Token bucket depth per class: about 29 ms of the default 18 Mbit/s
-/// uplink, so a burst cannot eat a third of the `ls` bound.
+/// uplink, so a burst cannot eat a third of the `ls` bound. `"auto"`: the
+/// batch cap in force.
 pub const BURST_BYTES: u64 = 64 * 1024;
 
 /// Most records per batch: with small sensor records the byte limit
@@ -41,6 +42,18 @@ pub const MAX_BATCH_RECORDS: u64 = 1024;
 /// bucketful (about 29 ms of the default uplink) and a batch of a lower
 /// class delays an urgent one by little.
 pub const MAX_BATCH_BYTES: u64 = 64 * 1024;
+
+/// Most records per batch with `max_batch_records = "auto"`: the byte
+/// caps decide; this only bounds one batch's per-record bookkeeping.
+pub const AUTO_MAX_BATCH_RECORDS: u64 = 65_536;
+
+/// Largest batch with `max_batch_bytes = "auto"`: the egress's pipe asks
+/// for a quarter of the bytes it keeps in flight
+/// ([`weir_core::delivery::pipe`]) up to this, and the scheduler caps it to
+/// what the link carries within the tightest class's horizon. 4 MiB is far
+/// under RabbitMQ's message limit (16 MiB by default) and costs a few
+/// milliseconds to compress.
+pub const AUTO_MAX_BATCH_BYTES: u64 = 4 << 20;
 
 /// `T_sc` prior: JANUS Table III's 4G delay, the default uplink's.
 pub const TRANSACTION_TIME: Duration = Duration::from_millis(50);
@@ -60,9 +73,9 @@ pub(crate) struct RawScheduler {
     pub window: Option<Written<HumanDuration>>,
     pub processing_delay: Option<Written<HumanDuration>>,
     pub uplink: Option<Written<Rate>>,
-    pub burst: Option<Written<Size>>,
-    pub max_batch_records: Option<u64>,
-    pub max_batch_bytes: Option<Written<Size>>,
+    pub burst: Option<Written<Auto<Size>>>,
+    pub max_batch_records: Option<Written<Auto<Count>>>,
+    pub max_batch_bytes: Option<Written<Auto<Size>>>,
     pub transaction_time: Option<Written<HumanDuration>>,
     pub track_uplink: Option<bool>,
     pub mix_classes: Option<bool>,
@@ -81,8 +94,9 @@ pub struct SchedulerConfig {
     pub processing_delay: Duration,
     /// `C_out`, the initial outbound capacity, in bytes per second (> 0).
     pub uplink_bytes_per_sec: f64,
-    /// Token bucket depth per class, in bytes (> 0).
-    pub burst_bytes: usize,
+    /// Token bucket depth per class, in bytes (> 0); `None` (`"auto"`):
+    /// the batch cap in force, so that a bucketful is one batch.
+    pub burst_bytes: Option<usize>,
     /// Prior of the fixed per-transaction time `T_sc` (piping model Eq. 1),
     /// until the link estimator has measured it.
     pub transaction_time: Duration,
@@ -95,7 +109,7 @@ pub struct SchedulerConfig {
     /// Most records in one batch (> 0).
     pub max_batch_records: usize,
     /// Most bytes in one batch (> 0); a single larger record still goes
-    /// out alone.
+    /// out alone. Below it the egress's pipe and the horizon decide.
     pub max_batch_bytes: usize,
 }
 
@@ -180,25 +194,37 @@ pub(crate) fn scheduler(
         }
     }
     let uplink = p.positive_rate("scheduler.uplink", raw.uplink, UPLINK_BYTES_PER_SEC);
-    let burst = p.positive_size("scheduler.burst", raw.burst, BURST_BYTES, u64::MAX);
-    let max_batch_records = raw.max_batch_records.unwrap_or(MAX_BATCH_RECORDS);
-    if max_batch_records == 0 {
-        p.push("scheduler.max_batch_records", "must be greater than zero");
-    } else if max_batch_records > MAX_CAPACITY_RECORDS {
-        p.push(
-            "scheduler.max_batch_records",
-            format!(
-                "{max_batch_records} is more than the limit of {}",
-                MAX_CAPACITY_RECORDS
-            ),
-        );
-    }
-    let max_batch_bytes = p.positive_size(
+    let burst = auto_size(p, "scheduler.burst", raw.burst, BURST_BYTES);
+    let max_batch_records = match p.unit(
+        "scheduler.max_batch_records",
+        raw.max_batch_records,
+        Auto::Set(Count(MAX_BATCH_RECORDS)),
+    ) {
+        Some((Auto::Auto, _)) => Some(AUTO_MAX_BATCH_RECORDS),
+        Some((Auto::Set(Count(0)), _)) => {
+            p.push("scheduler.max_batch_records", "must be greater than zero");
+            None
+        }
+        Some((Auto::Set(Count(n)), _)) if n > MAX_CAPACITY_RECORDS => {
+            p.push(
+                "scheduler.max_batch_records",
+                format!("{n} is more than the limit of {MAX_CAPACITY_RECORDS}"),
+            );
+            None
+        }
+        Some((Auto::Set(Count(n)), _)) => Some(n),
+        None => None,
+    };
+    let max_batch_bytes = match auto_size(
+        p,
         "scheduler.max_batch_bytes",
         raw.max_batch_bytes,
         MAX_BATCH_BYTES,
-        u64::MAX,
-    );
+    ) {
+        Some(None) => Some(AUTO_MAX_BATCH_BYTES as usize),
+        Some(Some(b)) => Some(b),
+        None => None,
+    };
     let transaction_time = p.duration(
         "scheduler.transaction_time",
         raw.transaction_time,
@@ -217,9 +243,33 @@ pub(crate) fn scheduler(
         uplink_bytes_per_sec: uplink?,
         burst_bytes: burst?,
         // At most MAX_CAPACITY_RECORDS (2^24), so it fits any usize.
-        max_batch_records: max_batch_records as usize,
+        max_batch_records: max_batch_records? as usize,
         max_batch_bytes: max_batch_bytes?,
     })
+}
+
+/// A size greater than zero or `"auto"` (`Some(None)`); `None` after a
+/// problem.
+fn auto_size(
+    p: &mut Problems,
+    path: &str,
+    written: Option<Written<Auto<Size>>>,
+    default: u64,
+) -> Option<Option<usize>> {
+    match p.unit(path, written, Auto::Set(Size(default)))? {
+        (Auto::Auto, _) => Some(None),
+        (Auto::Set(Size(0)), text) => {
+            p.push(path, format!("{text:?} must be greater than zero"));
+            None
+        }
+        (Auto::Set(Size(b)), text) => match usize::try_from(b) {
+            Ok(b) => Some(Some(b)),
+            Err(_) => {
+                p.push(path, format!("{text:?} is too large for this platform"));
+                None
+            }
+        },
+    }
 }
 
 /// Buffer-aided relaying pays off whenever its theorems say so; the plan

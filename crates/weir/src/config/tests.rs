@@ -110,7 +110,7 @@ fn empty_file_gives_the_defaults() {
     assert_eq!(c.scheduler.window, Duration::from_millis(100));
     assert_eq!(c.scheduler.processing_delay, Duration::from_millis(1));
     assert_eq!(c.scheduler.uplink_bytes_per_sec, 2_250_000.0);
-    assert_eq!(c.scheduler.burst_bytes, 65_536);
+    assert_eq!(c.scheduler.burst_bytes, Some(65_536));
     assert_eq!(c.scheduler.max_batch_records, 1024);
     assert_eq!(c.scheduler.max_batch_bytes, 65_536);
     let mqtt = c.ingress.mqtt.as_ref().unwrap();
@@ -1216,4 +1216,47 @@ routing_key = "weir.{host}"
     ));
     assert_problem(&ps, "egress.amqp.urls", "at least one");
     assert_problem(&ps, "egress.amqp.routing_key", "renders up to");
+}
+
+#[test]
+fn batch_caps_and_the_window_may_be_left_to_weir() {
+    let c = parse(
+        r#"
+        [scheduler]
+        burst = "auto"
+        max_batch_records = "auto"
+        max_batch_bytes = "auto"
+        [egress]
+        kind = "amqp"
+        [egress.amqp]
+        url = "amqp://guest:guest@127.0.0.1:5672/%2f"
+        max_in_flight = "auto"
+        "#,
+        "auto.toml",
+    )
+    .unwrap();
+    assert_eq!(c.scheduler.burst_bytes, None);
+    assert_eq!(c.scheduler.max_batch_records, 65_536);
+    assert_eq!(c.scheduler.max_batch_bytes, 4 << 20);
+    match &c.egress.sink {
+        crate::config::EgressSink::Amqp(a) => assert_eq!(a.max_in_flight, 64),
+        other => panic!("{other:?}"),
+    }
+    let ps = problems(
+        r#"
+        [scheduler]
+        burst = "automatic"
+        max_batch_records = "many"
+        max_batch_bytes = "0"
+        [egress]
+        kind = "amqp"
+        [egress.amqp]
+        url = "amqp://guest:guest@127.0.0.1:5672/%2f"
+        max_in_flight = 0
+        "#,
+    );
+    assert_problem(&ps, "scheduler.burst", "\"auto\"");
+    assert_problem(&ps, "scheduler.max_batch_records", "whole number");
+    assert_problem(&ps, "scheduler.max_batch_bytes", "greater than zero");
+    assert_problem(&ps, "egress.amqp.max_in_flight", "out of range");
 }

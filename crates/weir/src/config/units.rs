@@ -321,6 +321,59 @@ macro_rules! deserialize_from_str {
 
 deserialize_from_str!(HumanDuration, Size, Rate);
 
+/// A setting weir can choose itself: `"auto"`, or a value as written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Auto<T> {
+    /// weir chooses (and documents how).
+    Auto,
+    /// As written.
+    Set(T),
+}
+
+impl<T: FromStr<Err = UnitError>> FromStr for Auto<T> {
+    type Err = UnitError;
+
+    fn from_str(s: &str) -> Result<Self, UnitError> {
+        match s.trim() {
+            "auto" => Ok(Auto::Auto),
+            other => other.parse().map(Auto::Set).map_err(|mut e: UnitError| {
+                e.reason = format!("{} (or \"auto\")", e.reason);
+                e
+            }),
+        }
+    }
+}
+
+impl<T: fmt::Display> fmt::Display for Auto<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Auto::Auto => f.write_str("auto"),
+            Auto::Set(v) => v.fmt(f),
+        }
+    }
+}
+
+/// A whole number as written (a count of records or batches).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Count(pub u64);
+
+impl FromStr for Count {
+    type Err = UnitError;
+
+    fn from_str(s: &str) -> Result<Self, UnitError> {
+        s.trim()
+            .parse()
+            .map(Count)
+            .map_err(|_| UnitError::new("count", s, "expected a whole number, e.g. 64"))
+    }
+}
+
+impl fmt::Display for Count {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 /// A unit value as written in the file: its text, and the parsed value or
 /// why it did not parse. Raw config types hold these so that a bad unit is
 /// one more problem in the list rather than the end of parsing.
