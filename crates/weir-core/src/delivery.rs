@@ -40,7 +40,8 @@ use crate::admission::{
     next_offer, next_permit, LinkClock, Permit, PermitStep, Window, WindowPacer,
 };
 use crate::link_estimate::{
-    Climb, FitKind, LinkEstimate, LinkEstimateError, LinkEstimator, LinkTimer, QueueWatch,
+    CarriedBound, Climb, FitKind, LinkEstimate, LinkEstimateError, LinkEstimator, LinkTimer,
+    QueueWatch,
 };
 use pipe::Pipe;
 
@@ -127,6 +128,28 @@ pub enum Event<T> {
     BatchBytes(u64),
     /// The uplink estimator could not start: the prior stands.
     NoEstimator(LinkEstimateError),
+    /// What a confirmation left the machine measuring (for metrics).
+    Measures(Measures),
+}
+
+/// What the machine measures, after each confirmation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Measures {
+    /// The estimate acted on.
+    pub acted: LinkEstimate,
+    /// Of the last 64 transactions, how many were sent while the link was
+    /// still busy with earlier ones ([`LinkTimer::saturated`]).
+    pub saturated: u32,
+    /// Whether the link holds a queue ([`QueueWatch::queued`]).
+    pub queued: bool,
+    /// Bytes the pipe allows in flight.
+    pub pipe_bytes: u64,
+    /// The batch size the pipe asks for.
+    pub batch_bytes: u64,
+    /// The highest delivery rate of the pipe's window, bytes per second.
+    pub delivery_rate: f64,
+    /// The lowest round trip of the pipe's window.
+    pub round_trip: Duration,
 }
 
 /// A batch handed over and not yet sent (or to send again).
@@ -172,6 +195,7 @@ pub struct Delivery<T> {
     timer: LinkTimer,
     pacer: WindowPacer,
     queue: QueueWatch,
+    carried: CarriedBound,
     climb: Climb,
     estimator: Option<LinkEstimator>,
     link: LinkEstimate,
@@ -210,6 +234,7 @@ impl<T> Delivery<T> {
             timer: LinkTimer::default(),
             pacer: WindowPacer::default(),
             queue: QueueWatch::default(),
+            carried: CarriedBound::default(),
             climb: Climb::new(params.link_prior, now),
             estimator,
             link: params.link_prior,
@@ -224,6 +249,7 @@ impl<T> Delivery<T> {
     /// within it ([`crate::admission`]).
     pub fn set_horizon(&mut self, horizon: Duration) {
         self.horizon = horizon;
+        self.pipe.set_horizon(horizon);
     }
 
     /// The estimate acted on.
@@ -429,6 +455,8 @@ impl<T> Delivery<T> {
         self.queue
             .confirmed(now, confirm, bytes, self.params.link_prior.bytes_per_sec);
         self.events.push_back(Event::Queue(self.queue.queue()));
+        self.carried
+            .confirmed(now, bytes, now.saturating_sub(done.started));
         self.learn(now, bytes, link_time);
         if let Some(b) =
             self.pipe
@@ -436,6 +464,15 @@ impl<T> Delivery<T> {
         {
             self.events.push_back(Event::BatchBytes(b));
         }
+        self.events.push_back(Event::Measures(Measures {
+            acted: self.link,
+            saturated: self.timer.saturated(),
+            queued: self.queue.queued(),
+            pipe_bytes: self.pipe.in_flight_bytes(),
+            batch_bytes: self.pipe.batch_bytes(),
+            delivery_rate: self.pipe.delivery_rate().unwrap_or(0.0),
+            round_trip: self.pipe.round_trip().unwrap_or_default(),
+        }));
         self.events.push_back(Event::Confirmed(Confirmed {
             batch: done.pending.batch,
             bytes,
@@ -461,7 +498,11 @@ impl<T> Delivery<T> {
         let prior = self.params.link_prior;
         let saturated = self.timer.saturated();
         let queued = self.queue.queued();
-        if let Some(acted) = self.climb.observe(now, fit, full, prior, saturated, queued) {
+        let at_least = self.carried.bound();
+        if let Some(acted) = self
+            .climb
+            .observe(now, fit, full, prior, saturated, queued, at_least)
+        {
             self.link = acted;
             self.events.push_back(Event::Link(acted));
         }

@@ -208,3 +208,36 @@ fn a_busy_pipe_asks_for_larger_batches() {
     let rate = d.pipe().delivery_rate().unwrap();
     assert!(rate > 150e6, "delivering {rate:.0} B/s of 200 MB/s");
 }
+
+#[test]
+fn batches_that_cross_faster_than_the_estimate_lift_it_above_the_prior() {
+    // The default prior (18 Mbit/s) and a destination that confirms 2 kB
+    // batches half a millisecond after they were sent: the link carries at
+    // least 4 MB/s, whatever the fits say, and the estimate acted on
+    // follows (it stayed at the prior before, and C_out with it).
+    let mut p = params(8, false);
+    p.link_prior = LinkEstimate {
+        bytes_per_sec: 2.15e6,
+        per_transaction: MS * 50,
+    };
+    let mut d = Delivery::new(p, Duration::ZERO);
+    let mut now = Duration::ZERO;
+    let mut acted = Vec::new();
+    for seq in 0..200u64 {
+        assert!(d.poll_permit(now).is_some());
+        d.handle_batch(now, seq, 2000);
+        d.poll_send(now).expect("sendable");
+        d.handle_sent(now);
+        now += Duration::from_micros(500);
+        d.handle_confirm(now);
+        while let Some(e) = d.poll_event() {
+            if let Event::Link(l) = e {
+                acted.push(l.bytes_per_sec);
+            }
+        }
+        now += MS;
+    }
+    let last = *acted.last().expect("published");
+    assert!(last >= 3.9e6, "acted on {last:.0} B/s");
+    assert!(d.link().bytes_per_sec >= 3.9e6);
+}

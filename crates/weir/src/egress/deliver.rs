@@ -259,6 +259,7 @@ impl Io {
             Event::BatchBytes(b) => {
                 self.ctx.batch_bytes.send_replace(b);
             }
+            Event::Measures(measures) => m.set_delivery(&measures),
             Event::NoEstimator(e) => {
                 // The config validator requires a positive uplink; without
                 // a prior the link is not estimated and the prior stands.

@@ -62,6 +62,12 @@ pub struct Metrics {
     link_bandwidth: Gauge<f64, AtomicU64>,
     link_transaction: Gauge<f64, AtomicU64>,
     link_queue: Gauge<f64, AtomicU64>,
+    link_acted: Gauge<f64, AtomicU64>,
+    link_saturated: Gauge,
+    pipe_bytes: Gauge,
+    pipe_batch_bytes: Gauge,
+    delivery_rate: Gauge<f64, AtomicU64>,
+    round_trip: Gauge<f64, AtomicU64>,
     /// Peering (`weir_peer_*`).
     pub peer: PeerMetrics,
     /// The spool (`weir_spool_*`).
@@ -132,6 +138,12 @@ impl Metrics {
             link_bandwidth: Gauge::default(),
             link_transaction: Gauge::default(),
             link_queue: Gauge::default(),
+            link_acted: Gauge::default(),
+            link_saturated: Gauge::default(),
+            pipe_bytes: Gauge::default(),
+            pipe_batch_bytes: Gauge::default(),
+            delivery_rate: Gauge::default(),
+            round_trip: Gauge::default(),
             peer: PeerMetrics::new(classes),
             spool: SpoolMetrics::new(classes),
             security: SecurityMetrics::default(),
@@ -239,6 +251,36 @@ impl Metrics {
             "link_queue_seconds",
             "Median round trip of the last 16 confirmed transactions above the lowest of the last 10 s: the uplink's queue",
             m.link_queue.clone(),
+        );
+        m.registry.register(
+            "link_acted_bytes_per_second",
+            "The uplink bandwidth acted on (C_out follows it with track_uplink)",
+            m.link_acted.clone(),
+        );
+        m.registry.register(
+            "link_saturated",
+            "Of the last 64 confirmed transactions, how many were sent while the link was still busy with earlier ones",
+            m.link_saturated.clone(),
+        );
+        m.registry.register(
+            "egress_pipe_bytes",
+            "Bytes the egress allows unconfirmed: twice the delivery rate times the round trip, within its floor and cap",
+            m.pipe_bytes.clone(),
+        );
+        m.registry.register(
+            "egress_pipe_batch_bytes",
+            "The batch size the egress's pipe asks the scheduler for",
+            m.pipe_batch_bytes.clone(),
+        );
+        m.registry.register(
+            "egress_delivery_rate_bytes_per_second",
+            "Highest delivery rate (bytes confirmed per second) of the last 2 s",
+            m.delivery_rate.clone(),
+        );
+        m.registry.register(
+            "egress_round_trip_seconds",
+            "Lowest send-to-confirm round trip of the last 10 s",
+            m.round_trip.clone(),
         );
         m.peer.register(&mut m.registry);
         m.spool.register(&mut m.registry);
@@ -372,6 +414,19 @@ impl Metrics {
         self.link_bandwidth.set(estimate.bytes_per_sec);
         self.link_transaction
             .set(estimate.per_transaction.as_secs_f64());
+    }
+
+    /// What the delivery machine measures after a confirmation: the
+    /// estimate acted on, the link's saturation, the pipe.
+    pub fn set_delivery(&self, d: &weir_core::delivery::Measures) {
+        self.link_acted.set(d.acted.bytes_per_sec);
+        self.link_saturated.set(i64::from(d.saturated));
+        self.pipe_bytes
+            .set(i64::try_from(d.pipe_bytes).unwrap_or(i64::MAX));
+        self.pipe_batch_bytes
+            .set(i64::try_from(d.batch_bytes).unwrap_or(i64::MAX));
+        self.delivery_rate.set(d.delivery_rate);
+        self.round_trip.set(d.round_trip.as_secs_f64());
     }
 
     /// The uplink's queue: the recent round trips above the floor
