@@ -41,7 +41,7 @@ use crate::admission::{
 };
 use crate::link_estimate::{
     CarriedBound, Climb, FitKind, LinkEstimate, LinkEstimateError, LinkEstimator, LinkTimer,
-    QueueWatch,
+    QueueWatch, Seen,
 };
 use pipe::Pipe;
 
@@ -496,13 +496,12 @@ impl<T> Delivery<T> {
         self.events.push_back(Event::Fit(fit));
         let full = est.fit_kind() == FitKind::Full;
         let prior = self.params.link_prior;
-        let saturated = self.timer.saturated();
-        let queued = self.queue.queued();
-        let at_least = self.carried.bound();
-        if let Some(acted) = self
-            .climb
-            .observe(now, fit, full, prior, saturated, queued, at_least)
-        {
+        let seen = Seen {
+            saturated: self.timer.saturated(),
+            queued: self.queue.queued(),
+            carried: self.carried.bound(),
+        };
+        if let Some(acted) = self.climb.observe(now, fit, full, prior, seen) {
             self.link = acted;
             self.events.push_back(Event::Link(acted));
         }

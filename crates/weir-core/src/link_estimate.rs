@@ -823,7 +823,8 @@ impl Climb {
     }
 
     /// A transaction confirmed at `now` with the estimator's `fit`
-    /// (`full`: a full fit, not one with `T_sc` held): [`Climb::update`],
+    /// (`full`: a full fit, not one with `T_sc` held) and what else was
+    /// `seen`: [`Climb::update_at_least`],
     /// and the estimate to publish if there is one to publish.
     ///
     /// Only a window of varied sizes separates `T_sc` from bandwidth; small
@@ -845,18 +846,30 @@ impl Climb {
         fit: LinkEstimate,
         full: bool,
         prior: LinkEstimate,
-        saturated: u32,
-        queued: bool,
-        at_least: f64,
+        seen: Seen,
     ) -> Option<LinkEstimate> {
-        let acted = (full || queued).then_some(fit);
-        let next = self.update_at_least(now, acted, prior, saturated, queued, at_least);
+        let acted = (full || seen.queued).then_some(fit);
+        let next =
+            self.update_at_least(now, acted, prior, seen.saturated, seen.queued, seen.carried);
         let risen = next.bytes_per_sec > self.published.bytes_per_sec * (1.0 + CLIMB_STEP);
         (acted.is_some() || risen).then(|| {
             self.published = next;
             next
         })
     }
+}
+
+/// What the egress has seen of the link besides the fit, as
+/// [`Climb::observe`] takes it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Seen {
+    /// Of the last [`WINDOW`] transactions, how many were sent behind
+    /// others ([`LinkTimer::saturated`]).
+    pub saturated: u32,
+    /// Whether the link holds a queue ([`QueueWatch::queued`]).
+    pub queued: bool,
+    /// What transactions showed the link carries ([`CarriedBound::bound`]).
+    pub carried: f64,
 }
 
 /// How long [`CarriedBound`] remembers its highest sample.
