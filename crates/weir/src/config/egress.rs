@@ -187,17 +187,11 @@ pub const AMQP_BLOCKED_FAILOVER_AFTER: Duration = Duration::from_secs(30);
 /// reconnect every 30 s at worst and recovery is noticed quickly.
 pub const AMQP_RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(30);
 
-/// Batches published and awaiting their confirm at once. One batch per
-/// round trip caps a 64 KiB-batch egress near 50k records/s of 1 KiB on
-/// loopback; a window of 8 hides the confirm latency (docs/benchmarks.md)
-/// and holds at most 8 batches' bytes besides the queues.
-pub const AMQP_MAX_IN_FLIGHT: u64 = 8;
-
 /// Batches published and awaiting their confirm at once with
-/// `max_in_flight = "auto"`: the bytes in flight follow the pipe's
+/// `max_in_flight = "auto"` (the default): their bytes follow the pipe's
 /// bandwidth-delay product ([`weir_core::delivery::pipe`]), and this only
 /// bounds how many batches carry them.
-pub const AMQP_AUTO_MAX_IN_FLIGHT: u64 = 64;
+pub const AMQP_MAX_IN_FLIGHT: u64 = 64;
 
 /// `egress.amqp.urgent_lane` unless set: on. In the real-process JANUS lab
 /// (4G, PMRFS) it met the `ls` bound at every size with throughput at
@@ -483,9 +477,9 @@ fn amqp_egress(p: &mut Problems, raw: RawAmqp, classes: &[String]) -> Option<Amq
     let max_in_flight = match p.unit(
         &format!("{PATH}.max_in_flight"),
         raw.max_in_flight,
-        Auto::Set(Count(AMQP_MAX_IN_FLIGHT)),
+        Auto::Auto,
     ) {
-        Some((Auto::Auto, _)) => AMQP_AUTO_MAX_IN_FLIGHT,
+        Some((Auto::Auto, _)) => AMQP_MAX_IN_FLIGHT,
         Some((Auto::Set(Count(n)), _)) => n,
         // Already a problem: the default stands in for the checks below.
         None => AMQP_MAX_IN_FLIGHT,

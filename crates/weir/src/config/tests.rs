@@ -110,9 +110,9 @@ fn empty_file_gives_the_defaults() {
     assert_eq!(c.scheduler.window, Duration::from_millis(100));
     assert_eq!(c.scheduler.processing_delay, Duration::from_millis(1));
     assert_eq!(c.scheduler.uplink_bytes_per_sec, 2_250_000.0);
-    assert_eq!(c.scheduler.burst_bytes, Some(65_536));
-    assert_eq!(c.scheduler.max_batch_records, 1024);
-    assert_eq!(c.scheduler.max_batch_bytes, 65_536);
+    assert_eq!(c.scheduler.burst_bytes, None, "auto");
+    assert_eq!(c.scheduler.max_batch_records, 65_536);
+    assert_eq!(c.scheduler.max_batch_bytes, 4 << 20);
     let mqtt = c.ingress.mqtt.as_ref().unwrap();
     assert_eq!(
         mqtt.mode,
@@ -1242,6 +1242,14 @@ fn batch_caps_and_the_window_may_be_left_to_weir() {
         crate::config::EgressSink::Amqp(a) => assert_eq!(a.max_in_flight, 64),
         other => panic!("{other:?}"),
     }
+    let set = parse(
+        "[scheduler]\nburst = \"64KiB\"\nmax_batch_records = 1024\nmax_batch_bytes = \"64KiB\"\n",
+        "set.toml",
+    )
+    .unwrap();
+    assert_eq!(set.scheduler.burst_bytes, Some(65_536));
+    assert_eq!(set.scheduler.max_batch_records, 1024);
+    assert_eq!(set.scheduler.max_batch_bytes, 65_536);
     let ps = problems(
         r#"
         [scheduler]
