@@ -7,6 +7,10 @@
 #   mosquitto     Debian's Mosquitto 2.0, in memory, one QoS 1 subscriber
 #   rumqttd       rumqttd 0.20.0 (cargo install, pinned), one QoS 1 subscriber
 #   weir-file     weir, file egress (no subscriber: weir takes none)
+#
+# Every weir runs its default config (`weir print-default-config`) but for
+# the listen addresses, the egress and the spool directory: what a user
+# who installs it gets.
 #   weir-grpc     the same weir fed over gRPC (PublishStream, 4 streams x
 #                 1000 in flight) instead of MQTT
 #   weir-amqp     weir into a durable classic RabbitMQ queue, memory mode
@@ -104,11 +108,6 @@ EOF
 cat >"$out/weir-file.toml" <<EOF
 [node]
 id = 1
-[scheduler]
-uplink = "10Gbit/s"
-burst = "1MiB"
-max_batch_records = 1024
-max_batch_bytes = "1MiB"
 [ingress.mqtt]
 listen = "127.0.0.1:18830"
 [ingress.grpc]
