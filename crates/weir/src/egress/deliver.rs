@@ -107,6 +107,9 @@ pub async fn run<S: Sink>(mut sink: S, mut batches: mpsc::Receiver<OutBatch>, ct
                     core.handle_sent(now());
                 }
                 Some(Err(e)) => {
+                    // Go-back-N: every unconfirmed batch goes again, so the
+                    // confirmations of their first sends no longer count.
+                    confirms.clear();
                     io.failed(&e, sink.name());
                     core.handle_failure(now());
                 }
@@ -802,6 +805,75 @@ mod tests {
             vec![1, 2, 3, 4],
             "each batch released once, in order"
         );
+    }
+
+    /// A scripted sink whose send of one batch fails, once.
+    struct FailsOnce {
+        inner: Scripted,
+        fail: Option<u64>,
+    }
+
+    impl Sink for FailsOnce {
+        async fn send(&mut self, batch: &EncodedBatch) -> Result<Confirm, SinkError> {
+            if self.fail == Some(batch.seq) {
+                self.fail = None;
+                return Err(SinkError::Unavailable("connection lost".into()));
+            }
+            self.inner.send(batch).await
+        }
+
+        fn window(&self) -> usize {
+            self.inner.window
+        }
+
+        fn name(&self) -> &'static str {
+            "fails-once"
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_send_resends_every_unconfirmed_batch_and_forgets_their_first_confirms() {
+        let prior = weir_core::link_estimate::LinkEstimate {
+            bytes_per_sec: 1e6,
+            per_transaction: Duration::from_millis(1),
+        };
+        let (ctx, releases, _ready, _) = context(prior);
+        let (sends_tx, mut sends) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(16);
+        let sink = FailsOnce {
+            inner: Scripted {
+                window: 4,
+                sends: sends_tx,
+            },
+            fail: Some(3),
+        };
+        let handle = tokio::spawn(run(sink, rx, ctx));
+        for seq in 1..=3 {
+            tx.send(batch(seq)).await.unwrap();
+        }
+        // 1 and 2 are sent and unconfirmed when 3's send fails.
+        let first = vec![next(&mut sends).await, next(&mut sends).await];
+        let mut again = Vec::new();
+        for _ in 0..3 {
+            again.push(next(&mut sends).await);
+        }
+        assert_eq!(
+            again.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+            vec![1, 2, 3],
+            "go-back-N, in sending order"
+        );
+        // The first sends' confirmations fail late (their connection is
+        // gone): they must not count for the second sends.
+        drop(first);
+        for (_, c) in again {
+            c.send(Ok(())).unwrap();
+        }
+        drop(tx);
+        tokio::time::timeout(Duration::from_secs(5), handle)
+            .await
+            .expect("the loop finishes once the resent batches are confirmed")
+            .unwrap();
+        assert_eq!(*releases.0.lock().unwrap(), vec![1, 2, 3]);
     }
 
     #[tokio::test(start_paused = true)]
