@@ -122,8 +122,6 @@ pub enum Event<T> {
     Fit(LinkEstimate),
     /// The estimate to act on changed (for the scheduler and compression).
     Link(LinkEstimate),
-    /// The link's queue, in time ([`QueueWatch::queue`]).
-    Queue(Duration),
     /// The batch size the pipe asks the scheduler for changed ([`pipe`]).
     BatchBytes(u64),
     /// The uplink estimator could not start: the prior stands.
@@ -142,6 +140,8 @@ pub struct Measures {
     pub saturated: u32,
     /// Whether the link holds a queue ([`QueueWatch::queued`]).
     pub queued: bool,
+    /// The link's queue, in time ([`QueueWatch::queue`]).
+    pub queue: Duration,
     /// Bytes the pipe allows in flight.
     pub pipe_bytes: u64,
     /// The batch size the pipe asks for.
@@ -393,7 +393,7 @@ impl<T> Delivery<T> {
         self.retry_at = None;
         let pending = self.todo.pop_front().expect("not empty");
         self.clock.sent(now, pending.bytes, &self.link);
-        let pipe = self.pipe.sent(now, pending.bytes, self.flight.is_empty());
+        let pipe = self.pipe.sent(now, self.flight.is_empty());
         self.sending = true;
         self.flight.push_back(InFlight {
             pending,
@@ -454,7 +454,6 @@ impl<T> Delivery<T> {
         self.backoff = RETRY_INITIAL;
         self.queue
             .confirmed(now, confirm, bytes, self.params.link_prior.bytes_per_sec);
-        self.events.push_back(Event::Queue(self.queue.queue()));
         self.carried
             .confirmed(now, bytes, now.saturating_sub(done.started));
         self.learn(now, bytes, link_time);
@@ -468,6 +467,7 @@ impl<T> Delivery<T> {
             acted: self.link,
             saturated: self.timer.saturated(),
             queued: self.queue.queued(),
+            queue: self.queue.queue(),
             pipe_bytes: self.pipe.in_flight_bytes(),
             batch_bytes: self.pipe.batch_bytes(),
             delivery_rate: self.pipe.delivery_rate().unwrap_or(0.0),

@@ -659,9 +659,54 @@ pub const QUEUE_SPAN: usize = 16;
 /// nodes whose `tbf` queue held 20-40 kB (10-17 ms), 11-25 ms.
 pub const QUEUE_EVIDENCE: Duration = Duration::from_millis(8);
 
-/// Most entries [`QueueWatch`] keeps for its floor (a rising run of round
-/// trips within [`FLOOR_WINDOW`]); past it the oldest go first.
-const FLOOR_ENTRIES: usize = 4096;
+/// Most entries a [`WindowedExtreme`] keeps (a monotonic run of samples
+/// within its window); past it the oldest go first.
+const EXTREME_ENTRIES: usize = 4096;
+
+/// Which extreme a [`WindowedExtreme`] keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Extreme {
+    /// The highest sample of the window.
+    Highest,
+    /// The lowest sample of the window.
+    Lowest,
+}
+
+/// The highest or lowest sample of a sliding time window (BBR's `max_bw`
+/// and `min_rtt` filters): a monotonic queue whose front is the window's
+/// best, each sample pushed and popped once.
+#[derive(Debug, Clone, Default)]
+pub struct WindowedExtreme {
+    /// (when, value), the front the best.
+    samples: VecDeque<(Duration, f64)>,
+}
+
+impl WindowedExtreme {
+    /// Adds `value` at `now`; samples older than `window` leave.
+    pub fn push(&mut self, now: Duration, value: f64, window: Duration, keep: Extreme) {
+        let beaten = |v: f64| match keep {
+            Extreme::Highest => v <= value,
+            Extreme::Lowest => v >= value,
+        };
+        while self.samples.back().is_some_and(|(_, v)| beaten(*v)) {
+            self.samples.pop_back();
+        }
+        self.samples.push_back((now, value));
+        while self.samples.len() > EXTREME_ENTRIES
+            || self
+                .samples
+                .front()
+                .is_some_and(|(t, _)| now.saturating_sub(*t) > window)
+        {
+            self.samples.pop_front();
+        }
+    }
+
+    /// The window's best, if it holds a sample.
+    pub fn best(&self) -> Option<f64> {
+        self.samples.front().map(|(_, v)| *v)
+    }
+}
 
 /// Whether the link holds a queue, from the round trips of confirmed
 /// transactions (send to confirmation, less the transaction's bytes at the
@@ -675,9 +720,8 @@ const FLOOR_ENTRIES: usize = 4096;
 /// link, not the sender, set the pace.
 #[derive(Debug, Clone, Default)]
 pub struct QueueWatch {
-    /// (when, excess-free round trip in seconds), rising: the front is the
-    /// floor.
-    floor: VecDeque<(Duration, f64)>,
+    /// The lowest excess-free round trip, in seconds.
+    floor: WindowedExtreme,
     /// The last [`QUEUE_SPAN`] round trips above the floor, in seconds.
     recent: VecDeque<f64>,
     /// Their median, kept as each confirmation comes (read twice a
@@ -701,19 +745,8 @@ impl QueueWatch {
             0.0
         };
         let rtt = round_trip.as_secs_f64() - transfer;
-        while self.floor.back().is_some_and(|(_, r)| *r >= rtt) {
-            self.floor.pop_back();
-        }
-        self.floor.push_back((now, rtt));
-        while self.floor.len() > FLOOR_ENTRIES
-            || self
-                .floor
-                .front()
-                .is_some_and(|(t, _)| now.saturating_sub(*t) > FLOOR_WINDOW)
-        {
-            self.floor.pop_front();
-        }
-        let floor = self.floor.front().map_or(rtt, |(_, r)| *r);
+        self.floor.push(now, rtt, FLOOR_WINDOW, Extreme::Lowest);
+        let floor = self.floor.best().unwrap_or(rtt);
         self.recent.push_back((rtt - floor).max(0.0));
         if self.recent.len() > QUEUE_SPAN {
             self.recent.pop_front();
@@ -898,8 +931,8 @@ pub const CARRIED_WINDOW: Duration = Duration::from_secs(10);
 /// `C_out` above what the link carries.
 #[derive(Debug, Clone, Default)]
 pub struct CarriedBound {
-    /// (when, bytes per second), falling: the front is the highest.
-    samples: VecDeque<(Duration, f64)>,
+    /// The highest bytes per second.
+    samples: WindowedExtreme,
 }
 
 impl CarriedBound {
@@ -910,24 +943,14 @@ impl CarriedBound {
             return;
         }
         let rate = bytes as f64 / round_trip.as_secs_f64();
-        while self.samples.back().is_some_and(|(_, r)| *r <= rate) {
-            self.samples.pop_back();
-        }
-        self.samples.push_back((now, rate));
-        while self.samples.len() > FLOOR_ENTRIES
-            || self
-                .samples
-                .front()
-                .is_some_and(|(t, _)| now.saturating_sub(*t) > CARRIED_WINDOW)
-        {
-            self.samples.pop_front();
-        }
+        self.samples
+            .push(now, rate, CARRIED_WINDOW, Extreme::Highest);
     }
 
     /// The highest bandwidth the link has shown within the window, bytes
     /// per second (0 without a sample).
     pub fn bound(&self) -> f64 {
-        self.samples.front().map_or(0.0, |(_, r)| *r)
+        self.samples.best().unwrap_or(0.0)
     }
 }
 

@@ -379,7 +379,7 @@ impl App {
             link_prior,
             link: link_tx,
             batch_bytes: batch_bytes_tx,
-            max_in_flight_bytes: crate::memory::pipe_bytes(&cfg, memory_limit.as_ref()),
+            max_in_flight_bytes: crate::memory::pipe_bytes(memory_limit.as_ref()),
             max_batch_bytes: cfg.scheduler.max_batch_bytes as u64,
             metrics: Arc::clone(&metrics),
             // A broker's reconnect pacing is the operator's to set.

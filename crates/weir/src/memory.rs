@@ -61,9 +61,8 @@ pub const PIPE_BYTES: u64 = 32 << 20;
 /// hold, copies included, under a limit.
 const PIPE_SHARE: f64 = 0.25;
 
-/// Most wire bytes the egress keeps unconfirmed for `cfg` under `limit`.
-pub fn pipe_bytes(cfg: &Config, limit: Option<&Limit>) -> u64 {
-    let _ = cfg;
+/// Most wire bytes the egress keeps unconfirmed under `limit`.
+pub fn pipe_bytes(limit: Option<&Limit>) -> u64 {
     match limit {
         None => PIPE_BYTES,
         Some(l) => {
@@ -83,7 +82,7 @@ fn in_flight_bytes(cfg: &Config, limit: Option<&Limit>) -> u64 {
         }
         _ => 0,
     };
-    (pipe_bytes(cfg, limit) + lane) * COPIES_IN_FLIGHT
+    (pipe_bytes(limit) + lane) * COPIES_IN_FLIGHT
 }
 
 /// A warning when `cfg` lets more MQTT devices connect than the memory

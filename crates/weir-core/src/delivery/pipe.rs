@@ -11,8 +11,7 @@
 //!
 //! As BBR does for TCP, the pipe keeps two filters over its confirmations:
 //! the highest *delivery rate* in the last [`RATE_WINDOW`] (bytes confirmed
-//! between a batch's send and its confirmation, over the longer of the
-//! sending and the confirming interval, so that confirms that come in a
+//! over bins of at least [`RATE_BIN`], so that confirms that come in a
 //! bunch do not read as a burst of rate) and the lowest *round trip* in the
 //! last [`RTT_WINDOW`] (send to confirmation). The bytes allowed in flight
 //! are [`PIPE_GAIN`] times their product: while in-flight bytes limit the
@@ -39,7 +38,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use crate::link_estimate::LinkEstimate;
+use crate::link_estimate::{Extreme, LinkEstimate, WindowedExtreme};
 
 /// Bytes in flight per byte of the bandwidth-delay product (BBR's
 /// `cwnd_gain`).
@@ -73,60 +72,24 @@ pub const MIN_PIPE_BATCH: u64 = 64 << 10;
 /// Least relative change of the batch size that is published.
 const PUBLISH_STEP: f64 = 0.125;
 
-/// Most samples a filter keeps.
-const FILTER_ENTRIES: usize = 1024;
-
 /// What the pipe noted of a batch when it was sent.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sent {
-    delivered: u64,
+    /// The last confirmation before the send (the send itself, from idle).
     delivered_at: Duration,
-    first_sent: Duration,
-    sent_at: Duration,
-}
-
-/// A sliding-window extreme: the front is the best of the window.
-#[derive(Debug, Clone, Default)]
-struct Extreme {
-    samples: VecDeque<(Duration, f64)>,
-}
-
-impl Extreme {
-    /// Adds `value` at `now`, keeping the window's best (`better`) at the
-    /// front; samples older than `window` leave.
-    fn push(&mut self, now: Duration, value: f64, window: Duration, better: fn(f64, f64) -> bool) {
-        while self.samples.back().is_some_and(|(_, v)| !better(*v, value)) {
-            self.samples.pop_back();
-        }
-        self.samples.push_back((now, value));
-        while self.samples.len() > FILTER_ENTRIES
-            || self
-                .samples
-                .front()
-                .is_some_and(|(t, _)| now.saturating_sub(*t) > window)
-        {
-            self.samples.pop_front();
-        }
-    }
-
-    fn best(&self) -> Option<f64> {
-        self.samples.front().map(|(_, v)| *v)
-    }
 }
 
 /// The pipe's measures and what follows from them (see the module docs).
 #[derive(Debug, Clone)]
 pub struct Pipe {
-    delivered: u64,
     delivered_at: Duration,
-    first_sent: Duration,
     /// The current bin of confirmed bytes: since when, how many.
     bin: (Duration, u64),
     bin_end: Duration,
     /// The bins of the last [`RATE_WINDOW`]: (end, bytes, span).
     bins: VecDeque<(Duration, u64, Duration)>,
-    rate: Extreme,
-    rtt: Extreme,
+    rate: WindowedExtreme,
+    rtt: WindowedExtreme,
     floor: u64,
     max_in_flight: u64,
     max_batch: u64,
@@ -150,14 +113,12 @@ impl Pipe {
         }
         .min(max_in_flight);
         let mut pipe = Self {
-            delivered: 0,
             delivered_at: Duration::ZERO,
-            first_sent: Duration::ZERO,
             bin: (Duration::ZERO, 0),
             bin_end: Duration::ZERO,
             bins: VecDeque::new(),
-            rate: Extreme::default(),
-            rtt: Extreme::default(),
+            rate: WindowedExtreme::default(),
+            rtt: WindowedExtreme::default(),
             floor,
             max_in_flight,
             max_batch: max_batch.max(1),
@@ -228,19 +189,14 @@ impl Pipe {
         self.rtt.best().map(Duration::from_secs_f64)
     }
 
-    /// A batch of `bytes` is sent at `now`; `idle`: nothing else is in
-    /// flight (the interval of its rate sample starts now, not at the last
-    /// confirmation).
-    pub fn sent(&mut self, now: Duration, _bytes: u64, idle: bool) -> Sent {
+    /// A batch is sent at `now`; `idle`: nothing else is in flight (a rate
+    /// bin it opens starts now, not at the last confirmation).
+    pub fn sent(&mut self, now: Duration, idle: bool) -> Sent {
         if idle {
             self.delivered_at = now;
-            self.first_sent = now;
         }
         Sent {
-            delivered: self.delivered,
             delivered_at: self.delivered_at,
-            first_sent: self.first_sent,
-            sent_at: now,
         }
     }
 
@@ -254,7 +210,6 @@ impl Pipe {
         sent: &Sent,
         round_trip: Duration,
     ) -> Option<u64> {
-        self.delivered += bytes;
         // Rates over bins of at least RATE_BIN: a broker confirms in
         // bunches (a durable queue's fsyncs), and a rate between two
         // bunches reads several times what it carries (560 MB/s on
@@ -268,7 +223,7 @@ impl Pipe {
         let span = now.saturating_sub(self.bin.0);
         if span >= RATE_BIN {
             let rate = self.bin.1 as f64 / span.as_secs_f64();
-            self.rate.push(now, rate, RATE_WINDOW, |a, b| a > b);
+            self.rate.push(now, rate, RATE_WINDOW, Extreme::Highest);
             self.bins.push_back((now, self.bin.1, span));
             while self
                 .bins
@@ -282,10 +237,9 @@ impl Pipe {
         }
         if !round_trip.is_zero() {
             self.rtt
-                .push(now, round_trip.as_secs_f64(), RTT_WINDOW, |a, b| a < b);
+                .push(now, round_trip.as_secs_f64(), RTT_WINDOW, Extreme::Lowest);
         }
         self.delivered_at = now;
-        self.first_sent = sent.sent_at;
         if let (Some(rate), Some(rtt)) = (self.rate.best(), self.rtt.best()) {
             let horizon = match self.horizon == Duration::MAX {
                 true => 0.0,
@@ -313,7 +267,6 @@ impl Pipe {
     /// an interval afresh.
     pub fn restart(&mut self) {
         self.delivered_at = Duration::ZERO;
-        self.first_sent = Duration::ZERO;
     }
 }
 
@@ -342,7 +295,7 @@ mod tests {
         while now < Duration::from_secs(seconds) {
             while in_flight < pipe.in_flight_bytes() {
                 let b = pipe.batch_bytes();
-                let s = pipe.sent(now, b, flight.is_empty());
+                let s = pipe.sent(now, flight.is_empty());
                 free_at = free_at.max(now) + Duration::from_secs_f64(b as f64 / rate);
                 flight.push_back((free_at + rtt, now, b, s));
                 in_flight += b;
@@ -390,7 +343,7 @@ mod tests {
     #[test]
     fn the_memory_share_caps_the_pipe() {
         let mut p = Pipe::new(&prior(), 1 << 20, 4 << 20);
-        let s = p.sent(Duration::ZERO, 1 << 20, true);
+        let s = p.sent(Duration::ZERO, true);
         p.confirmed(MS * 100, 1 << 30, &s, MS * 100);
         assert_eq!(p.in_flight_bytes(), 1 << 20);
         assert_eq!(p.batch_bytes(), 256 << 10);
@@ -401,9 +354,7 @@ mod tests {
         // Ten batches sent 10 ms apart, all confirmed at the same instant:
         // the rate is over the sending interval, not zero time.
         let mut p = Pipe::new(&prior(), 64 << 20, 4 << 20);
-        let sent: Vec<Sent> = (0..10u32)
-            .map(|i| p.sent(MS * 10 * i, 100_000, i == 0))
-            .collect();
+        let sent: Vec<Sent> = (0..10u32).map(|i| p.sent(MS * 10 * i, i == 0)).collect();
         for s in &sent {
             p.confirmed(MS * 120, 100_000, s, MS * 30);
         }

@@ -258,7 +258,6 @@ impl Io {
             Event::Link(acted) => {
                 self.ctx.link.send_replace(acted);
             }
-            Event::Queue(q) => m.set_link_queue(q),
             Event::BatchBytes(b) => {
                 self.ctx.batch_bytes.send_replace(b);
             }

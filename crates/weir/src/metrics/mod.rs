@@ -427,6 +427,7 @@ impl Metrics {
             .set(i64::try_from(d.batch_bytes).unwrap_or(i64::MAX));
         self.delivery_rate.set(d.delivery_rate);
         self.round_trip.set(d.round_trip.as_secs_f64());
+        self.set_link_queue(d.queue);
     }
 
     /// The uplink's queue: the recent round trips above the floor
