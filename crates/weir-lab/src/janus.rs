@@ -359,36 +359,23 @@ struct Collected {
     wire_records: u64,
 }
 
-/// Every distinct (origin, seq) in the batch files under `dirs`, the
+/// Every distinct (origin, seq) in the segments under `dirs`, the
 /// number of duplicates and the bytes on the wire.
 fn collect(dirs: &[PathBuf], extra_us: u64) -> anyhow::Result<Collected> {
     let mut seen: HashMap<(u64, u64), Delivered> = HashMap::new();
     let mut dups = 0;
     let (mut wire_bytes, mut wire_records) = (0u64, 0u64);
     for dir in dirs {
-        let Ok(rd) = std::fs::read_dir(dir) else {
-            continue;
+        let batches = match weir::egress::file::read_batches(dir, MAX_BATCH_FILE) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e.into()),
         };
-        for e in rd {
-            let path = e?.path();
-            if path
-                .extension()
-                .is_none_or(|x| x != weir::egress::file::EXTENSION)
-            {
-                continue;
-            }
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            let encoding = name.split('.').nth(1).unwrap_or("identity");
-            let mtime = std::fs::metadata(&path)?
-                .modified()?
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_micros() as u64
-                + extra_us;
-            let body = std::fs::read(&path)?;
-            let batch = weir_proto::decode_batch(&body, encoding, MAX_BATCH_FILE)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-            wire_bytes += body.len() as u64;
+        for weir::egress::file::ReadBatch { frame, batch, .. } in batches {
+            // Delivered when its frame was written (after the emulated
+            // link carried it, before the segment's sync).
+            let at = frame.written_us + extra_us;
+            wire_bytes += frame.len as u64;
             wire_records += batch.records.len() as u64;
             for r in batch.records {
                 let Some(class) = CLASSES.iter().position(|(c, _)| *c == r.class) else {
@@ -396,8 +383,8 @@ fn collect(dirs: &[PathBuf], extra_us: u64) -> anyhow::Result<Collected> {
                 };
                 let d = Delivered {
                     class,
-                    latency_ms: mtime.saturating_sub(r.ingress_us) as f64 / 1e3,
-                    at_us: mtime,
+                    latency_ms: at.saturating_sub(r.ingress_us) as f64 / 1e3,
+                    at_us: at,
                     in_weir_ms: None,
                 };
                 match seen.get_mut(&(r.origin, r.seq)) {

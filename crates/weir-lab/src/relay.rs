@@ -128,7 +128,7 @@ impl Relay {
         record_bytes: u64,
         interval: Duration,
     ) -> anyhow::Result<RelayRun> {
-        let before_files = batch_files(&self.dir)?.len();
+        let before = batch_sizes(&self.dir)?.len();
         let target = self.forwarded() + u64::from(records);
         let payload = Bytes::from(vec![0x5a; record_bytes as usize]);
         let ingress = std::sync::Arc::clone(&self.app.ingress);
@@ -153,15 +153,12 @@ impl Relay {
         .await
         .context("weir did not deliver the job within two minutes")?;
         producer.await.context("the producer panicked")??;
-        let files = batch_files(&self.dir)?;
-        let mut batches = Vec::new();
-        for f in &files[before_files.min(files.len())..] {
-            batches.push(records_in(f)?);
-        }
+        let mut batches = batch_sizes(&self.dir)?;
+        batches.drain(..before.min(batches.len()));
         Ok(RelayRun { wall, batches })
     }
 
-    /// Drains and stops weir, then removes the batch files.
+    /// Drains and stops weir, then removes its segments.
     pub async fn stop(self) -> anyhow::Result<()> {
         self.app.shutdown(Duration::from_secs(10)).await;
         std::fs::remove_dir_all(&self.dir)
@@ -177,28 +174,11 @@ pub fn forwarded_total(text: &str) -> u64 {
         .sum::<f64>() as u64
 }
 
-/// Batch files in `dir`, in sending order (the names sort so).
-fn batch_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("cannot list {}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.extension()
-                .is_some_and(|x| x == weir::egress::file::EXTENSION)
-        })
-        .collect();
-    files.sort();
-    Ok(files)
-}
-
-/// Records in one batch file (`<node>-<seq>.<encoding>.weirbatch`).
-fn records_in(path: &Path) -> anyhow::Result<usize> {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    let encoding = name.split('.').nth(1).unwrap_or("identity");
-    let body = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let batch = weir_proto::decode_batch(&body, encoding, MAX_BATCH_FILE)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    Ok(batch.records.len())
+/// Records in each batch in `dir`'s segments, in sending order.
+fn batch_sizes(dir: &Path) -> anyhow::Result<Vec<usize>> {
+    let batches = weir::egress::file::read_batches(dir, MAX_BATCH_FILE)
+        .with_context(|| format!("cannot read the segments in {}", dir.display()))?;
+    Ok(batches.iter().map(|b| b.batch.records.len()).collect())
 }
 
 #[cfg(test)]

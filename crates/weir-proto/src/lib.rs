@@ -9,12 +9,16 @@
 //!   [`codec::decompress`] for their `identity`, `gzip` and `zstd`
 //!   encodings (decoding capped against compression bombs).
 //! - [`writer`]: [`writer::encode_records`], the same body from borrowed
-//!   records (the egress's hot path), aligned for direct I/O.
+//!   records (the egress's hot path), placed for direct I/O.
+//! - [`segment`]: the file egress's segment files (frames of batches) and
+//!   their reader.
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for gRPC reflection.
 
 pub mod codec;
 
 pub mod pb;
+
+pub mod segment;
 
 pub mod writer;
 
@@ -22,7 +26,7 @@ pub use codec::{
     compress, decode_batch, decompress, encode_batch, CompressError, DecodeError, Encoding,
     CONTENT_TYPE,
 };
-pub use writer::{encode_records, RecordRef, BODY_ALIGN};
+pub use writer::{encode_records, RecordRef, BODY_ALIGN, BODY_OFFSET};
 
 /// Encoded `FileDescriptorSet` of every weir proto, for server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

@@ -8,17 +8,24 @@
 //! class names and payloads in one exact-size allocation, so each payload
 //! is copied once, into the body.
 //!
-//! The body starts on a [`BODY_ALIGN`] boundary, so the file egress can
-//! hand it to an `O_DIRECT` write without copying it again.
+//! The body starts [`BODY_OFFSET`] bytes past a [`BODY_ALIGN`] boundary:
+//! the file egress puts a segment frame's header
+//! ([`crate::segment::HEADER_LEN`] bytes) in front of it, and everything
+//! after the first block goes to an `O_DIRECT` write without being copied
+//! again.
 
 use std::borrow::Cow;
 
 use bytes::{BufMut, Bytes};
 use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};
 
-/// Alignment of an encoded body's first byte: the largest logical block
-/// size in common use.
-pub const BODY_ALIGN: usize = 4096;
+/// Alignment the body is placed against: the largest logical block size in
+/// common use.
+pub const BODY_ALIGN: usize = crate::segment::BLOCK;
+
+/// Where an encoded body's first byte sits past a [`BODY_ALIGN`] boundary:
+/// room for a segment frame's header.
+pub const BODY_OFFSET: usize = crate::segment::HEADER_LEN;
 
 /// One record as [`encode_records`] borrows it.
 #[derive(Debug, Clone, Copy)]
@@ -87,7 +94,8 @@ fn key_of<'a>(r: &RecordRef<'a>) -> Cow<'a, str> {
 }
 
 /// Encodes a `weir.v1.Batch` (no padding) of `records`, each read through
-/// `view`, into a body aligned to [`BODY_ALIGN`]. The bytes are what prost
+/// `view`, into a body starting [`BODY_OFFSET`] bytes past a [`BODY_ALIGN`]
+/// boundary. The bytes are what prost
 /// encodes for the equivalent [`pb::Batch`](crate::pb::Batch).
 pub fn encode_records<'a, T>(
     node: u64,
@@ -105,8 +113,8 @@ pub fn encode_records<'a, T>(
         let len = record_len(&key_of(&r), &r);
         total += 1 + encoded_len_varint(len as u64) + len;
     }
-    let mut buf: Vec<u8> = Vec::with_capacity(total + BODY_ALIGN - 1);
-    let start = buf.as_ptr().align_offset(BODY_ALIGN);
+    let mut buf: Vec<u8> = Vec::with_capacity(total + BODY_ALIGN - 1 + BODY_OFFSET);
+    let start = buf.as_ptr().align_offset(BODY_ALIGN) + BODY_OFFSET;
     buf.resize(start, 0);
     put_varint_field(&mut buf, 1, node);
     put_varint_field(&mut buf, 2, batch_seq);
@@ -205,7 +213,7 @@ mod tests {
             };
             let ours = encode_records(node, seq, created, &records, view);
             prop_assert_eq!(&ours[..], &pb.encode_to_vec()[..]);
-            prop_assert_eq!(ours.as_ptr() as usize % BODY_ALIGN, 0);
+            prop_assert_eq!(ours.as_ptr() as usize % BODY_ALIGN, BODY_OFFSET);
             prop_assert_eq!(pb::Batch::decode(ours).unwrap(), pb);
         }
     }

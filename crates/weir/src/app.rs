@@ -91,8 +91,9 @@ pub enum AppError {
         #[source]
         source: std::io::Error,
     },
-    /// The file egress's directory could not be created.
-    #[error("cannot create the batch directory {} (egress.file.dir): {source}", dir.display())]
+    /// The file egress could not start in its directory (not creatable,
+    /// or another process writes this node's segments there).
+    #[error("cannot write segments in {} (egress.file.dir): {source}", dir.display())]
     BatchDir {
         /// The configured directory.
         dir: std::path::PathBuf,
@@ -395,7 +396,7 @@ impl App {
         };
         let egress = match &cfg.egress.sink {
             EgressSink::File(f) => {
-                let sink = FileSink::new(&f.dir).map_err(|source| AppError::BatchDir {
+                let sink = FileSink::new(f, cfg.node.id).map_err(|source| AppError::BatchDir {
                     dir: f.dir.clone(),
                     source,
                 })?;

@@ -100,14 +100,15 @@ enum Command {
     /// and --state a restart, even after kill -9, hands no record on
     /// twice. The format: docs/consuming.md.
     Consume(ConsumeArgs),
-    /// Print the records of a batch (a batch file, or an AMQP message body
-    /// on stdin with `-`).
+    /// Print the records of the file egress's segment files (every batch
+    /// in it), a single batch body, or an AMQP message body on stdin with
+    /// `-`.
     Decode {
-        /// Batch file, or `-` for stdin.
+        /// Segment file, batch body file, or `-` for stdin.
         file: PathBuf,
-        /// The body's content encoding (`identity`, `gzip`, `zstd`); by
-        /// default taken from the file name
-        /// (`<node>-<seq>.<encoding>.weirbatch`), else `identity`.
+        /// A batch body's content encoding (`identity`, `gzip`, `zstd`);
+        /// segments carry each batch's own. By default taken from a
+        /// `<node>-<seq>.<encoding>.weirbatch` name, else `identity`.
         #[arg(long)]
         encoding: Option<String>,
         /// Refuse batches that decode to more than this many bytes; a
@@ -170,7 +171,8 @@ struct ConsumeArgs {
 
 fn decode(file: &std::path::Path, encoding: Option<String>, max_size: usize) -> anyhow::Result<()> {
     use anyhow::Context;
-    use std::io::{Read, Write};
+    use std::io::Read;
+    use weir_proto::segment;
     let body = if file.as_os_str() == "-" {
         let mut b = Vec::new();
         std::io::stdin()
@@ -180,6 +182,31 @@ fn decode(file: &std::path::Path, encoding: Option<String>, max_size: usize) -> 
     } else {
         std::fs::read(file).with_context(|| format!("reading {}", file.display()))?
     };
+    let mut out = std::io::stdout().lock();
+    if encoding.is_none() && body.starts_with(&segment::MAGIC) {
+        // A segment: every batch in it.
+        let seg = segment::read(&body);
+        for f in &seg.frames {
+            let batch = weir_proto::decode_batch(f.body, f.header.encoding.as_str(), max_size)
+                .with_context(|| {
+                    format!(
+                        "decoding the batch at offset {} of {}",
+                        f.offset,
+                        file.display()
+                    )
+                })?;
+            print_batch(&mut out, &batch, Some(&f.header))?;
+        }
+        for r in &seg.damaged {
+            eprintln!(
+                "weir decode: {}: bytes {}..{} hold no intact batch (torn by a crash or damaged); skipped",
+                file.display(),
+                r.start,
+                r.end
+            );
+        }
+        return Ok(());
+    }
     let encoding = encoding.unwrap_or_else(|| {
         // `<node>-<seq>.<encoding>.weirbatch`
         let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
@@ -191,8 +218,16 @@ fn decode(file: &std::path::Path, encoding: Option<String>, max_size: usize) -> 
     });
     let batch = weir_proto::decode_batch(&body, &encoding, max_size)
         .with_context(|| format!("decoding {}", file.display()))?;
-    let mut out = std::io::stdout().lock();
-    writeln!(
+    Ok(print_batch(&mut out, &batch, None)?)
+}
+
+/// One batch's line and its records' lines.
+fn print_batch(
+    out: &mut impl std::io::Write,
+    batch: &weir_proto::pb::Batch,
+    frame: Option<&weir_proto::segment::FrameHeader>,
+) -> std::io::Result<()> {
+    write!(
         out,
         "batch node={} seq={} created_us={} records={}",
         batch.node,
@@ -200,6 +235,16 @@ fn decode(file: &std::path::Path, encoding: Option<String>, max_size: usize) -> 
         batch.created_us,
         batch.records.len()
     )?;
+    if let Some(h) = frame {
+        write!(
+            out,
+            " written_us={} encoding={} bytes={}",
+            h.written_us,
+            h.encoding.as_str(),
+            h.len
+        )?;
+    }
+    writeln!(out)?;
     for r in &batch.records {
         writeln!(
             out,

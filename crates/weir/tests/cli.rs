@@ -178,6 +178,52 @@ fn sigterm_shuts_down_cleanly_and_batches_decode() {
     assert!(text.contains("seq=77"), "{text}");
     assert!(text.contains(r#"payload="hi\x00\xff""#), "{text}");
 
+    // A segment: every batch in it, each in its own encoding; a torn tail
+    // (a crash while it was written) is reported and skipped.
+    let mut seg = Vec::new();
+    for (seq, encoding) in [
+        (9u64, weir_proto::Encoding::Identity),
+        (10, weir_proto::Encoding::Zstd),
+    ] {
+        let plain = weir_proto::encode_batch(&weir_proto::pb::Batch {
+            batch_seq: seq,
+            ..batch.clone()
+        });
+        let body = weir_proto::compress(&plain, encoding, 3).unwrap();
+        let header = weir_proto::segment::FrameHeader {
+            encoding,
+            len: body.len(),
+            batch_seq: seq,
+            written_us: 3,
+        };
+        let start = seg.len();
+        seg.extend_from_slice(&header.encode(&body));
+        seg.extend_from_slice(&body);
+        seg.resize(start + weir_proto::segment::frame_len(body.len()), 0);
+    }
+    seg.extend_from_slice(b"WRF1 torn");
+    let path = dir.join("5-00000000000000000009.weirseg");
+    std::fs::write(&path, &seg).unwrap();
+    let out = Command::new(WEIR)
+        .args(["decode", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("batch ")).collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(
+        lines[0].contains("seq=9 ") && lines[0].contains("encoding=identity"),
+        "{text}"
+    );
+    assert!(
+        lines[1].contains("seq=10 ") && lines[1].contains("encoding=zstd"),
+        "{text}"
+    );
+    assert_eq!(text.matches(r#"payload="hi\x00\xff""#).count(), 2, "{text}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("hold no intact batch"), "{err}");
+
     // From stdin, and garbage is refused with a clear error.
     let mut child = Command::new(WEIR)
         .args(["decode", "-"])
@@ -239,13 +285,9 @@ fn probe_link_measures_the_emulated_uplink_with_empty_batches() {
     assert!(uplink > 0.0, "{text}");
     assert!(text.contains("per-transaction time"), "{text}");
     // Six probe batches, none carrying a record.
-    let files: Vec<_> = std::fs::read_dir(&out_dir).unwrap().collect();
-    assert_eq!(files.len(), 6);
-    for f in files {
-        let body = std::fs::read(f.unwrap().path()).unwrap();
-        let batch = weir_proto::decode_batch(&body, "identity", 1 << 20).unwrap();
-        assert!(batch.records.is_empty());
-    }
+    let batches = weir::egress::file::read_batches(&out_dir, 1 << 20).unwrap();
+    assert_eq!(batches.len(), 6);
+    assert!(batches.iter().all(|b| b.batch.records.is_empty()));
 }
 
 /// Runs weir with `log` (the `[log]` table) and `env` until it is up, stops

@@ -16,7 +16,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -80,25 +80,13 @@ async fn put(ingress: &Intake, stream: &str, i: usize) {
         .expect("queue has room");
 }
 
-/// Every batch file in `dir`: the class names of its records, in order.
+/// Every batch in `dir`'s segments: the class names of its records, in
+/// order.
 fn batches(dir: &Path) -> Vec<Vec<String>> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+    weir::egress::file::read_batches(dir, 64 << 20)
         .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "weirbatch"))
-        .collect();
-    files.sort();
-    files
-        .iter()
-        .map(|f| {
-            let body = std::fs::read(f).unwrap();
-            weir_proto::decode_batch(&body, "identity", 64 << 20)
-                .unwrap()
-                .records
-                .into_iter()
-                .map(|r| r.class)
-                .collect()
-        })
+        .into_iter()
+        .map(|b| b.batch.records.into_iter().map(|r| r.class).collect())
         .collect()
 }
 

@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use super::named::named_enum;
 use super::problems::Problems;
-use super::units::{Auto, Count, HumanDuration, Rate, Written};
+use super::units::{Auto, Count, HumanDuration, Rate, Size, Written};
 use weir_core::NodeId;
 
 /// Files need no running server: a fresh checkout works out of the box.
@@ -49,7 +49,7 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Where batches go (`egress.kind`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum EgressSink {
-    /// `kind = "file"`: one file per batch in a directory.
+    /// `kind = "file"`: segment files of batches in a directory.
     File(FileEgress),
     /// `kind = "amqp"`: publish to RabbitMQ.
     Amqp(AmqpEgress),
@@ -71,11 +71,7 @@ pub(crate) fn egress(p: &mut Problems, raw: RawEgress, classes: &[String]) -> Op
                     "given, but egress.kind is \"file\"; set egress.kind = \"amqp\" to publish to RabbitMQ, or remove [egress.amqp]",
                 );
             }
-            let default = || {
-                Some(FileEgress {
-                    dir: PathBuf::from(EGRESS_DIR),
-                })
-            };
+            let default = || file_egress(p, RawFileEgress::default());
             file.unwrap_or_else(default).map(EgressSink::File)
         }
         "amqp" => {
@@ -128,28 +124,57 @@ pub const EGRESS_DIR: &str = "weir-out";
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawFileEgress {
     pub dir: Option<String>,
+    pub segment_bytes: Option<Written<Size>>,
+    pub segment_age: Option<Written<HumanDuration>>,
 }
 
 /// `[egress.file]`
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileEgress {
-    /// Directory batches are written to (relative to the working directory
-    /// unless absolute).
+    /// Directory the segment files are written to (relative to the working
+    /// directory unless absolute).
     pub dir: PathBuf,
+    /// A segment is sealed and the next one started once it holds this
+    /// many bytes.
+    pub segment_bytes: u64,
+    /// ... or once it is this old, written to or not, so that a reader
+    /// that takes whole sealed segments waits at most this long.
+    pub segment_age: Duration,
 }
+
+/// A segment is sealed at this size: few files, each small enough to read
+/// whole on an edge box.
+pub const FILE_SEGMENT_BYTES: u64 = 64 << 20;
+
+/// ... or at this age: a reader that takes sealed segments sees a light
+/// stream's records within seconds.
+pub const FILE_SEGMENT_AGE: Duration = Duration::from_secs(10);
 
 /// `[egress.file]` checked, or `None` after recording why.
 fn file_egress(p: &mut Problems, raw: RawFileEgress) -> Option<FileEgress> {
     let dir = raw.dir.unwrap_or_else(|| EGRESS_DIR.to_owned());
-    if dir.is_empty() {
+    let dir_problem = dir.is_empty();
+    if dir_problem {
         p.push(
             "egress.file.dir",
             "must not be empty; use \".\" for the working directory",
         );
+    }
+    let segment_bytes = p.positive_size_u64(
+        "egress.file.segment_bytes",
+        raw.segment_bytes,
+        FILE_SEGMENT_BYTES,
+        u64::MAX,
+    );
+    let segment_age =
+        p.positive_duration("egress.file.segment_age", raw.segment_age, FILE_SEGMENT_AGE);
+    if dir_problem {
         return None;
     }
     Some(FileEgress {
         dir: PathBuf::from(dir),
+        segment_bytes: segment_bytes?,
+        segment_age: segment_age?,
     })
 }
 

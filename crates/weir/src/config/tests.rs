@@ -126,7 +126,9 @@ fn empty_file_gives_the_defaults() {
     assert_eq!(
         c.egress.sink,
         EgressSink::File(FileEgress {
-            dir: "weir-out".into()
+            dir: "weir-out".into(),
+            segment_bytes: 64 << 20,
+            segment_age: Duration::from_secs(10),
         })
     );
     assert_eq!(c.egress.link, None);

@@ -29,7 +29,8 @@ pub struct EncodedBatch {
 /// then compresses it when the chooser says it pays).
 ///
 /// The body is written straight from the records (no intermediate
-/// `pb::Batch`) and starts on a [`weir_proto::BODY_ALIGN`] boundary.
+/// `pb::Batch`) and starts [`weir_proto::BODY_OFFSET`] bytes past a
+/// [`weir_proto::BODY_ALIGN`] boundary, where the file egress wants it.
 pub fn encode(node: NodeId, classes: &ClassSet, batch: &OutBatch) -> EncodedBatch {
     let body = weir_proto::encode_records(node, batch.seq, unix_micros(), &batch.records, |r| {
         RecordRef {

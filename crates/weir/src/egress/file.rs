@@ -1,195 +1,530 @@
-//! File egress: one file per batch in a directory, the embedded default so
-//! weir relays with nothing else installed.
+//! File egress: batches appended to segment files in a directory, the
+//! embedded default so weir relays with nothing else installed.
 //!
-//! Each batch is written to a temporary name, synced, then renamed into
-//! place and the directory synced, so a reader never sees a partial batch
-//! and a confirmed batch survives a power cut. Names sort in sending order:
-//! `<node>-<batch seq, 20 digits>.<encoding>.weirbatch`; `weir decode`
-//! reads them back.
+//! One writer thread owns the segment being written,
+//! `<node>-<first batch seq, 20 digits>.weirseg.open`. It appends each
+//! batch as a frame ([`weir_proto::segment`]: header with a CRC-32C, body,
+//! zeros up to the next 4 KiB), and confirms the batches it has written
+//! with one `fdatasync` for all of them (group commit: while one sync runs,
+//! the next batches queue up and share the next one). A confirmed batch
+//! survives a power cut. A segment is sealed, renamed to `….weirseg` with
+//! the directory synced, once it holds `segment_bytes` or is `segment_age`
+//! old; every batch in a sealed segment is confirmed. Names sort in sending
+//! order. `weir decode` reads segments; docs/consuming.md has the format.
 //!
-//! Up to [`WINDOW`] batches are written and synced at once (the disk works
-//! on several while one syncs), but they are renamed into place strictly
-//! in order: batch `n` appears only after batch `n - 1` has, so a reader
-//! that follows the names never skips one. A batch whose write failed is
-//! sent again with everything after it, under the same name.
+//! Frames go to the disk without the page cache (`O_DIRECT`) where the
+//! filesystem allows it: every batch is synced anyway, and under a
+//! sustained stream a buffered write spends most of its CPU in page-cache
+//! reclaim and dirty throttling (1.6 ms of CPU per MiB against 0.35 ms
+//! direct; docs/benchmarks.md). weir's batch encoder leaves room for the
+//! frame header in front of the body ([`weir_proto::BODY_OFFSET`]), so the
+//! header and the body's first bytes fill the first block from a small
+//! aligned buffer, the body's whole blocks go from memory to disk without a
+//! copy, and its last partial block is copied and padded. A filesystem that
+//! refuses direct I/O (EINVAL) gets buffered writes from then on, with one
+//! log line.
 //!
-//! The write bypasses the page cache (`O_DIRECT`) where the filesystem
-//! allows it: every batch is synced anyway, and under a sustained stream a
-//! buffered write spends most of its CPU in page-cache reclaim and dirty
-//! throttling (1.6 ms of CPU per MiB here against 0.35 ms direct; see
-//! docs/benchmarks.md). weir's batch encoder aligns the body on
-//! 4 KiB, so all its whole blocks go from memory to disk without a copy;
-//! the last partial block is copied into an aligned buffer, written padded
-//! to the block size, and the file cut back to the body's length before
-//! the sync. A filesystem that refuses direct I/O
-//! (EINVAL: tmpfs on older kernels, some network filesystems) gets the
-//! buffered write from then on, with one log line.
+//! A failed write or sync fails that batch and every later one already
+//! queued; the segment is sealed at its last confirmed frame (removed if it
+//! has none), and the delivery loop's resend of the failed batch starts a
+//! new segment. A segment left open by a crash is sealed at the next start,
+//! cut after its last intact frame.
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+use weir_core::NodeId;
+use weir_proto::segment::{self, FrameHeader, BLOCK, HEADER_LEN, OPEN_SUFFIX};
 
 use super::batch::EncodedBatch;
 use super::sink::{Confirm, Sink, SinkError};
+use crate::clock::unix_micros;
+use crate::config::FileEgress;
+use crate::spool::files::{create_dir_durable, lock_file, sync_dir};
 
-/// File name extension of a batch file.
-pub const EXTENSION: &str = "weirbatch";
+/// Batches sent and not yet confirmed, at most: enough to fill a sync's
+/// time with the next group's writes.
+pub const WINDOW: usize = 16;
 
-/// Alignment of a direct write's buffer, offset and length: the largest
-/// logical block size in common use.
-const ALIGN: usize = 4096;
-
-/// Batches written and synced at once.
-pub const WINDOW: usize = 4;
-
-/// Writes batches into a directory.
+/// Writes batches into segment files in a directory.
 #[derive(Debug)]
 pub struct FileSink {
-    dir: PathBuf,
-    /// Idle writers (each with its aligned buffer), shared with the
-    /// blocking tasks that write.
-    writers: Arc<Mutex<Vec<Writer>>>,
-    /// Still trying `O_DIRECT` (false once the filesystem refused it).
-    direct: Arc<AtomicBool>,
+    jobs: Option<mpsc::Sender<Job>>,
+    writer: Option<std::thread::JoinHandle<()>>,
+    /// Held while this sink writes the node's segments.
+    _lock: File,
+}
+
+/// One batch for the writer thread, and where its outcome goes.
+#[derive(Debug)]
+struct Job {
+    batch: EncodedBatch,
+    done: oneshot::Sender<Result<(), String>>,
+}
+
+/// How segments are cut.
+#[derive(Debug, Clone, Copy)]
+pub struct Rolling {
+    /// Seal a segment once it holds this many bytes.
+    pub bytes: u64,
+    /// ... or once it is this old.
+    pub age: Duration,
 }
 
 impl FileSink {
-    /// Creates `dir` if needed.
-    pub fn new(dir: impl Into<PathBuf>) -> std::io::Result<Self> {
-        let dir = dir.into();
-        std::fs::create_dir_all(&dir)?;
+    /// Creates `cfg.dir` if needed (durably), seals the segments of `node` a crash
+    /// left open there, and starts the writer thread.
+    pub fn new(cfg: &FileEgress, node: NodeId) -> std::io::Result<Self> {
+        let rolling = Rolling {
+            bytes: cfg.segment_bytes,
+            age: cfg.segment_age,
+        };
+        Self::with_rolling(&cfg.dir, node, rolling)
+    }
+
+    /// [`FileSink::new`] with the directory and rolling given directly.
+    ///
+    /// Fails with `WouldBlock` while another process writes `node`'s
+    /// segments in `dir` (it holds `dir/.weir-<node>.lock`).
+    pub fn with_rolling(dir: &Path, node: NodeId, rolling: Rolling) -> std::io::Result<Self> {
+        // Synced in its parent: a power cut must not take the directory
+        // with the segments synced into it.
+        create_dir_durable(dir)?;
+        let lock = lock_file(&dir.join(format!(".weir-{node}.lock"))).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("another process writes node {node}'s segments here (it holds .weir-{node}.lock)"),
+                )
+            } else {
+                e
+            }
+        })?;
+        recover(dir, node)?;
+        let (tx, rx) = mpsc::channel();
+        let mut writer = Writer {
+            dir: dir.to_owned(),
+            node,
+            rolling,
+            open: None,
+            direct: true,
+            failed: None,
+            scratch: Vec::new(),
+        };
+        let handle = std::thread::Builder::new()
+            .name("weir-file-egress".into())
+            .spawn(move || writer.run(&rx))?;
         Ok(FileSink {
-            dir,
-            writers: Arc::default(),
-            direct: Arc::new(AtomicBool::new(true)),
+            jobs: Some(tx),
+            writer: Some(handle),
+            _lock: lock,
         })
     }
+}
 
-    /// The file a batch goes to.
-    pub fn path_of(&self, batch: &EncodedBatch) -> PathBuf {
-        self.dir.join(format!(
-            "{}-{:020}.{}.{EXTENSION}",
-            batch.node,
-            batch.seq,
-            batch.encoding.as_str()
-        ))
+impl Drop for FileSink {
+    /// Stops the writer, which seals the open segment.
+    fn drop(&mut self) {
+        self.jobs = None;
+        if let Some(h) = self.writer.take() {
+            let _ = h.join();
+        }
     }
 }
 
-/// Renames `tmp` to `path` and syncs the directory, so the name survives a
-/// power cut too.
-fn publish(tmp: &Path, path: &Path) -> std::io::Result<()> {
-    std::fs::rename(tmp, path)?;
-    File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
+/// The path of `node`'s segment starting at `first_seq`, sealed or open.
+pub fn segment_path(dir: &Path, node: NodeId, first_seq: u64, open: bool) -> PathBuf {
+    let suffix = if open { OPEN_SUFFIX } else { "" };
+    dir.join(format!(
+        "{node}-{first_seq:020}.{}{suffix}",
+        segment::EXTENSION
+    ))
 }
 
-/// Writes one batch file at a time; owns the aligned buffer direct writes
-/// need.
-#[derive(Debug, Default)]
+/// Seals every segment of `node` left open in `dir` (a crash, a power
+/// cut): cut after its last intact frame, renamed, the directory synced.
+/// One with no intact frame is removed.
+fn recover(dir: &Path, node: NodeId) -> std::io::Result<()> {
+    let prefix = format!("{node}-");
+    let mut changed = false;
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some(sealed) = name.strip_suffix(OPEN_SUFFIX) else {
+            continue;
+        };
+        if !name.starts_with(&prefix) || !segment::is_segment_name(name) {
+            continue;
+        }
+        let bytes = std::fs::read(&path)?;
+        let seg = segment::read(&bytes);
+        changed = true;
+        if seg.frames.is_empty() {
+            std::fs::remove_file(&path)?;
+            tracing::info!(segment = %path.display(), "removed a segment left open with no complete batch");
+            continue;
+        }
+        let f = OpenOptions::new().write(true).open(&path)?;
+        f.set_len(seg.end as u64)?;
+        f.sync_all()?;
+        std::fs::rename(&path, dir.join(sealed))?;
+        tracing::info!(
+            segment = %dir.join(sealed).display(),
+            batches = seg.frames.len(),
+            cut_bytes = bytes.len() - seg.end,
+            "sealed a segment left open by the last run"
+        );
+    }
+    if changed {
+        sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+/// The segment being written.
+#[derive(Debug)]
+struct OpenSegment {
+    file: File,
+    first_seq: u64,
+    opened: Instant,
+    /// Bytes written (frames end here).
+    len: u64,
+    /// Bytes confirmed (synced).
+    synced: u64,
+}
+
+/// The writer thread's state.
+#[derive(Debug)]
 struct Writer {
+    dir: PathBuf,
+    node: NodeId,
+    rolling: Rolling,
+    open: Option<OpenSegment>,
+    /// Still trying `O_DIRECT` (false once the filesystem refused it).
+    direct: bool,
+    /// The batch whose write or sync failed; later batches sent before its
+    /// resend are refused, so a segment holds batches in sending order.
+    failed: Option<u64>,
+    /// Aligned room for a frame's first and last blocks.
     scratch: Vec<u8>,
 }
 
 impl Writer {
-    /// Writes `body` to `tmp` and syncs it: direct while `direct` holds,
-    /// clearing it (and writing through the page cache) when the
-    /// filesystem refuses.
-    fn write_synced(
-        &mut self,
-        tmp: &Path,
-        body: &[u8],
-        direct: &AtomicBool,
-    ) -> std::io::Result<()> {
-        if direct.load(Ordering::Relaxed) {
-            match self.write_direct(tmp, body) {
-                Ok(()) => return Ok(()),
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                    if direct.swap(false, Ordering::Relaxed) {
-                        tracing::info!(
-                            dir = %tmp.parent().unwrap_or(Path::new(".")).display(),
-                            "the filesystem refuses direct I/O; batch files are written through the page cache"
-                        );
+    fn run(&mut self, jobs: &mpsc::Receiver<Job>) {
+        loop {
+            let first = match &self.open {
+                Some(seg) => {
+                    let left = self.rolling.age.saturating_sub(seg.opened.elapsed());
+                    match jobs.recv_timeout(left) {
+                        Ok(job) => job,
+                        Err(RecvTimeoutError::Timeout) => {
+                            self.seal();
+                            continue;
+                        }
+                        Err(RecvTimeoutError::Disconnected) => break,
                     }
-                    self.scratch = Vec::new();
                 }
-                Err(e) => return Err(e),
+                None => match jobs.recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                },
+            };
+            let mut group = Vec::new();
+            for job in std::iter::once(first).chain(jobs.try_iter()) {
+                self.write(job, &mut group);
             }
+            self.commit(group);
         }
-        let mut f = File::create(tmp)?;
-        f.write_all(body)?;
-        f.sync_data()
+        self.seal();
     }
 
-    /// An aligned body (weir's own encoder aligns it) goes to the disk
-    /// straight from memory, all but its last partial block; that tail,
-    /// or the whole of an unaligned body, is copied into the aligned
-    /// scratch buffer first.
-    fn write_direct(&mut self, tmp: &Path, body: &[u8]) -> std::io::Result<()> {
-        let direct_part = if body.as_ptr().align_offset(ALIGN) == 0 {
-            body.len() / ALIGN * ALIGN
-        } else {
-            0
-        };
-        let rest = &body[direct_part..];
-        let padded = rest.len().div_ceil(ALIGN) * ALIGN;
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(tmp)?;
-        f.write_all(&body[..direct_part])?;
-        if padded > 0 {
-            if self.scratch.len() < padded + ALIGN {
-                self.scratch = vec![0; padded + ALIGN];
+    /// Appends one batch's frame, to be confirmed by the group's sync; or
+    /// fails it (and what is written but unsynced before it).
+    fn write(&mut self, job: Job, group: &mut Vec<Job>) {
+        let seq = job.batch.seq;
+        let roll = self
+            .open
+            .as_ref()
+            .is_some_and(|s| s.len >= self.rolling.bytes || s.opened.elapsed() >= self.rolling.age);
+        if roll {
+            // What the group wrote is confirmed in the segment it is in.
+            self.commit(std::mem::take(group));
+            self.seal();
+        }
+        if let Some(failed) = self.failed {
+            if seq > failed {
+                let _ = job.done.send(Err(format!(
+                    "not written: batch {failed} before it failed and is sent again first"
+                )));
+                return;
             }
-            let start = self.scratch.as_ptr().align_offset(ALIGN);
-            let buf = &mut self.scratch[start..start + padded];
-            buf[..rest.len()].copy_from_slice(rest);
-            buf[rest.len()..].fill(0);
-            f.write_all(buf)?;
-            if padded != rest.len() {
-                f.set_len(body.len() as u64)?;
+            self.failed = None;
+        }
+        match self.append(&job.batch) {
+            Ok(()) => group.push(job),
+            Err(e) => {
+                let why = format!("writing batch {seq}: {e}");
+                self.fail(seq, group, &why);
+                let _ = job.done.send(Err(why));
             }
         }
-        f.sync_data()
+    }
+
+    fn append(&mut self, batch: &EncodedBatch) -> std::io::Result<()> {
+        if self.open.is_none() {
+            self.open = Some(self.create(batch.seq)?);
+        }
+        let header = FrameHeader {
+            encoding: batch.encoding,
+            len: batch.body.len(),
+            batch_seq: batch.seq,
+            written_us: unix_micros(),
+        };
+        if batch.body.len() > segment::MAX_BODY {
+            return Err(std::io::Error::other("a batch body over 4 GiB"));
+        }
+        let head = header.encode(&batch.body);
+        let at = self.open.as_ref().expect("opened above").len;
+        match self.write_frame(at, &head, &batch.body) {
+            Err(e) if self.direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                self.direct = false;
+                tracing::info!(
+                    dir = %self.dir.display(),
+                    "the filesystem refuses direct I/O; segments are written through the page cache"
+                );
+                let seg = self.open.as_mut().expect("opened above");
+                seg.file = OpenOptions::new().write(true).open(segment_path(
+                    &self.dir,
+                    self.node,
+                    seg.first_seq,
+                    true,
+                ))?;
+                self.write_frame(at, &head, &batch.body)?;
+            }
+            r => r?,
+        }
+        self.open.as_mut().expect("opened above").len +=
+            segment::frame_len(batch.body.len()) as u64;
+        Ok(())
+    }
+
+    /// Creates the segment starting at `first_seq` and syncs the directory,
+    /// so its name survives a power cut with the batches it confirms.
+    fn create(&mut self, first_seq: u64) -> std::io::Result<OpenSegment> {
+        let path = segment_path(&self.dir, self.node, first_seq, true);
+        let open = |direct: bool| {
+            let mut o = OpenOptions::new();
+            o.write(true).create_new(true);
+            if direct {
+                o.custom_flags(libc::O_DIRECT);
+            }
+            o.open(&path)
+        };
+        let file = match open(self.direct) {
+            Err(e) if self.direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                self.direct = false;
+                tracing::info!(
+                    dir = %self.dir.display(),
+                    "the filesystem refuses direct I/O; segments are written through the page cache"
+                );
+                open(false)?
+            }
+            r => r?,
+        };
+        sync_dir(&self.dir)?;
+        Ok(OpenSegment {
+            file,
+            first_seq,
+            opened: Instant::now(),
+            len: 0,
+            synced: 0,
+        })
+    }
+
+    /// Writes a frame at `at`: the header and the body's first bytes from
+    /// the aligned scratch block, the body's whole blocks straight from
+    /// memory when the encoder placed it so, the rest from scratch, padded.
+    fn write_frame(
+        &mut self,
+        at: u64,
+        head: &[u8; HEADER_LEN],
+        body: &[u8],
+    ) -> std::io::Result<()> {
+        let file = &self.open.as_ref().expect("open while writing").file;
+        let first = BLOCK - HEADER_LEN;
+        let placed = (body.as_ptr() as usize) % BLOCK == HEADER_LEN;
+        let frame = segment::frame_len(body.len());
+        if !placed || body.len() < first {
+            let buf = aligned(&mut self.scratch, frame);
+            buf[..HEADER_LEN].copy_from_slice(head);
+            buf[HEADER_LEN..HEADER_LEN + body.len()].copy_from_slice(body);
+            buf[HEADER_LEN + body.len()..].fill(0);
+            return file.write_all_at(buf, at);
+        }
+        let middle = (body.len() - first) / BLOCK * BLOCK;
+        let tail = &body[first + middle..];
+        let tail_padded = tail.len().div_ceil(BLOCK) * BLOCK;
+        let buf = aligned(&mut self.scratch, BLOCK + tail_padded);
+        buf[..HEADER_LEN].copy_from_slice(head);
+        buf[HEADER_LEN..BLOCK].copy_from_slice(&body[..first]);
+        file.write_all_at(&buf[..BLOCK], at)?;
+        file.write_all_at(&body[first..first + middle], at + BLOCK as u64)?;
+        if tail_padded > 0 {
+            let t = &mut buf[BLOCK..];
+            t[..tail.len()].copy_from_slice(tail);
+            t[tail.len()..].fill(0);
+            file.write_all_at(t, at + (BLOCK + middle) as u64)?;
+        }
+        Ok(())
+    }
+
+    /// Syncs what the group wrote and confirms it; or fails it all.
+    fn commit(&mut self, mut group: Vec<Job>) {
+        let Some(first) = group.first().map(|j| j.batch.seq) else {
+            return;
+        };
+        let seg = self.open.as_mut().expect("a group was written to it");
+        match seg.file.sync_data() {
+            Ok(()) => {
+                seg.synced = seg.len;
+                for job in group {
+                    let _ = job.done.send(Ok(()));
+                }
+            }
+            Err(e) => self.fail(first, &mut group, &format!("syncing: {e}")),
+        }
+    }
+
+    /// A write or sync failed at batch `seq`: the unsynced batches written
+    /// before it fail with it, and the segment is sealed at what was
+    /// confirmed (removed if nothing was).
+    fn fail(&mut self, seq: u64, group: &mut Vec<Job>, why: &str) {
+        let first = group.first().map_or(seq, |j| j.batch.seq);
+        for job in group.drain(..) {
+            let _ = job.done.send(Err(why.to_owned()));
+        }
+        self.failed = Some(first);
+        tracing::warn!(dir = %self.dir.display(), batch = first, error = why, "file egress failed; the batches are sent again");
+        self.seal();
+    }
+
+    /// Seals the open segment at its confirmed length: renamed without
+    /// `.open`, the directory synced; removed if it holds nothing
+    /// confirmed. Errors are logged: its batches are either confirmed
+    /// (and stay readable under the open name) or sent again.
+    fn seal(&mut self) {
+        let Some(seg) = self.open.take() else {
+            return;
+        };
+        let open = segment_path(&self.dir, self.node, seg.first_seq, true);
+        let sealed = segment_path(&self.dir, self.node, seg.first_seq, false);
+        let done = if seg.synced == 0 {
+            std::fs::remove_file(&open)
+        } else {
+            (|| {
+                if seg.len != seg.synced {
+                    seg.file.set_len(seg.synced)?;
+                    seg.file.sync_all()?;
+                }
+                std::fs::rename(&open, &sealed)
+            })()
+        };
+        if let Err(e) = done.and_then(|()| sync_dir(&self.dir)) {
+            tracing::warn!(segment = %open.display(), error = %e, "could not seal the segment; the next start does");
+        }
     }
 }
 
-impl Sink for FileSink {
-    /// Starts writing and syncing the batch on the blocking pool; its
-    /// confirmation renames it into place once written (confirmations are
-    /// awaited in sending order, so renames happen in order).
-    async fn send(&mut self, batch: &EncodedBatch) -> Result<Confirm, SinkError> {
-        let path = self.path_of(batch);
-        let tmp = path.with_extension("tmp");
-        let body = batch.body.clone();
-        let (writers, direct) = (Arc::clone(&self.writers), Arc::clone(&self.direct));
-        let written = tokio::task::spawn_blocking({
-            let tmp = tmp.clone();
-            move || {
-                let mut writer = writers
-                    .lock()
-                    .expect("not poisoned")
-                    .pop()
-                    .unwrap_or_default();
-                let written = writer.write_synced(&tmp, &body, &direct);
-                writers.lock().expect("not poisoned").push(writer);
-                written
+/// A `len`-byte slice of `scratch` that starts on a [`BLOCK`] boundary.
+fn aligned(scratch: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    if scratch.len() < len + BLOCK {
+        *scratch = vec![0; len + BLOCK];
+    }
+    let start = scratch.as_ptr().align_offset(BLOCK);
+    &mut scratch[start..start + len]
+}
+
+/// One batch read back from a segment.
+#[derive(Debug, Clone)]
+pub struct ReadBatch {
+    /// The segment it is in.
+    pub segment: PathBuf,
+    /// Its frame header (encoding, length, when it was written).
+    pub frame: FrameHeader,
+    /// The batch, decoded.
+    pub batch: weir_proto::pb::Batch,
+}
+
+/// Every batch in the segments of `dir` (every node's, sealed and open),
+/// in name order and, within a segment, in file order; damaged frames are
+/// skipped. Batches that decode to more than `max_decoded` bytes are an
+/// error. For tests, the lab and tools that read what weir wrote.
+pub fn read_batches(dir: &Path, max_decoded: usize) -> std::io::Result<Vec<ReadBatch>> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(segment::is_segment_name)
+        })
+        .collect();
+    paths.sort();
+    let mut out = Vec::new();
+    for path in paths {
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            // Sealed (renamed) since it was listed: read under its new name.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                match path.to_str().and_then(|p| p.strip_suffix(OPEN_SUFFIX)) {
+                    Some(sealed) => std::fs::read(sealed)?,
+                    None => return Err(e),
+                }
             }
-        });
+            Err(e) => return Err(e),
+        };
+        for f in segment::read(&bytes).frames {
+            let batch = weir_proto::decode_batch(f.body, f.header.encoding.as_str(), max_decoded)
+                .map_err(|e| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("{} at offset {}: {e}", path.display(), f.offset),
+                )
+            })?;
+            out.push(ReadBatch {
+                segment: path.clone(),
+                frame: f.header,
+                batch,
+            });
+        }
+    }
+    Ok(out)
+}
+
+impl Sink for FileSink {
+    /// Hands the batch to the writer thread; its confirmation comes once
+    /// the batch is written and synced.
+    async fn send(&mut self, batch: &EncodedBatch) -> Result<Confirm, SinkError> {
+        let (done, outcome) = oneshot::channel();
+        let stopped = || SinkError::Unavailable("the file writer stopped".into());
+        self.jobs
+            .as_ref()
+            .ok_or_else(stopped)?
+            .send(Job {
+                batch: batch.clone(),
+                done,
+            })
+            .map_err(|_| stopped())?;
         Ok(Box::pin(async move {
-            let shown = path.display().to_string();
-            let fail =
-                |e: &dyn std::fmt::Display| SinkError::Unavailable(format!("writing {shown}: {e}"));
-            written.await.map_err(|e| fail(&e))?.map_err(|e| fail(&e))?;
-            tokio::task::spawn_blocking(move || publish(&tmp, &path))
+            outcome
                 .await
-                .map_err(|e| fail(&e))?
-                .map_err(|e| fail(&e))
+                .map_err(|_| SinkError::Unavailable("the file writer stopped".into()))?
+                .map_err(SinkError::Unavailable)
         }))
     }
 
@@ -203,162 +538,4 @@ impl Sink for FileSink {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tempdir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("weir-file-sink-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
-
-    fn bodies() -> Vec<Vec<u8>> {
-        // Empty, shorter than a block, exactly one, one more than one, and
-        // several blocks with a tail.
-        [0usize, 1, 100, ALIGN, ALIGN + 1, 3 * ALIGN + 17, 1 << 20]
-            .iter()
-            .map(|&n| (0..n).map(|i| (i * 31 % 251) as u8).collect())
-            .collect()
-    }
-
-    fn write(w: &mut Writer, path: &Path, body: &[u8], direct: &AtomicBool) {
-        let tmp = path.with_extension("tmp");
-        w.write_synced(&tmp, body, direct).unwrap();
-        publish(&tmp, path).unwrap();
-    }
-
-    #[test]
-    fn every_length_reads_back_exactly() {
-        let dir = tempdir("lengths");
-        let mut w = Writer::default();
-        let direct = AtomicBool::new(true);
-        for (i, body) in bodies().iter().enumerate() {
-            let path = dir.join(format!("{i}.{EXTENSION}"));
-            write(&mut w, &path, body, &direct);
-            assert_eq!(
-                &std::fs::read(&path).unwrap(),
-                body,
-                "length {}",
-                body.len()
-            );
-            assert!(!path.with_extension("tmp").exists());
-        }
-        std::fs::remove_dir_all(dir).unwrap();
-    }
-
-    #[test]
-    fn aligned_bodies_read_back_exactly() {
-        let dir = tempdir("aligned");
-        let mut w = Writer::default();
-        let direct = AtomicBool::new(true);
-        for (i, body) in bodies().iter().enumerate() {
-            // Aligned as weir's encoder leaves a batch body.
-            let mut v: Vec<u8> = Vec::with_capacity(body.len() + ALIGN);
-            let start = v.as_ptr().align_offset(ALIGN);
-            v.resize(start, 0);
-            v.extend_from_slice(body);
-            let aligned = bytes::Bytes::from(v).slice(start..);
-            assert_eq!(aligned.as_ptr().align_offset(ALIGN), 0);
-            let path = dir.join(format!("{i}.{EXTENSION}"));
-            write(&mut w, &path, &aligned, &direct);
-            assert_eq!(
-                &std::fs::read(&path).unwrap(),
-                body,
-                "length {}",
-                body.len()
-            );
-        }
-        std::fs::remove_dir_all(dir).unwrap();
-    }
-
-    #[test]
-    fn direct_io_is_used_where_the_filesystem_allows_it() {
-        // Whatever the temporary directory's filesystem is: direct when it
-        // takes an O_DIRECT open, buffered (and still correct) when not.
-        let dir = tempdir("direct");
-        let direct = AtomicBool::new(true);
-        write(
-            &mut Writer::default(),
-            &dir.join(format!("x.{EXTENSION}")),
-            b"abc",
-            &direct,
-        );
-        let probe = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(dir.join("probe"));
-        assert_eq!(direct.load(Ordering::Relaxed), probe.is_ok());
-        std::fs::remove_dir_all(dir).unwrap();
-    }
-
-    #[test]
-    fn the_page_cache_path_writes_the_same_bytes() {
-        let dir = tempdir("fallback");
-        let direct = AtomicBool::new(false);
-        let mut w = Writer::default();
-        for (i, body) in bodies().iter().enumerate() {
-            let path = dir.join(format!("{i}.{EXTENSION}"));
-            write(&mut w, &path, body, &direct);
-            assert_eq!(&std::fs::read(&path).unwrap(), body);
-        }
-        std::fs::remove_dir_all(dir).unwrap();
-    }
-
-    fn batch(seq: u64, body: Vec<u8>) -> EncodedBatch {
-        EncodedBatch {
-            seq,
-            class: weir_core::ClassId(0),
-            records: 1,
-            node: 7,
-            body: body.into(),
-            encoding: weir_proto::Encoding::Identity,
-        }
-    }
-
-    #[tokio::test]
-    async fn a_window_of_batches_lands_whole_and_a_failed_write_is_reported() {
-        let dir = tempdir("window");
-        let mut sink = FileSink::new(&dir).unwrap();
-        assert_eq!(sink.window(), WINDOW);
-        let batches: Vec<EncodedBatch> = (0..3 * WINDOW as u64)
-            .map(|seq| batch(seq, vec![seq as u8; 5000 + seq as usize]))
-            .collect();
-        let mut confirms = Vec::new();
-        for b in &batches {
-            confirms.push(sink.send(b).await.unwrap());
-        }
-        for c in confirms {
-            c.await.unwrap();
-        }
-        for b in &batches {
-            assert_eq!(std::fs::read(sink.path_of(b)).unwrap(), &b.body[..]);
-        }
-        // Leftover temporary files would be a reader's partial batches.
-        let tmp = std::fs::read_dir(&dir)
-            .unwrap()
-            .filter(|e| {
-                e.as_ref()
-                    .unwrap()
-                    .path()
-                    .extension()
-                    .is_some_and(|x| x == "tmp")
-            })
-            .count();
-        assert_eq!(tmp, 0);
-        // The directory gone: the confirmation says so (and the batch is
-        // retried by the delivery loop).
-        std::fs::remove_dir_all(&dir).unwrap();
-        let lost = batch(99, vec![1; 10]);
-        let failed = match sink.send(&lost).await {
-            Ok(confirm) => confirm.await,
-            Err(e) => Err(e),
-        };
-        assert!(
-            matches!(failed, Err(SinkError::Unavailable(_))),
-            "{failed:?}"
-        );
-    }
-}
+mod tests;

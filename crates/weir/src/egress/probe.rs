@@ -55,8 +55,9 @@ pub enum ProbeError {
     /// The sizes asked for cannot separate `T_sc` from bandwidth.
     #[error("the large transfer must be larger than the small one")]
     Sizes,
-    /// The file egress's directory could not be created.
-    #[error("cannot create the batch directory (egress.file.dir): {0}")]
+    /// The file egress could not start in its directory (not creatable,
+    /// or weir is writing this node's segments there now).
+    #[error("cannot write segments in egress.file.dir: {0}")]
     Dir(#[source] std::io::Error),
     /// A transfer was not confirmed.
     #[error("probe transfer failed: {0}")]
@@ -120,7 +121,7 @@ pub async fn probe_link(cfg: &Config, small: u64, large: u64) -> Result<ProbeRep
     match (&cfg.egress.sink, link) {
         (EgressSink::File(f), None) => {
             probe_with(
-                FileSink::new(&f.dir).map_err(ProbeError::Dir)?,
+                FileSink::new(f, node).map_err(ProbeError::Dir)?,
                 node,
                 small,
                 large,
@@ -129,7 +130,7 @@ pub async fn probe_link(cfg: &Config, small: u64, large: u64) -> Result<ProbeRep
         }
         (EgressSink::File(f), Some(p)) => {
             probe_with(
-                EmulatedLink::new(p, FileSink::new(&f.dir).map_err(ProbeError::Dir)?),
+                EmulatedLink::new(p, FileSink::new(f, node).map_err(ProbeError::Dir)?),
                 node,
                 small,
                 large,

@@ -28,7 +28,7 @@ pub(super) fn parse_segment_name(path: &Path) -> Option<u64> {
 
 /// fsync of a directory, so that files created, renamed or deleted in it
 /// stay so after a power cut.
-pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
+pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
@@ -37,7 +37,7 @@ pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
 /// (and every segment in it) that files were synced into. The parent of
 /// `dir` is synced even when `dir` existed: an earlier start may have
 /// created it without.
-pub(super) fn create_dir_durable(dir: &Path) -> io::Result<()> {
+pub(crate) fn create_dir_durable(dir: &Path) -> io::Result<()> {
     let mut created = Vec::new();
     let mut at = Some(dir);
     while let Some(d) = at.filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
@@ -194,12 +194,19 @@ pub(super) fn release_free_memory() {
 /// Takes an exclusive lock on `dir/lock` (released when the file is
 /// closed, including by a crash); `WouldBlock` if another process has it.
 pub(super) fn lock_dir(dir: &Path) -> io::Result<File> {
+    lock_file(&dir.join("lock"))
+}
+
+/// Takes an exclusive lock on the file at `path`, creating it (released
+/// when the file is closed, including by a crash); `WouldBlock` if another
+/// process has it.
+pub(crate) fn lock_file(path: &Path) -> io::Result<File> {
     use std::os::fd::AsRawFd;
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(dir.join("lock"))?;
+        .open(path)?;
     // SAFETY: a valid open descriptor for the duration of the call.
     let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if rc != 0 {

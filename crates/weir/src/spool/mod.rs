@@ -24,7 +24,7 @@
 //! - `writer.rs`, `reader.rs`: the two threads.
 //! - `sequence.rs`: the sequence-number lease that survives restarts.
 
-mod files;
+pub(crate) mod files;
 mod reader;
 mod recover;
 mod sequence;

@@ -154,7 +154,7 @@ pub fn metric(text: &str, name: &str) -> f64 {
         .sum()
 }
 
-/// Payloads of every record in the file egress's batch files.
+/// Payloads of every record in the file egress's segments.
 pub fn file_batch_payloads(dir: &Path) -> std::collections::BTreeSet<Vec<u8>> {
     file_batch_records(dir)
         .into_iter()
@@ -162,25 +162,12 @@ pub fn file_batch_payloads(dir: &Path) -> std::collections::BTreeSet<Vec<u8>> {
         .collect()
 }
 
-/// Every record in the file egress's batch files (none if `dir` is not
-/// there yet).
+/// Every record in the file egress's segments (none if `dir` is not there
+/// yet).
 pub fn file_batch_records(dir: &Path) -> Vec<weir_proto::pb::Record> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for e in entries.flatten() {
-        let p = e.path();
-        let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        let Some(encoding) = name
-            .strip_suffix(".weirbatch")
-            .and_then(|n| n.rsplit('.').next())
-        else {
-            continue;
-        };
-        let body = std::fs::read(&p).unwrap();
-        let batch = weir_proto::decode_batch(&body, encoding, 64 << 20).unwrap();
-        out.extend(batch.records);
+    match weir::egress::file::read_batches(dir, 64 << 20) {
+        Ok(batches) => batches.into_iter().flat_map(|b| b.batch.records).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => panic!("reading the segments in {}: {e}", dir.display()),
     }
-    out
 }
