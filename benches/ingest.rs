@@ -113,5 +113,35 @@ fn batch_encode(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, mqtt_decode, batch_encode);
+/// The file egress's per-batch framing: a frame header (its CRC-32C over
+/// the body) for a 1 MiB body, and reading a 64-frame segment back.
+fn segment_frames(c: &mut Criterion) {
+    use weir_proto::segment::{self, FrameHeader};
+    let body: Vec<u8> = (0..1usize << 20).map(|i| (i % 251) as u8).collect();
+    let header = FrameHeader {
+        encoding: weir_proto::Encoding::Identity,
+        len: body.len(),
+        batch_seq: 7,
+        written_us: 1,
+    };
+    let mut file = Vec::new();
+    for _ in 0..64 {
+        let start = file.len();
+        file.extend_from_slice(&header.encode(&body));
+        file.extend_from_slice(&body);
+        file.resize(start + segment::frame_len(body.len()), 0);
+    }
+    let mut g = c.benchmark_group("segment");
+    g.throughput(Throughput::Bytes(body.len() as u64));
+    g.bench_function("frame_header_1MiB", |b| {
+        b.iter(|| black_box(header.encode(black_box(&body))))
+    });
+    g.throughput(Throughput::Bytes(file.len() as u64));
+    g.bench_function("read_64_frames_of_1MiB", |b| {
+        b.iter(|| black_box(segment::read(black_box(&file)).frames.len()))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, mqtt_decode, batch_encode, segment_frames);
 criterion_main!(benches);

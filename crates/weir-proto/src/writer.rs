@@ -16,8 +16,8 @@
 
 use std::borrow::Cow;
 
-use bytes::{BufMut, Bytes};
-use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};
+use bytes::Bytes;
+use prost::encoding::{encoded_len_varint, WireType};
 
 /// Alignment the body is placed against: the largest logical block size in
 /// common use.
@@ -63,18 +63,41 @@ fn varint_field_len(v: u64) -> usize {
     }
 }
 
+/// A field's key (number and wire type): one byte, as every field number
+/// of `weir.v1.Batch` and `Record` is below 16.
+#[inline]
+fn put_key(buf: &mut Vec<u8>, tag: u32, wire: WireType) {
+    debug_assert!(tag < 16);
+    buf.push(((tag << 3) | wire as u32) as u8);
+}
+
+/// A varint, with one capacity check (prost's `encode_varint` pushes byte
+/// by byte: 5 % of weir's CPU at 900k records/s).
+#[inline]
+fn put_varint(buf: &mut Vec<u8>, mut v: u64) {
+    let mut tmp = [0u8; 10];
+    let mut n = 0;
+    while v >= 0x80 {
+        tmp[n] = (v as u8) | 0x80;
+        v >>= 7;
+        n += 1;
+    }
+    tmp[n] = v as u8;
+    buf.extend_from_slice(&tmp[..=n]);
+}
+
 fn put_delimited(buf: &mut Vec<u8>, tag: u32, bytes: &[u8]) {
     if !bytes.is_empty() {
-        encode_key(tag, WireType::LengthDelimited, buf);
-        encode_varint(bytes.len() as u64, buf);
-        buf.put_slice(bytes);
+        put_key(buf, tag, WireType::LengthDelimited);
+        put_varint(buf, bytes.len() as u64);
+        buf.extend_from_slice(bytes);
     }
 }
 
 fn put_varint_field(buf: &mut Vec<u8>, tag: u32, v: u64) {
     if v != 0 {
-        encode_key(tag, WireType::Varint, buf);
-        encode_varint(v, buf);
+        put_key(buf, tag, WireType::Varint);
+        put_varint(buf, v);
     }
 }
 
@@ -106,11 +129,12 @@ pub fn encode_records<'a, T>(
 ) -> Bytes {
     let mut total =
         varint_field_len(node) + varint_field_len(batch_seq) + varint_field_len(created_us);
-    for t in records {
-        let r = view(t);
+    // Each key checked as UTF-8 once, for both passes.
+    let keys: Vec<Cow<'a, str>> = records.iter().map(|t| key_of(&view(t))).collect();
+    for (t, key) in records.iter().zip(&keys) {
         // A record with every field at its default still takes its tag and
         // a zero length: prost writes repeated messages unconditionally.
-        let len = record_len(&key_of(&r), &r);
+        let len = record_len(key, &view(t));
         total += 1 + encoded_len_varint(len as u64) + len;
     }
     let mut buf: Vec<u8> = Vec::with_capacity(total + BODY_ALIGN - 1 + BODY_OFFSET);
@@ -119,11 +143,10 @@ pub fn encode_records<'a, T>(
     put_varint_field(&mut buf, 1, node);
     put_varint_field(&mut buf, 2, batch_seq);
     put_varint_field(&mut buf, 3, created_us);
-    for t in records {
+    for (t, key) in records.iter().zip(&keys) {
         let r = view(t);
-        let key = key_of(&r);
-        encode_key(4, WireType::LengthDelimited, &mut buf);
-        encode_varint(record_len(&key, &r) as u64, &mut buf);
+        put_key(&mut buf, 4, WireType::LengthDelimited);
+        put_varint(&mut buf, record_len(key, &r) as u64);
         put_delimited(&mut buf, 1, key.as_bytes());
         put_delimited(&mut buf, 2, r.class.as_bytes());
         put_varint_field(&mut buf, 3, r.origin);

@@ -6,7 +6,7 @@
 //! room (back-pressure); each front end decides what that means on its
 //! wire.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -104,6 +104,11 @@ pub struct Intake {
     arrivals: Arc<Arrivals>,
     spool: Option<Arc<Spool>>,
     shutdown: CancellationToken,
+    /// Set once `shutdown` is cancelled, by a task that waits for it: the
+    /// check on every record reads this instead of the token, whose
+    /// `is_cancelled` takes a mutex every connection shares (4.5 % of
+    /// weir's CPU at 900k records/s). `None` outside a runtime.
+    stopping: Option<Arc<AtomicBool>>,
     metrics: Arc<Metrics>,
     /// Bytes of peers' records enqueued here, ever.
     foreign_bytes: AtomicU64,
@@ -131,9 +136,19 @@ impl Intake {
             space: Notify::new(),
             arrivals: Arc::default(),
             spool: None,
+            stopping: watch_cancelled(&shutdown),
             shutdown,
             metrics,
             foreign_bytes: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether shutdown has begun (new records are refused).
+    #[inline]
+    fn stopping(&self) -> bool {
+        match &self.stopping {
+            Some(flag) => flag.load(Ordering::Acquire),
+            None => self.shutdown.is_cancelled(),
         }
     }
 
@@ -281,7 +296,7 @@ impl Intake {
                 .await
                 .map(|()| Accepted::Queued);
         };
-        if self.shutdown.is_cancelled() {
+        if self.stopping() {
             return Err(EnqueueError::ShuttingDown);
         }
         if let Some(e) = self.oversized(&record) {
@@ -309,7 +324,7 @@ impl Intake {
         let Some(spool) = self.spool_for(&record) else {
             return self.try_enqueue(record).map(|()| Accepted::Queued);
         };
-        if self.shutdown.is_cancelled() {
+        if self.stopping() {
             return Err(EnqueueError::ShuttingDown);
         }
         if let Some(e) = self.oversized(&record) {
@@ -337,7 +352,7 @@ impl Intake {
 
     /// Enqueues without waiting; a full queue hands the record back.
     pub fn try_enqueue(&self, record: Record) -> Result<(), EnqueueError> {
-        if self.shutdown.is_cancelled() {
+        if self.stopping() {
             return Err(EnqueueError::ShuttingDown);
         }
         let class = record.class;
@@ -408,7 +423,7 @@ impl Intake {
     /// instead, and the sender keeps the record. Not counted in
     /// `records_accepted`, which counts what entered weir here.
     pub fn try_enqueue_foreign(&self, record: Record) -> Result<(), EnqueueError> {
-        if self.shutdown.is_cancelled() {
+        if self.stopping() {
             return Err(EnqueueError::ShuttingDown);
         }
         let class = record.class;
@@ -486,4 +501,18 @@ impl Intake {
             spool.notify_space();
         }
     }
+}
+/// A flag set once `token` is cancelled, by a task on the current runtime
+/// (`None` outside one). Records enqueued between the cancel and the flag
+/// are drained like any other: shutdown waits for the listeners before it
+/// drains the queues.
+fn watch_cancelled(token: &CancellationToken) -> Option<Arc<AtomicBool>> {
+    let handle = tokio::runtime::Handle::try_current().ok()?;
+    let flag = Arc::new(AtomicBool::new(token.is_cancelled()));
+    let (set, token) = (Arc::clone(&flag), token.clone());
+    handle.spawn(async move {
+        token.cancelled().await;
+        set.store(true, Ordering::Release);
+    });
+    Some(flag)
 }
