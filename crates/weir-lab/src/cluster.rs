@@ -182,6 +182,20 @@ pub struct Args {
     /// Keep each run's configs and logs (in the system's temp directory).
     #[arg(long)]
     pub keep: bool,
+    /// Each node runs weir's default config, changing only its addresses,
+    /// the egress endpoint, the routes of the load's topics to the default
+    /// classes and the shutdown's drain timeout (5 s): no uplink prior, no
+    /// scheme, compression as shipped, no peering. With `--nodes 1 --busy
+    /// 1`: the link sweep (docs/lab.md).
+    #[arg(long)]
+    pub defaults: bool,
+    /// A hand-tuned batch cap: `scheduler.max_batch_bytes` and
+    /// `scheduler.burst` set to this (e.g. `256KiB`); labelled tuned.
+    #[arg(long)]
+    pub max_batch_bytes: Option<String>,
+    /// A hand-tuned window: `egress.amqp.max_in_flight`; labelled tuned.
+    #[arg(long)]
+    pub max_in_flight: Option<u32>,
 }
 
 /// The binaries the lab runs.
@@ -505,6 +519,9 @@ fn config_text(
     amqp: &str,
     queue: &str,
 ) -> String {
+    if a.defaults {
+        return default_config_text(k, dir, a, amqp, queue);
+    }
     let n = a.grid.nodes;
     let peers: Vec<String> = (1..=n)
         .filter(|&p| p != k)
@@ -524,6 +541,15 @@ fn config_text(
         .map(|(c, _)| format!("[[classify.route]]\nmqtt = \"+/{c}/#\"\nclass = \"{c}\"\n"))
         .collect();
     let dir = toml_string(dir);
+    let mut tuned = tuned_keys(a);
+    if a.burst.is_some() {
+        // `--burst` sets the bucket; the batch cap alone here.
+        tuned.0 = a
+            .max_batch_bytes
+            .as_ref()
+            .map(|b| format!("max_batch_bytes = \"{b}\"\n"))
+            .unwrap_or_default();
+    }
     let adverts = if a.adverts == "gossip" {
         format!(
             "adverts = \"gossip\"\ngossip_fanout = {}\ngossip_every = \"{}ms\"\n",
@@ -558,7 +584,7 @@ url = "{amqp}"
 exchange = "{queue}"
 queue = "{queue}"
 routing_key = "{queue}"
-{urgent_lane}[admin]
+{urgent_lane}{amqp_tuned}[admin]
 listen = "{lan}:{ADMIN_PORT}"
 [peering]
 listen = "{lan}:{PEER_PORT}"
@@ -570,7 +596,7 @@ allow_anonymous = true
 scheme = "{scheme}"
 uplink = "{bw}B/s"
 track_uplink = {track}
-{burst}"#,
+{burst}{scheduler_tuned}"#,
         scheme = cell.scheme,
         network = cell.network,
         lan = lan_addr(k),
@@ -587,6 +613,70 @@ track_uplink = {track}
             .as_ref()
             .map(|b| format!("burst = \"{b}\"\n"))
             .unwrap_or_default(),
+        amqp_tuned = tuned.1,
+        scheduler_tuned = tuned.0,
+    )
+}
+
+/// The hand-tuned keys `--max-batch-bytes` and `--max-in-flight` give, as
+/// (scheduler lines, egress.amqp lines).
+fn tuned_keys(a: &Args) -> (String, String) {
+    let scheduler = a
+        .max_batch_bytes
+        .as_ref()
+        .map(|b| format!("max_batch_bytes = \"{b}\"\nburst = \"{b}\"\n"))
+        .unwrap_or_default();
+    let amqp = a
+        .max_in_flight
+        .map(|w| format!("max_in_flight = {w}\n"))
+        .unwrap_or_default();
+    (scheduler, amqp)
+}
+
+/// `--defaults`: weir's default config for node `k`, with only what a user
+/// must change: addresses, the egress endpoint and the routes of the
+/// load's topics (`+/<class>/#`) to the default classes (JANUS Table I,
+/// the lab's [`CLASSES`]); plus a 5 s drain timeout so a cell stops
+/// quickly, and the tuned keys when given.
+fn default_config_text(k: usize, dir: &Path, a: &Args, amqp: &str, queue: &str) -> String {
+    let routes: String = CLASSES
+        .iter()
+        .map(|(c, _)| format!("[[classify.route]]\nmqtt = \"+/{c}/#\"\nclass = \"{c}\"\n"))
+        .collect();
+    let (scheduler, amqp_tuned) = tuned_keys(a);
+    let scheduler = if scheduler.is_empty() {
+        String::new()
+    } else {
+        format!("[scheduler]\n{scheduler}")
+    };
+    format!(
+        r#"# weir-lab cluster --defaults: node {k}, weir's default config but for
+# addresses, the egress endpoint and the load's routes.
+[node]
+id = {k}
+name = "cluster-{k}"
+[classify]
+default_class = "lt"
+{routes}
+[spool]
+dir = "{dir}/spool"
+[ingress.mqtt]
+listen = "127.0.0.1:{MQTT_PORT}"
+[ingress.grpc]
+enabled = false
+[egress]
+kind = "amqp"
+drain_timeout = "5s"
+[egress.amqp]
+url = "{amqp}"
+exchange = "{queue}"
+queue = "{queue}"
+routing_key = "{queue}"
+{amqp_tuned}[admin]
+listen = "{lan}:{ADMIN_PORT}"
+{scheduler}"#,
+        dir = toml_string(dir),
+        lan = lan_addr(k),
     )
 }
 
@@ -1390,6 +1480,9 @@ async fn run_cell(
         "link": format!("tbf {} bit/s, {} ms towards the cloud", (profile.bytes_per_sec * 8.0).round(), profile.delay.as_millis()),
         "tcp_congestion": a.tcp_congestion,
         "urgent_lane": a.urgent_lane.unwrap_or(weir::config::AMQP_URGENT_LANE),
+        "defaults": a.defaults,
+        "max_batch_bytes": a.max_batch_bytes,
+        "max_in_flight": a.max_in_flight,
     }))
 }
 
@@ -1596,6 +1689,53 @@ mod tests {
         assert!(lane(None));
         assert!(!lane(Some("false")));
         assert!(lane(Some("true")));
+    }
+
+    #[test]
+    fn the_defaults_config_is_the_default_config_but_for_addresses_and_routes() {
+        let cell = Cell {
+            scheme: "pmrfs".into(),
+            network: "100Mbit/s@5ms".into(),
+            lt_rate: 5000,
+            record_bytes: 256,
+        };
+        let parse = |args: &[&str]| {
+            let a = Cli::parse_from(args).a;
+            let text = config_text(1, Path::new("/tmp/x"), &cell, 12.5e6, &a, "amqp://h/", "q");
+            weir::config::parse(&text, "test").unwrap_or_else(|e| panic!("{e}\n{text}"))
+        };
+        let plain = weir::config::parse(weir::config::DEFAULT_CONFIG, "default").unwrap();
+        let cfg = parse(&["x", "--defaults"]);
+        // What the lab must not change: the scheduler, the classes, the
+        // compression, the egress's window.
+        assert_eq!(cfg.scheduler, plain.scheduler);
+        assert_eq!(cfg.classes, plain.classes);
+        assert_eq!(cfg.compression, plain.compression);
+        assert!(cfg.peering.is_none());
+        let amqp = |c: &weir::config::Config| match &c.egress.sink {
+            weir::config::EgressSink::Amqp(a) => a.max_in_flight,
+            other => panic!("{other:?}"),
+        };
+        // The tuned keys, when given.
+        let tuned = parse(&[
+            "x",
+            "--defaults",
+            "--max-batch-bytes",
+            "256KiB",
+            "--max-in-flight",
+            "2",
+        ]);
+        assert_eq!(tuned.scheduler.max_batch_bytes, 256 << 10);
+        assert_eq!(amqp(&tuned), 2);
+        assert_ne!(amqp(&cfg), 2);
+        // Any rate and delay as a network.
+        let p = janus::preset("100Mbit/s@5ms").unwrap();
+        assert_eq!(
+            (p.bytes_per_sec, p.delay),
+            (12.5e6, Duration::from_millis(5))
+        );
+        assert!(janus::preset("100Mbit@5ms").is_err());
+        assert!(janus::preset("5g").is_err());
     }
 
     #[test]

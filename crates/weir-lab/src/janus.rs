@@ -199,10 +199,28 @@ pub(crate) fn grid(
     Ok(cells)
 }
 
-/// A JANUS Table III network by name, or an error naming the known ones.
+/// A JANUS Table III network by name (`wifi`, `4g`, `3g`), or any link as
+/// `RATE@DELAY` (`18Mbit/s@50ms`: the rate, and the delay added towards the
+/// cloud, which is the round trip's).
 pub(crate) fn preset(network: &str) -> anyhow::Result<weir::egress::link::LinkProfile> {
-    weir::egress::link::LinkProfile::preset(network)
-        .with_context(|| format!("unknown network {network:?} (known: wifi, 4g, 3g)"))
+    if let Some(p) = weir::egress::link::LinkProfile::preset(network) {
+        return Ok(p);
+    }
+    let unknown = || {
+        format!("unknown network {network:?} (known: wifi, 4g, 3g, or RATE@DELAY such as 18Mbit/s@50ms)")
+    };
+    let (rate, delay) = network.split_once('@').with_context(unknown)?;
+    let rate: weir::config::units::Rate = rate.parse().with_context(unknown)?;
+    let delay: weir::config::units::HumanDuration = delay.parse().with_context(unknown)?;
+    anyhow::ensure!(
+        rate.bytes_per_sec() > 0.0,
+        "{}: the rate must be above zero",
+        unknown()
+    );
+    Ok(weir::egress::link::LinkProfile {
+        bytes_per_sec: rate.bytes_per_sec(),
+        delay: delay.get(),
+    })
 }
 
 /// Free loopback ports for the peer listeners: each node must know the
