@@ -536,10 +536,7 @@ fn config_text(
             )
         })
         .collect();
-    let routes: String = CLASSES
-        .iter()
-        .map(|(c, _)| format!("[[classify.route]]\nmqtt = \"+/{c}/#\"\nclass = \"{c}\"\n"))
-        .collect();
+    let routes = load_routes();
     let dir = toml_string(dir);
     let mut tuned = tuned_keys(a);
     if a.burst.is_some() {
@@ -618,6 +615,14 @@ track_uplink = {track}
     )
 }
 
+/// Routes of the load's topics (`+/<class>/#`) to the lab's classes.
+fn load_routes() -> String {
+    CLASSES
+        .iter()
+        .map(|(c, _)| format!("[[classify.route]]\nmqtt = \"+/{c}/#\"\nclass = \"{c}\"\n"))
+        .collect()
+}
+
 /// The hand-tuned keys `--max-batch-bytes` and `--max-in-flight` give, as
 /// (scheduler lines, egress.amqp lines).
 fn tuned_keys(a: &Args) -> (String, String) {
@@ -639,10 +644,7 @@ fn tuned_keys(a: &Args) -> (String, String) {
 /// the lab's [`CLASSES`]); plus a 5 s drain timeout so a cell stops
 /// quickly, and the tuned keys when given.
 fn default_config_text(k: usize, dir: &Path, a: &Args, amqp: &str, queue: &str) -> String {
-    let routes: String = CLASSES
-        .iter()
-        .map(|(c, _)| format!("[[classify.route]]\nmqtt = \"+/{c}/#\"\nclass = \"{c}\"\n"))
-        .collect();
+    let routes = load_routes();
     let (scheduler, amqp_tuned) = tuned_keys(a);
     let scheduler = if scheduler.is_empty() {
         String::new()

@@ -293,11 +293,7 @@ impl Writer {
         let at = self.open.as_ref().expect("opened above").len;
         match self.write_frame(at, &head, &batch.body) {
             Err(e) if self.direct && e.raw_os_error() == Some(libc::EINVAL) => {
-                self.direct = false;
-                tracing::info!(
-                    dir = %self.dir.display(),
-                    "the filesystem refuses direct I/O; segments are written through the page cache"
-                );
+                self.refuse_direct();
                 let seg = self.open.as_mut().expect("opened above");
                 seg.file = OpenOptions::new().write(true).open(segment_path(
                     &self.dir,
@@ -314,6 +310,16 @@ impl Writer {
         Ok(())
     }
 
+    /// The filesystem refused `O_DIRECT`: buffered writes from now on,
+    /// said once.
+    fn refuse_direct(&mut self) {
+        self.direct = false;
+        tracing::info!(
+            dir = %self.dir.display(),
+            "the filesystem refuses direct I/O; segments are written through the page cache"
+        );
+    }
+
     /// Creates the segment starting at `first_seq` and syncs the directory,
     /// so its name survives a power cut with the batches it confirms.
     fn create(&mut self, first_seq: u64) -> std::io::Result<OpenSegment> {
@@ -328,11 +334,7 @@ impl Writer {
         };
         let file = match open(self.direct) {
             Err(e) if self.direct && e.raw_os_error() == Some(libc::EINVAL) => {
-                self.direct = false;
-                tracing::info!(
-                    dir = %self.dir.display(),
-                    "the filesystem refuses direct I/O; segments are written through the page cache"
-                );
+                self.refuse_direct();
                 open(false)?
             }
             r => r?,
