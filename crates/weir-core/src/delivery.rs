@@ -230,7 +230,7 @@ impl<T> Delivery<T> {
             open: true,
             backoff: RETRY_INITIAL,
             retry_at: None,
-            clock: LinkClock::default(),
+            clock: LinkClock::new(window > 1),
             timer: LinkTimer::default(),
             pacer: WindowPacer::default(),
             queue: QueueWatch::default(),
@@ -443,9 +443,14 @@ impl<T> Delivery<T> {
             bytes,
             done.link_time,
         );
-        if self.flight.is_empty() {
+        match self.flight.is_empty() {
             // Everything sent is confirmed, so carried.
-            self.clock.cleared(now);
+            true => self.clock.cleared(now),
+            false => {
+                let bytes = self.flight.iter().map(|f| f.pending.bytes).sum();
+                self.clock
+                    .carried(now, self.flight.len(), bytes, &self.link);
+            }
         }
         let confirm = now.saturating_sub(sent);
         if !done.pending.beyond {

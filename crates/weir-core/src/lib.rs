@@ -58,6 +58,7 @@ pub mod peer;
 pub mod queue;
 pub mod record;
 pub mod scheduler;
+pub mod sim;
 pub mod spool;
 pub mod token_bucket;
 

@@ -29,6 +29,8 @@ mod deliver;
 pub mod file;
 pub mod link;
 pub mod probe;
+#[cfg(test)]
+mod sim_tests;
 mod sink;
 
 pub use batch::{encode, EncodedBatch};
