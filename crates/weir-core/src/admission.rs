@@ -62,6 +62,29 @@ pub fn horizon(tightest: Duration) -> Duration {
     tightest.mul_f64(HORIZON_SHARE)
 }
 
+/// The horizon where transactions overlap (a sink with a window of more
+/// than one unconfirmed batch): [`HORIZON_SHARE`] of what the bound
+/// leaves beside one transaction's fixed time `t_sc` (an urgent record's
+/// own round trip), but of at least half the bound.
+///
+/// Transactions that overlap occupy the link for their bytes alone
+/// ([`LinkClock`]), so an urgent record waits for the bytes committed
+/// ahead of it and then its own round trip: on a 4 Mbit/s uplink 50 ms
+/// from the broker, `ls` (100 ms) keeps its bound with 17.5 ms of bytes
+/// ahead, not 35 ms. Where `t_sc` takes more than half the bound the
+/// bound cannot be kept by any batching; the horizon then stays at half
+/// the bound's share rather than shrink batches to nothing.
+pub fn horizon_overlapping(tightest: Duration, t_sc: Duration) -> Duration {
+    let h = tightest
+        .saturating_sub(t_sc)
+        .max(tightest / 2)
+        .mul_f64(HORIZON_SHARE);
+    // In whole tenths of a millisecond, so that an estimate's jitter does
+    // not announce a new horizon at every confirmation.
+    let tenths = h.as_micros() / 100;
+    Duration::from_micros(u64::try_from(tenths * 100).unwrap_or(u64::MAX))
+}
+
 /// How long `batches` transactions of `bytes` bytes in all take to clear
 /// `link`.
 pub fn drain_time(batches: usize, bytes: u64, link: &LinkEstimate) -> Duration {
@@ -189,8 +212,10 @@ impl LinkClock {
 /// `queued` batches of `queued_bytes` built and not yet sent: once what is
 /// committed ahead (the rest of what `clock` says is on the link, plus the
 /// queued batches' transactions) clears within [`lead`]. At `now` when that
-/// is already so, or when the horizon cannot be kept at all ([`keepable`]:
-/// then only the sink's window limits what is committed).
+/// is already so, or, for transactions that do not overlap, when the
+/// horizon cannot be kept at all ([`keepable`]: then only the sink's window
+/// limits what is committed; overlapping ones cost the link nothing by
+/// being asked for just in time).
 pub fn next_offer(
     now: Duration,
     clock: &LinkClock,
@@ -199,7 +224,7 @@ pub fn next_offer(
     link: &LinkEstimate,
     horizon: Duration,
 ) -> Duration {
-    if !keepable(link, horizon) {
+    if !clock.overlapping && !keepable(link, horizon) {
         return now;
     }
     let mut ahead = clock.busy_for(now);
@@ -214,6 +239,21 @@ pub fn next_offer(
 /// link stays at least half busy carrying bytes rather than waiting out
 /// fixed costs) nor [`MIN_BATCH_BYTES`].
 pub fn batch_cap(link: &LinkEstimate, horizon: Duration) -> usize {
+    batch_cap_for(link, horizon, false)
+}
+
+/// [`batch_cap`], or where transactions `overlapping` (a window of more
+/// than one) the bytes the link carries within `horizon`: their fixed
+/// times pass while the next batches cross, so a batch need not carry a
+/// transaction's worth to keep the link busy.
+pub fn batch_cap_for(link: &LinkEstimate, horizon: Duration, overlapping: bool) -> usize {
+    if overlapping {
+        let bytes = horizon.as_secs_f64() * link.bytes_per_sec;
+        return match bytes.is_finite() {
+            true => (bytes as usize).max(MIN_BATCH_BYTES),
+            false => usize::MAX,
+        };
+    }
     let room = horizon.saturating_sub(link.per_transaction).as_secs_f64();
     let floor = link.per_transaction.as_secs_f64();
     let bytes = room.max(floor) * link.bytes_per_sec;

@@ -230,7 +230,7 @@ impl<T> Delivery<T> {
             open: true,
             backoff: RETRY_INITIAL,
             retry_at: None,
-            clock: LinkClock::new(window > 1),
+            clock: LinkClock::new(window > 1 && !params.carried_on_send),
             timer: LinkTimer::default(),
             pacer: WindowPacer::default(),
             queue: QueueWatch::default(),
@@ -457,8 +457,15 @@ impl<T> Delivery<T> {
             self.pacer.confirmed(confirm);
         }
         self.backoff = RETRY_INITIAL;
-        self.queue
-            .confirmed(now, confirm, bytes, self.params.link_prior.bytes_per_sec);
+        // Transfers reckoned at the fastest the link may be: the prior, what
+        // is acted on, or what a transaction showed it carries at least.
+        let reckoned = self
+            .params
+            .link_prior
+            .bytes_per_sec
+            .max(self.link.bytes_per_sec)
+            .max(self.carried.bound());
+        self.queue.confirmed(now, confirm, bytes, reckoned);
         self.carried
             .confirmed(now, bytes, now.saturating_sub(done.started));
         self.learn(now, bytes, link_time);
@@ -505,6 +512,8 @@ impl<T> Delivery<T> {
             saturated: self.timer.saturated(),
             queued: self.queue.queued(),
             carried: self.carried.bound(),
+            delivering: self.pipe.delivery_rate().unwrap_or(0.0),
+            carrying: self.pipe.mean_rate(),
         };
         if let Some(acted) = self.climb.observe(now, fit, full, prior, seen) {
             self.link = acted;

@@ -649,6 +649,10 @@ pub fn to_act_on(fit: LinkEstimate, prior: LinkEstimate, saturated: u32) -> Link
 /// has a floor from before, short enough to follow a route that changed.
 pub const FLOOR_WINDOW: Duration = Duration::from_secs(10);
 
+/// Change of the bandwidth transfers are reckoned at past which
+/// [`QueueWatch`] starts its floor afresh.
+pub const RECKON_STEP: f64 = 1.25;
+
 /// Confirmations over which [`QueueWatch`] takes the median excess round
 /// trip: enough to see through a broker's bunched confirms.
 pub const QUEUE_SPAN: usize = 16;
@@ -727,6 +731,8 @@ pub struct QueueWatch {
     /// Their median, kept as each confirmation comes (read twice a
     /// confirmation: the gauge and [`QueueWatch::queued`]).
     queue: Duration,
+    /// The bandwidth the floor's transfers were reckoned at.
+    reckoned: f64,
 }
 
 impl QueueWatch {
@@ -745,6 +751,18 @@ impl QueueWatch {
             0.0
         };
         let rtt = round_trip.as_secs_f64() - transfer;
+        // Round trips less transfers reckoned at another bandwidth do not
+        // compare: a 64 KiB batch reckoned at the 18 Mbit/s prior on a
+        // 100 Mbit/s link read 20 ms under the floor's true value, and
+        // every later round trip, reckoned at the link's measured rate, as
+        // a queue, for as long as the floor was remembered.
+        if bytes_per_sec > self.reckoned * RECKON_STEP
+            || bytes_per_sec < self.reckoned / RECKON_STEP
+        {
+            self.floor = WindowedExtreme::default();
+            self.recent.clear();
+            self.reckoned = bytes_per_sec;
+        }
         self.floor.push(now, rtt, FLOOR_WINDOW, Extreme::Lowest);
         let floor = self.floor.best().unwrap_or(rtt);
         self.recent.push_back((rtt - floor).max(0.0));
@@ -775,6 +793,18 @@ impl QueueWatch {
 /// How fast the bandwidth acted on climbs back towards the prior while the
 /// link holds no queue ([`Climb`]): this share of the prior per second.
 pub const CLIMB_PER_SEC: f64 = 0.2;
+
+/// How fast the bandwidth acted on climbs past the prior while the egress
+/// delivers at it and the link holds no queue ([`Climb`]): this share of
+/// itself per second (18 to 100 Mbit/s in under 4 s, to 1 Gbit/s in 9 s).
+pub const PROBE_PER_SEC: f64 = 0.5;
+
+/// How far past what the egress delivers the climb past the prior may go
+/// (BBR's start-up gain is 2.89): a node whose load, not its rate, holds
+/// it back learns nothing of more bandwidth, and one that probed far past
+/// its deliveries would send a burst of load at a rate its link never
+/// showed.
+pub const PROBE_CAP: f64 = 2.0;
 
 /// The estimate acted on (`C_out`, the spare advertised to peers): what
 /// [`to_act_on`] makes of each full fit, and, while the link holds no
@@ -840,12 +870,35 @@ impl Climb {
         queued: bool,
         at_least: f64,
     ) -> LinkEstimate {
-        let mut next = fit.map_or(self.value, |f| to_act_on(f, prior, saturated));
-        if !queued && next.bytes_per_sec < prior.bytes_per_sec {
+        self.update_probing(now, fit, prior, saturated, queued, at_least, 0.0)
+    }
+
+    /// [`Climb::update_at_least`], with the egress `delivering` bytes per
+    /// second: with no queue the climb goes on past the prior, by
+    /// [`PROBE_PER_SEC`] of itself a second, up to [`PROBE_CAP`] times
+    /// what the egress delivers, until the link shows a queue.
+    #[allow(clippy::too_many_arguments)]
+    pub fn update_probing(
+        &mut self,
+        now: Duration,
+        fit: Option<LinkEstimate>,
+        prior: LinkEstimate,
+        saturated: u32,
+        queued: bool,
+        at_least: f64,
+        delivering: f64,
+    ) -> LinkEstimate {
+        // A fit is judged against what is acted on now, not the prior: once
+        // the link showed less than the prior (a queue), an unsaturated fit
+        // sent it back to the prior at once (18 Mbit/s on a 1 Mbit/s link:
+        // 1.5 s of queue), where the climb below returns it gradually.
+        let mut next = fit.map_or(self.value, |f| to_act_on(f, self.value, saturated));
+        if !queued {
             let dt = now.saturating_sub(self.at).as_secs_f64();
-            let climbed = (self.value.bytes_per_sec + CLIMB_PER_SEC * prior.bytes_per_sec * dt)
-                .min(prior.bytes_per_sec);
-            next.bytes_per_sec = next.bytes_per_sec.max(climbed);
+            let base = self.value.bytes_per_sec;
+            let back = (base * (1.0 + CLIMB_PER_SEC * dt)).min(prior.bytes_per_sec);
+            let probe = (base * (1.0 + PROBE_PER_SEC * dt)).min(PROBE_CAP * delivering);
+            next.bytes_per_sec = next.bytes_per_sec.max(back).max(probe);
         }
         if at_least.is_finite() {
             next.bytes_per_sec = next.bytes_per_sec.max(at_least);
@@ -881,9 +934,24 @@ impl Climb {
         prior: LinkEstimate,
         seen: Seen,
     ) -> Option<LinkEstimate> {
-        let acted = (full || seen.queued).then_some(fit);
-        let next =
-            self.update_at_least(now, acted, prior, seen.saturated, seen.queued, seen.carried);
+        let mut acted = (full || seen.queued).then_some(fit);
+        if seen.queued && seen.delivering > 0.0 {
+            // The link sets the pace: what it carried over the last
+            // seconds is its rate, steadier than any line through them.
+            acted = Some(LinkEstimate {
+                bytes_per_sec: seen.delivering,
+                per_transaction: fit.per_transaction,
+            });
+        }
+        let next = self.update_probing(
+            now,
+            acted,
+            prior,
+            seen.saturated,
+            seen.queued,
+            seen.carried,
+            seen.delivering,
+        );
         let risen = next.bytes_per_sec > self.published.bytes_per_sec * (1.0 + CLIMB_STEP);
         (acted.is_some() || risen).then(|| {
             self.published = next;
@@ -903,6 +971,12 @@ pub struct Seen {
     pub queued: bool,
     /// What transactions showed the link carries ([`CarriedBound::bound`]).
     pub carried: f64,
+    /// Bytes per second the egress delivers at (the pipe's highest
+    /// delivery rate, [`crate::delivery::pipe`]).
+    pub delivering: f64,
+    /// Bytes per second the egress delivered over the last seconds (the
+    /// pipe's mean rate; 0 before it has one).
+    pub carrying: f64,
 }
 
 /// How long [`CarriedBound`] remembers its highest sample.

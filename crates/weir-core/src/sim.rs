@@ -105,6 +105,8 @@ pub struct ClassReport {
     pub delivered: u64,
     /// Their latencies, ingress to arrival at the destination, sorted.
     pub latencies: Vec<Duration>,
+    /// When the records over their class's bound entered, in order.
+    pub late_at: Vec<Duration>,
 }
 
 impl ClassReport {
@@ -165,6 +167,8 @@ pub struct Sample {
     pub link_queue: Duration,
     /// Link bytes carried since the last sample, per second.
     pub link_rate: f64,
+    /// What the egress measured at its last confirmation.
+    pub measures: Option<crate::delivery::Measures>,
 }
 
 /// A batch sent and not yet confirmed.
@@ -225,6 +229,7 @@ pub fn run(p: &SimParams) -> Report {
     let end = p.duration;
 
     let mut next_sample = Duration::ZERO;
+    let mut measures = None;
     let mut sampled_bytes = 0u64;
     let mut all_bytes = 0u64;
     while now < end {
@@ -240,6 +245,7 @@ pub fn run(p: &SimParams) -> Report {
                 pipe_batch: egress.pipe().batch_bytes(),
                 link_queue: link_clear.saturating_sub(now),
                 link_rate: (all_bytes - sampled_bytes) as f64 / SAMPLE_EVERY.as_secs_f64(),
+                measures,
             });
             sampled_bytes = all_bytes;
             next_sample += SAMPLE_EVERY;
@@ -288,10 +294,13 @@ pub fn run(p: &SimParams) -> Report {
                             if Duration::from_micros(at) < p.warm_up {
                                 continue;
                             }
+                            let latency = sent.saturating_sub(Duration::from_micros(at));
                             let cr = &mut report.classes[r.class.index()];
                             cr.delivered += 1;
-                            cr.latencies
-                                .push(sent.saturating_sub(Duration::from_micros(at)));
+                            cr.latencies.push(latency);
+                            if latency > p.classes.get(r.class).bound {
+                                cr.late_at.push(Duration::from_micros(at));
+                            }
                         }
                         delivered.push_back(Delivered {
                             class: b.class,
@@ -306,6 +315,7 @@ pub fn run(p: &SimParams) -> Report {
                         link_changed = true;
                     }
                     DeliveryEvent::BatchBytes(b) => pipe_batch = Some(b),
+                    DeliveryEvent::Measures(m) => measures = Some(m),
                     _ => {}
                 }
             }

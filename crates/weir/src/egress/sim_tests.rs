@@ -33,7 +33,7 @@ fn default_params(link: LinkModel, load: Load, seconds: u64) -> SimParams {
         delivery: DeliveryParams {
             window: amqp.max_in_flight.max(1),
             urgent_lane: amqp.urgent_lane,
-            carried_on_send: false,
+            carried_on_send: cfg.egress.link.is_some(),
             link_prior: payload_prior(nominal),
             retry_max: amqp.reconnect_backoff_max,
             max_in_flight_bytes: crate::memory::pipe_bytes(None),
@@ -87,7 +87,7 @@ fn show(name: &str, r: &Report, mbit: f64) {
     if std::env::var("WEIR_SIM_SAMPLES").is_ok() {
         for s in &r.samples {
             eprintln!(
-                "  {:>5.2}s acted {:>9.0} cap {:>9.0} rates {:?} queued {:?} flight {} pipe {}/{} linkq {:?} link {:.0}",
+                "  {:>5.2}s acted {:>9.0} cap {:>9.0} rates {:?} queued {:?} flight {} pipe {}/{} linkq {:?} link {:.0} {}",
                 s.at.as_secs_f64(),
                 s.acted,
                 s.capacity,
@@ -97,7 +97,11 @@ fn show(name: &str, r: &Report, mbit: f64) {
                 s.pipe_bytes,
                 s.pipe_batch,
                 s.link_queue,
-                s.link_rate
+                s.link_rate,
+                s.measures.map_or(String::new(), |m| format!(
+                    "| queued {} {:?} sat {} delivering {:.0} rtt {:?}",
+                    m.queued, m.queue, m.saturated, m.delivery_rate, m.round_trip
+                ))
             );
         }
     }
@@ -110,6 +114,15 @@ fn show(name: &str, r: &Report, mbit: f64) {
             c.quantile(0.99),
             c.late(MS * 100)
         );
+        if std::env::var("WEIR_SIM_SAMPLES").is_ok() && !c.late_at.is_empty() {
+            let secs: Vec<String> = c
+                .late_at
+                .iter()
+                .step_by(c.late_at.len().div_ceil(40))
+                .map(|t| format!("{:.2}", t.as_secs_f64()))
+                .collect();
+            eprintln!("    late at {}", secs.join(" "));
+        }
     }
 }
 
