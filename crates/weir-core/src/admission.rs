@@ -172,6 +172,11 @@ impl LinkClock {
         }
     }
 
+    /// Whether transactions overlap ([`LinkClock::new`]).
+    pub fn overlapping(&self) -> bool {
+        self.overlapping
+    }
+
     /// How long `batches` transactions of `bytes` bytes in all occupy
     /// `link` ([`drain_time`], without `T_sc` where they overlap).
     pub fn occupancy(&self, batches: usize, bytes: u64, link: &LinkEstimate) -> Duration {
