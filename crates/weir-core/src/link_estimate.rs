@@ -649,10 +649,6 @@ pub fn to_act_on(fit: LinkEstimate, prior: LinkEstimate, saturated: u32) -> Link
 /// has a floor from before, short enough to follow a route that changed.
 pub const FLOOR_WINDOW: Duration = Duration::from_secs(10);
 
-/// Change of the bandwidth transfers are reckoned at past which
-/// [`QueueWatch`] starts its floor afresh.
-pub const RECKON_STEP: f64 = 1.25;
-
 /// Confirmations over which [`QueueWatch`] takes the median excess round
 /// trip: enough to see through a broker's bunched confirms.
 pub const QUEUE_SPAN: usize = 16;
@@ -710,6 +706,11 @@ impl WindowedExtreme {
     pub fn best(&self) -> Option<f64> {
         self.samples.front().map(|(_, v)| *v)
     }
+
+    /// The window's best and when it was pushed, if it holds a sample.
+    pub fn best_at(&self) -> Option<(Duration, f64)> {
+        self.samples.front().copied()
+    }
 }
 
 /// Whether the link holds a queue, from the round trips of confirmed
@@ -724,20 +725,41 @@ impl WindowedExtreme {
 /// link, not the sender, set the pace.
 #[derive(Debug, Clone, Default)]
 pub struct QueueWatch {
-    /// The lowest excess-free round trip, in seconds.
-    floor: WindowedExtreme,
+    /// Per size of transaction ([`floor_bucket`]), the lowest round trip
+    /// within [`FLOOR_WINDOW`], in seconds.
+    floors: Vec<WindowedExtreme>,
     /// The last [`QUEUE_SPAN`] round trips above the floor, in seconds.
     recent: VecDeque<f64>,
     /// Their median, kept as each confirmation comes (read twice a
     /// confirmation: the gauge and [`QueueWatch::queued`]).
     queue: Duration,
-    /// The bandwidth the floor's transfers were reckoned at.
-    reckoned: f64,
+}
+
+/// Ratio of the sizes of transactions one [`QueueWatch`] floor bucket
+/// holds.
+pub const FLOOR_BUCKET_RATIO: f64 = 1.25;
+
+/// Floor buckets: sizes up to `1.25^128` bytes (2.6e12).
+const FLOOR_BUCKETS: usize = 128;
+
+/// The floor bucket of a transaction of `bytes`.
+fn floor_bucket(bytes: u64) -> usize {
+    ((bytes.max(1) as f64).ln() / FLOOR_BUCKET_RATIO.ln()) as usize % FLOOR_BUCKETS
 }
 
 impl QueueWatch {
     /// A transaction of `bytes` confirmed at `now`, `round_trip` after it
-    /// was sent, on a link of nominal `bytes_per_sec`.
+    /// was sent, on a link of `bytes_per_sec` (the fastest it may be: a
+    /// transfer reckoned too short reads as a queue only against floors of
+    /// other sizes, where the same bandwidth reckons theirs).
+    ///
+    /// Each size keeps its own lowest round trip, and the floor is the
+    /// lowest of them less its transfer at `bytes_per_sec` as it is now:
+    /// a single floor of round trips less transfers reckoned at the
+    /// bandwidth of their time compared nothing once that bandwidth moved
+    /// (a 64 KiB batch reckoned at the 18 Mbit/s prior on a 100 Mbit/s
+    /// link set a floor 20 ms under the truth, and every later round trip,
+    /// reckoned at the measured rate, read as a queue for 10 s).
     pub fn confirmed(
         &mut self,
         now: Duration,
@@ -745,26 +767,28 @@ impl QueueWatch {
         bytes: u64,
         bytes_per_sec: f64,
     ) {
-        let transfer = if bytes_per_sec > 0.0 && bytes_per_sec.is_finite() {
-            bytes as f64 / bytes_per_sec
-        } else {
-            0.0
+        let per_byte = match bytes_per_sec > 0.0 && bytes_per_sec.is_finite() {
+            true => 1.0 / bytes_per_sec,
+            false => 0.0,
         };
-        let rtt = round_trip.as_secs_f64() - transfer;
-        // Round trips less transfers reckoned at another bandwidth do not
-        // compare: a 64 KiB batch reckoned at the 18 Mbit/s prior on a
-        // 100 Mbit/s link read 20 ms under the floor's true value, and
-        // every later round trip, reckoned at the link's measured rate, as
-        // a queue, for as long as the floor was remembered.
-        if bytes_per_sec > self.reckoned * RECKON_STEP
-            || bytes_per_sec < self.reckoned / RECKON_STEP
-        {
-            self.floor = WindowedExtreme::default();
-            self.recent.clear();
-            self.reckoned = bytes_per_sec;
+        if self.floors.is_empty() {
+            self.floors = vec![WindowedExtreme::default(); FLOOR_BUCKETS];
         }
-        self.floor.push(now, rtt, FLOOR_WINDOW, Extreme::Lowest);
-        let floor = self.floor.best().unwrap_or(rtt);
+        let raw = round_trip.as_secs_f64();
+        let b = floor_bucket(bytes);
+        self.floors[b].push(now, raw, FLOOR_WINDOW, Extreme::Lowest);
+        let rtt = raw - bytes as f64 * per_byte;
+        let floor = self
+            .floors
+            .iter()
+            .enumerate()
+            .filter_map(|(i, f)| {
+                let (at, best) = f.best_at()?;
+                // A bucket not confirmed into lately keeps its old samples.
+                (now.saturating_sub(at) <= FLOOR_WINDOW)
+                    .then(|| best - FLOOR_BUCKET_RATIO.powf(i as f64) * per_byte)
+            })
+            .fold(rtt, f64::min);
         self.recent.push_back((rtt - floor).max(0.0));
         if self.recent.len() > QUEUE_SPAN {
             self.recent.pop_front();
@@ -799,6 +823,13 @@ pub const CLIMB_PER_SEC: f64 = 0.2;
 /// itself per second (18 to 100 Mbit/s in under 4 s, to 1 Gbit/s in 9 s).
 pub const PROBE_PER_SEC: f64 = 0.5;
 
+/// [`PROBE_PER_SEC`] until the link first shows a queue, once a
+/// transaction has shown it carries more than the prior
+/// ([`CarriedBound`]): with 0.5, a 1 Gbit/s
+/// LAN took 6.5 s to climb from the 18 Mbit/s prior, and `ls` records,
+/// 5 % of the load, waited seconds behind their share of it.
+pub const PROBE_FAST_PER_SEC: f64 = 3.0;
+
 /// How far past what the egress delivers the climb past the prior may go
 /// (BBR's start-up gain is 2.89): a node whose load, not its rate, holds
 /// it back learns nothing of more bandwidth, and one that probed far past
@@ -827,6 +858,8 @@ pub struct Climb {
     at: Duration,
     /// What [`Climb::observe`] last returned (the prior at first).
     published: LinkEstimate,
+    /// Whether the link has shown a queue yet.
+    queue_seen: bool,
 }
 
 impl Climb {
@@ -836,6 +869,7 @@ impl Climb {
             value: prior,
             at: now,
             published: prior,
+            queue_seen: false,
         }
     }
 
@@ -893,11 +927,20 @@ impl Climb {
         // sent it back to the prior at once (18 Mbit/s on a 1 Mbit/s link:
         // 1.5 s of queue), where the climb below returns it gradually.
         let mut next = fit.map_or(self.value, |f| to_act_on(f, self.value, saturated));
+        self.queue_seen |= queued;
         if !queued {
             let dt = now.saturating_sub(self.at).as_secs_f64();
             let base = self.value.bytes_per_sec;
             let back = (base * (1.0 + CLIMB_PER_SEC * dt)).min(prior.bytes_per_sec);
-            let probe = (base * (1.0 + PROBE_PER_SEC * dt)).min(PROBE_CAP * delivering);
+            // Faster until the link first shows a queue, where a single
+            // transaction has shown it carries more than the prior: the
+            // prior is then no guide. (Later, a fast climb overshot the
+            // link by half before the queue it made was seen.)
+            let per_sec = match !self.queue_seen && at_least > prior.bytes_per_sec {
+                true => PROBE_FAST_PER_SEC,
+                false => PROBE_PER_SEC,
+            };
+            let probe = (base * (1.0 + per_sec * dt)).min(PROBE_CAP * delivering);
             next.bytes_per_sec = next.bytes_per_sec.max(back).max(probe);
         }
         if at_least.is_finite() {
