@@ -533,6 +533,33 @@ mod tests {
     }
 
     #[test]
+    fn overlapping_transactions_leave_the_round_trip_out_of_the_horizon() {
+        // 4 Mbit/s 50 ms from the broker, `ls` at 100 ms: 17.5 ms of bytes
+        // ahead, batches of 8.75 kB, and the rules apply.
+        let l = link(500_000.0, MS * 50);
+        let h = horizon_overlapping(MS * 100, l.per_transaction);
+        assert_eq!(h, Duration::from_micros(17_500));
+        assert_eq!(batch_cap_for(&l, h, true), 8_750);
+        let mut clock = LinkClock::new(true);
+        clock.sent(Duration::ZERO, 50_000, &l);
+        assert_eq!(
+            next_offer(Duration::ZERO, &clock, 0, 0, &l, h),
+            MS * 100 - lead(h),
+            "just in time, though T_sc passes the horizon"
+        );
+        // A round trip longer than half the bound: half the bound's share.
+        assert_eq!(
+            horizon_overlapping(MS * 100, MS * 200),
+            Duration::from_micros(17_500)
+        );
+        // On a LAN, nearly the whole bound's share.
+        assert_eq!(
+            horizon_overlapping(MS * 100, MS),
+            Duration::from_micros(34_600)
+        );
+    }
+
+    #[test]
     fn overlapping_transactions_occupy_the_link_for_their_bytes_alone() {
         // 4 Mbit/s, a 6 ms round trip: a 300 B batch every 6 ms, each sent
         // before the last is confirmed.

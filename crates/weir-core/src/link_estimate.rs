@@ -1422,6 +1422,73 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_node_held_back_by_its_rate_probes_past_the_prior_until_a_queue() {
+        let s = Duration::from_secs_f64;
+        let prior = LinkEstimate {
+            bytes_per_sec: 1e6,
+            per_transaction: Duration::from_millis(5),
+        };
+        let mut c = Climb::new(prior, Duration::ZERO);
+        // Delivering all it is allowed, no queue: past the prior.
+        let mut at = 0.0;
+        while at < 1.0 {
+            at += 0.01;
+            let delivering = 0.95 * c.value().bytes_per_sec;
+            c.update_probing(s(at), None, prior, 0, false, 0.0, delivering);
+        }
+        let probed = c.value().bytes_per_sec;
+        let expected = 1e6 * (1.0 + PROBE_PER_SEC * 0.01f64).powi(100);
+        assert!((probed - expected).abs() < 1e4, "{probed} {expected}");
+        // Never past twice what it delivers: a node the load holds back
+        // learns nothing more.
+        let idle = c.update_probing(s(2.0), None, prior, 0, false, 0.0, 0.6e6);
+        assert_eq!(idle.bytes_per_sec, probed);
+        // A queue stops it.
+        let queued = c.update_probing(s(3.0), None, prior, 64, true, 0.0, probed);
+        assert_eq!(queued.bytes_per_sec, probed);
+        // Until the first queue, a transaction that showed the link carries
+        // more than the prior makes the probe fast; after it, not.
+        let mut fresh = Climb::new(prior, Duration::ZERO);
+        let fast = fresh.update_probing(s(0.1), None, prior, 0, false, 2e6, 4e6);
+        assert!(fast.bytes_per_sec >= 2e6, "{fast:?}");
+        let next = fresh.update_probing(s(0.2), None, prior, 0, false, 2e6, 8e6);
+        let f = next.bytes_per_sec / fast.bytes_per_sec;
+        assert!((f - (1.0 + PROBE_FAST_PER_SEC * 0.1)).abs() < 1e-9, "{f}");
+        fresh.update_probing(s(0.3), None, prior, 64, true, 2e6, 8e6);
+        let before = fresh.value().bytes_per_sec;
+        let slow = fresh.update_probing(s(0.4), None, prior, 0, false, 2e6, 8e6);
+        let f = slow.bytes_per_sec / before;
+        assert!((f - (1.0 + PROBE_PER_SEC * 0.1)).abs() < 1e-9, "{f}");
+    }
+
+    #[test]
+    fn the_queue_floor_survives_a_change_of_the_bandwidth_reckoned() {
+        let ms = Duration::from_millis;
+        let mut q = QueueWatch::default();
+        // 100 Mbit/s, 5 ms away: 64 KiB batches take 5 ms more than 1 kB
+        // ones. Reckoned first at 2 MB/s (a 32 ms transfer for 64 KiB),
+        // then at the link's 12.5 MB/s: no queue either way.
+        for i in 0..40u64 {
+            let (bytes, rtt) = match i % 2 {
+                0 => (65_536, ms(10)),
+                _ => (1_000, ms(5)),
+            };
+            let reckoned = if i < 20 { 2e6 } else { 12.5e6 };
+            q.confirmed(ms(10 * i), rtt, bytes, reckoned);
+        }
+        assert!(!q.queued(), "{:?}", q.queue());
+        // 15 ms more on every round trip: a queue.
+        for i in 40..60u64 {
+            let (bytes, rtt) = match i % 2 {
+                0 => (65_536, ms(25)),
+                _ => (1_000, ms(20)),
+            };
+            q.confirmed(ms(10 * i), rtt, bytes, 12.5e6);
+        }
+        assert!(q.queued(), "{:?}", q.queue());
+    }
+
+    #[test]
     fn without_a_queue_the_estimate_climbs_back_to_the_prior() {
         let s = Duration::from_secs_f64;
         let prior = LinkEstimate {
@@ -1436,24 +1503,24 @@ pub(crate) mod tests {
         // A low fit with the link seen busy and queued: acted on at once.
         assert_eq!(c.update(s(1.0), Some(low), prior, 64, true), low);
         // No queue: the same fits again (a sender paced at them), and the
-        // estimate climbs at CLIMB_PER_SEC of the prior a second.
+        // estimate climbs by CLIMB_PER_SEC of itself a second.
         let mut at = 1.0;
         while at < 2.0 - 1e-9 {
             at += 0.01;
             c.update(s(at), Some(low), prior, 64, false);
         }
         let climbed = c.value().bytes_per_sec;
-        assert!(
-            (climbed - 5e5 - CLIMB_PER_SEC * 1e6).abs() < 1e3,
-            "{climbed}"
-        );
-        // Without a fit too, and never past the prior.
+        let expected = 5e5 * (1.0 + CLIMB_PER_SEC * 0.01f64).powi(100);
+        assert!((climbed - expected).abs() < 1e3, "{climbed} {expected}");
+        // Without a fit too, and never past the prior while the egress
+        // delivers nothing (no probe).
         assert_eq!(c.update(s(9.0), None, prior, 64, false).bytes_per_sec, 1e6);
         // A queue: the low fit stands again.
         assert_eq!(c.update(s(9.5), Some(low), prior, 64, true), low);
         // Queued and no fit: unchanged.
         assert_eq!(c.update(s(12.0), None, prior, 64, true), low);
-        // Above the prior, to_act_on's rule alone.
+        // Above what is acted on, to_act_on's rule against it: with the
+        // link seen saturated the fit stands...
         let fast = LinkEstimate {
             bytes_per_sec: 2e6,
             ..prior
@@ -1462,9 +1529,16 @@ pub(crate) mod tests {
             c.update(s(13.0), Some(fast), prior, MIN_SATURATED_ABOVE, false),
             fast
         );
+        // ...and without, a higher fit does not raise it, nor does an
+        // unsaturated one send it back to the prior.
+        let faster = LinkEstimate {
+            bytes_per_sec: 4e6,
+            ..prior
+        };
         assert_eq!(
-            c.update(s(14.0), Some(fast), prior, 0, false).bytes_per_sec,
-            1e6
+            c.update(s(14.0), Some(faster), prior, 0, false)
+                .bytes_per_sec,
+            2e6
         );
     }
 
