@@ -649,12 +649,12 @@ pub fn to_act_on(fit: LinkEstimate, prior: LinkEstimate, saturated: u32) -> Link
 /// has a floor from before, short enough to follow a route that changed.
 pub const FLOOR_WINDOW: Duration = Duration::from_secs(10);
 
-/// Confirmations over which [`QueueWatch`] takes the median excess round
-/// trip: enough to see through a broker's bunched confirms.
+/// Confirmations over which [`QueueWatch`] takes the lower quartile of the
+/// excess round trips: enough to see through a broker's bunched confirms.
 pub const QUEUE_SPAN: usize = 16;
 
 /// A queue on the link ([`QueueWatch::queued`]): the recent round trips'
-/// median more than this above the floor. Above timing noise: idle nodes
+/// lower quartile more than this above the floor. Above timing noise: idle nodes
 /// in the real-process JANUS lab (4G, RabbitMQ) showed medians of 2-5 ms;
 /// nodes whose `tbf` queue held 20-40 kB (10-17 ms), 11-25 ms.
 pub const QUEUE_EVIDENCE: Duration = Duration::from_millis(8);
@@ -725,15 +725,22 @@ impl WindowedExtreme {
 /// link, not the sender, set the pace.
 #[derive(Debug, Clone, Default)]
 pub struct QueueWatch {
-    /// Per size of transaction ([`floor_bucket`]), the lowest round trip
-    /// within [`FLOOR_WINDOW`], in seconds.
-    floors: Vec<WindowedExtreme>,
+    /// Per size of transaction ([`floor_bucket`]), the lowest round trips
+    /// within [`FLOOR_WINDOW`]: (when, seconds, bytes), each lower than the
+    /// one before.
+    floors: Vec<VecDeque<(Duration, f64, u64)>>,
     /// The last [`QUEUE_SPAN`] round trips above the floor, in seconds.
     recent: VecDeque<f64>,
-    /// Their median, kept as each confirmation comes (read twice a
+    /// Their lower quartile, kept as each confirmation comes (read twice a
     /// confirmation: the gauge and [`QueueWatch::queued`]).
     queue: Duration,
+    /// When the bunch of confirmations the last sample stands for began.
+    bunch_at: Duration,
 }
+
+/// Confirmations within this of the first of a bunch are one sample of
+/// [`QueueWatch`].
+pub const BUNCH: Duration = Duration::from_millis(1);
 
 /// Ratio of the sizes of transactions one [`QueueWatch`] floor bucket
 /// holds.
@@ -772,24 +779,43 @@ impl QueueWatch {
             false => 0.0,
         };
         if self.floors.is_empty() {
-            self.floors = vec![WindowedExtreme::default(); FLOOR_BUCKETS];
+            self.floors = vec![VecDeque::new(); FLOOR_BUCKETS];
         }
         let raw = round_trip.as_secs_f64();
-        let b = floor_bucket(bytes);
-        self.floors[b].push(now, raw, FLOOR_WINDOW, Extreme::Lowest);
+        let floor = &mut self.floors[floor_bucket(bytes)];
+        // The bucket's lowest round trips of the window, oldest first, each
+        // lower than the one before it (BBR's `min_rtt` filter), with their
+        // sizes.
+        while floor.back().is_some_and(|(_, r, _)| *r >= raw) {
+            floor.pop_back();
+        }
+        floor.push_back((now, raw, bytes));
+        while floor
+            .front()
+            .is_some_and(|(t, _, _)| now.saturating_sub(*t) > FLOOR_WINDOW)
+        {
+            floor.pop_front();
+        }
+        let (_, best, best_bytes) = *floor.front().expect("just pushed");
+        // Against the lowest of the same size, less the difference of the
+        // two sizes' transfers: a bandwidth reckoned wrong moves both alike.
         let rtt = raw - bytes as f64 * per_byte;
-        let floor = self
-            .floors
-            .iter()
-            .enumerate()
-            .filter_map(|(i, f)| {
-                let (at, best) = f.best_at()?;
-                // A bucket not confirmed into lately keeps its old samples.
-                (now.saturating_sub(at) <= FLOOR_WINDOW)
-                    .then(|| best - FLOOR_BUCKET_RATIO.powf(i as f64) * per_byte)
-            })
-            .fold(rtt, f64::min);
-        self.recent.push_back((rtt - floor).max(0.0));
+        let floor = best - best_bytes as f64 * per_byte;
+        let excess = (rtt - floor).max(0.0);
+        // Confirmations that come together (a broker's bunch after its
+        // fsync) are one sample, the least of them: the batch sent last
+        // before the bunch waited least. Each taken alone, the bunch's
+        // first batches (sent up to a cadence earlier) read as a queue
+        // half-way through every bunch.
+        match self.recent.back_mut() {
+            Some(last) if now.saturating_sub(self.bunch_at) <= BUNCH => {
+                *last = last.min(excess);
+            }
+            _ => {
+                self.recent.push_back(excess);
+                self.bunch_at = now;
+            }
+        }
         if self.recent.len() > QUEUE_SPAN {
             self.recent.pop_front();
         }
@@ -798,10 +824,18 @@ impl QueueWatch {
         for (slot, r) in v.iter_mut().zip(&self.recent) {
             *slot = *r;
         }
-        self.queue = secs_to_duration(median(&mut v[..n]));
+        // The lower quartile: a standing queue lengthens every round trip,
+        // a broker's confirm cadence (a durable queue's fsyncs, 10-30 ms)
+        // some of them at random, which the median read as a queue
+        // 50 ms from the broker and held the estimate at a fifth of a
+        // 100 Mbit/s uplink.
+        let quartile = n / 4;
+        let (_, q, _) = v[..n].select_nth_unstable_by(quartile, f64::total_cmp);
+        self.queue = secs_to_duration(*q);
     }
 
-    /// The median round trip above the floor over the last [`QUEUE_SPAN`]
+    /// The lower quartile of the round trips above the floor over the last
+    /// [`QUEUE_SPAN`]
     /// confirmations: the link's queue, in time.
     pub fn queue(&self) -> Duration {
         self.queue
@@ -829,6 +863,12 @@ pub const PROBE_PER_SEC: f64 = 0.5;
 /// LAN took 6.5 s to climb from the 18 Mbit/s prior, and `ls` records,
 /// 5 % of the load, waited seconds behind their share of it.
 pub const PROBE_FAST_PER_SEC: f64 = 3.0;
+
+/// Share of the delivery rate acted on while the link holds a queue: at
+/// the rate itself (less the scheduler's 1.5 % headroom) a standing queue
+/// of 8 kB on a 1 Mbit/s uplink (65 ms) took seconds to drain, and `ls`
+/// records waited in it.
+pub const QUEUE_DRAIN: f64 = 0.9;
 
 /// How far past what the egress delivers the climb past the prior may go
 /// (BBR's start-up gain is 2.89): a node whose load, not its rate, holds
@@ -977,26 +1017,38 @@ impl Climb {
         prior: LinkEstimate,
         seen: Seen,
     ) -> Option<LinkEstimate> {
-        let mut acted = (full || seen.queued).then_some(fit);
-        if seen.queued && seen.delivering > 0.0 {
-            // The link sets the pace: what it carried over the last
-            // seconds is its rate, steadier than any line through them.
-            acted = Some(LinkEstimate {
-                bytes_per_sec: seen.delivering,
-                per_transaction: fit.per_transaction,
-            });
-        }
-        let next = self.update_probing(
+        // With a queue the link sets the pace: what it delivered is its
+        // rate, steadier than any line through the transactions' times; a
+        // little under it, so that the queue drains.
+        let drained = (seen.queued && seen.delivering > 0.0).then(|| LinkEstimate {
+            bytes_per_sec: seen.delivering * QUEUE_DRAIN,
+            per_transaction: fit.per_transaction,
+        });
+        // Without one, what the egress delivered is what the link carries
+        // at least, and the climb and the probe take it from there.
+        let at_least = match seen.queued {
+            true => seen.carried,
+            false => seen.carried.max(seen.delivering),
+        };
+        let mut next = self.update_probing(
             now,
-            acted,
+            drained,
             prior,
-            seen.saturated,
+            WINDOW as u32,
             seen.queued,
-            seen.carried,
+            at_least,
             seen.delivering,
         );
+        // The fit gives `T_sc` (a full one, or any with a queue: its
+        // transactions went back to back); its bandwidth, from lines
+        // through times that scatter by tens of percent on a real link, is
+        // not acted on.
+        if full || seen.queued {
+            next.per_transaction = fit.per_transaction;
+            self.value.per_transaction = fit.per_transaction;
+        }
         let risen = next.bytes_per_sec > self.published.bytes_per_sec * (1.0 + CLIMB_STEP);
-        (acted.is_some() || risen).then(|| {
+        (drained.is_some() || full || risen).then(|| {
             self.published = next;
             next
         })

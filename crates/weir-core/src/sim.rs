@@ -54,6 +54,10 @@ pub struct LinkModel {
     /// Link bytes per transaction beside the batch (the sink's own
     /// framing: an AMQP publish's method and header frames).
     pub per_transaction: u64,
+    /// The destination confirms in a cadence of this period (a durable
+    /// queue's fsyncs): a batch's confirmation leaves at the first tick
+    /// after its own time. Zero: each at its own time.
+    pub confirm_every: Duration,
 }
 
 /// The records offered.
@@ -356,10 +360,14 @@ pub fn run(p: &SimParams) -> Report {
                     report.batches += 1;
                 }
                 let arrives = link_clear + p.link.delay;
-                flight.push_back(Sent {
-                    arrives,
-                    confirms: arrives + p.link.confirm,
-                });
+                let mut confirms = arrives + p.link.confirm;
+                if !p.link.confirm_every.is_zero() {
+                    let every = p.link.confirm_every.as_nanos();
+                    let ticks = confirms.as_nanos().div_ceil(every);
+                    confirms =
+                        Duration::from_nanos(u64::try_from(ticks * every).unwrap_or(u64::MAX));
+                }
+                flight.push_back(Sent { arrives, confirms });
                 egress.handle_sent(now);
                 moved = true;
             }

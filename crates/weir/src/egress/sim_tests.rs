@@ -59,6 +59,10 @@ fn link(mbit: f64, delay: Duration) -> LinkModel {
         confirm: MS,
         framing: 1514.0 / 1448.0,
         per_transaction: 120,
+        confirm_every: match std::env::var("WEIR_SIM_CADENCE_MS") {
+            Ok(v) => MS * v.parse::<u32>().expect("ms"),
+            Err(_) => Duration::ZERO,
+        },
     }
 }
 
