@@ -167,7 +167,6 @@ fn scheduler(c: &mut Criterion) {
         mix_classes: true,
         // The bench polls back to back; a gather would only make it wait.
         gather: Duration::ZERO,
-        overlapping: false,
     };
     let link = LinkEstimate {
         bytes_per_sec: 1e12,

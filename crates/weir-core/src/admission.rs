@@ -62,29 +62,6 @@ pub fn horizon(tightest: Duration) -> Duration {
     tightest.mul_f64(HORIZON_SHARE)
 }
 
-/// The horizon where transactions overlap (a sink with a window of more
-/// than one unconfirmed batch): [`HORIZON_SHARE`] of what the bound
-/// leaves beside one transaction's fixed time `t_sc` (an urgent record's
-/// own round trip), but of at least half the bound.
-///
-/// Transactions that overlap occupy the link for their bytes alone
-/// ([`LinkClock`]), so an urgent record waits for the bytes committed
-/// ahead of it and then its own round trip: on a 4 Mbit/s uplink 50 ms
-/// from the broker, `ls` (100 ms) keeps its bound with 17.5 ms of bytes
-/// ahead, not 35 ms. Where `t_sc` takes more than half the bound the
-/// bound cannot be kept by any batching; the horizon then stays at half
-/// the bound's share rather than shrink batches to nothing.
-pub fn horizon_overlapping(tightest: Duration, t_sc: Duration) -> Duration {
-    let h = tightest
-        .saturating_sub(t_sc)
-        .max(tightest / 2)
-        .mul_f64(HORIZON_SHARE);
-    // In whole tenths of a millisecond, so that an estimate's jitter does
-    // not announce a new horizon at every confirmation.
-    let tenths = h.as_micros() / 100;
-    Duration::from_micros(u64::try_from(tenths * 100).unwrap_or(u64::MAX))
-}
-
 /// How long `batches` transactions of `bytes` bytes in all take to clear
 /// `link`.
 pub fn drain_time(batches: usize, bytes: u64, link: &LinkEstimate) -> Duration {
@@ -172,11 +149,6 @@ impl LinkClock {
         }
     }
 
-    /// Whether transactions overlap ([`LinkClock::new`]).
-    pub fn overlapping(&self) -> bool {
-        self.overlapping
-    }
-
     /// How long `batches` transactions of `bytes` bytes in all occupy
     /// `link` ([`drain_time`], without `T_sc` where they overlap).
     pub fn occupancy(&self, batches: usize, bytes: u64, link: &LinkEstimate) -> Duration {
@@ -217,10 +189,8 @@ impl LinkClock {
 /// `queued` batches of `queued_bytes` built and not yet sent: once what is
 /// committed ahead (the rest of what `clock` says is on the link, plus the
 /// queued batches' transactions) clears within [`lead`]. At `now` when that
-/// is already so, or, for transactions that do not overlap, when the
-/// horizon cannot be kept at all ([`keepable`]: then only the sink's window
-/// limits what is committed; overlapping ones cost the link nothing by
-/// being asked for just in time).
+/// is already so, or when the horizon cannot be kept at all ([`keepable`]:
+/// then only the sink's window limits what is committed).
 pub fn next_offer(
     now: Duration,
     clock: &LinkClock,
@@ -229,7 +199,7 @@ pub fn next_offer(
     link: &LinkEstimate,
     horizon: Duration,
 ) -> Duration {
-    if !clock.overlapping && !keepable(link, horizon) {
+    if !keepable(link, horizon) {
         return now;
     }
     let mut ahead = clock.busy_for(now);
@@ -244,21 +214,6 @@ pub fn next_offer(
 /// link stays at least half busy carrying bytes rather than waiting out
 /// fixed costs) nor [`MIN_BATCH_BYTES`].
 pub fn batch_cap(link: &LinkEstimate, horizon: Duration) -> usize {
-    batch_cap_for(link, horizon, false)
-}
-
-/// [`batch_cap`], or where transactions `overlapping` (a window of more
-/// than one) the bytes the link carries within `horizon`: their fixed
-/// times pass while the next batches cross, so a batch need not carry a
-/// transaction's worth to keep the link busy.
-pub fn batch_cap_for(link: &LinkEstimate, horizon: Duration, overlapping: bool) -> usize {
-    if overlapping {
-        let bytes = horizon.as_secs_f64() * link.bytes_per_sec;
-        return match bytes.is_finite() {
-            true => (bytes as usize).max(MIN_BATCH_BYTES),
-            false => usize::MAX,
-        };
-    }
     let room = horizon.saturating_sub(link.per_transaction).as_secs_f64();
     let floor = link.per_transaction.as_secs_f64();
     let bytes = room.max(floor) * link.bytes_per_sec;
@@ -530,33 +485,6 @@ mod tests {
         clock.cleared(MS * 40);
         assert_eq!(clock.busy_for(MS * 40), Duration::ZERO);
         assert_eq!(next_offer(MS * 40, &clock, 0, 0, &l, h), MS * 40);
-    }
-
-    #[test]
-    fn overlapping_transactions_leave_the_round_trip_out_of_the_horizon() {
-        // 4 Mbit/s 50 ms from the broker, `ls` at 100 ms: 17.5 ms of bytes
-        // ahead, batches of 8.75 kB, and the rules apply.
-        let l = link(500_000.0, MS * 50);
-        let h = horizon_overlapping(MS * 100, l.per_transaction);
-        assert_eq!(h, Duration::from_micros(17_500));
-        assert_eq!(batch_cap_for(&l, h, true), 8_750);
-        let mut clock = LinkClock::new(true);
-        clock.sent(Duration::ZERO, 50_000, &l);
-        assert_eq!(
-            next_offer(Duration::ZERO, &clock, 0, 0, &l, h),
-            MS * 100 - lead(h),
-            "just in time, though T_sc passes the horizon"
-        );
-        // A round trip longer than half the bound: half the bound's share.
-        assert_eq!(
-            horizon_overlapping(MS * 100, MS * 200),
-            Duration::from_micros(17_500)
-        );
-        // On a LAN, nearly the whole bound's share.
-        assert_eq!(
-            horizon_overlapping(MS * 100, MS),
-            Duration::from_micros(34_600)
-        );
     }
 
     #[test]

@@ -37,7 +37,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::admission::{
-    batch_cap_for, next_offer, next_permit, LinkClock, Permit, PermitStep, Window, WindowPacer,
+    next_offer, next_permit, LinkClock, Permit, PermitStep, Window, WindowPacer,
 };
 use crate::link_estimate::{
     CarriedBound, Climb, FitKind, LinkEstimate, LinkEstimateError, LinkEstimator, LinkTimer,
@@ -230,7 +230,7 @@ impl<T> Delivery<T> {
             open: true,
             backoff: RETRY_INITIAL,
             retry_at: None,
-            clock: LinkClock::new(window > 1 && !params.carried_on_send),
+            clock: LinkClock::new(window > 1),
             timer: LinkTimer::default(),
             pacer: WindowPacer::default(),
             queue: QueueWatch::default(),
@@ -286,23 +286,6 @@ impl<T> Delivery<T> {
             .sum()
     }
 
-    /// How many batches the window's pace spreads over a round trip: the
-    /// pipe's share ([`Pipe::slots`]), and at least enough batches of the
-    /// scheduler's cap ([`batch_cap_for`]) to carry the delivery rate over
-    /// the lowest round trip, and one more. Where the horizon caps batches
-    /// far below what the pipe asks for (a 4 Mbit/s uplink 200 ms from its
-    /// broker: 8 kB against 64 KiB), four a round trip carried half the
-    /// link.
-    fn slots(&self) -> usize {
-        let cap = batch_cap_for(&self.link, self.horizon, self.clock.overlapping()) as u64;
-        let product = match (self.pipe.delivery_rate(), self.pipe.round_trip()) {
-            (Some(rate), Some(rtt)) => rate * rtt.as_secs_f64(),
-            _ => 0.0,
-        };
-        let carry = (product / cap.max(1) as f64).ceil() as usize + 1;
-        self.pipe.slots(self.window).max(carry.min(self.window))
-    }
-
     /// When the next batch is due ([`next_offer`]), never before the
     /// window's pace (only with the urgent lane: without it the pace would
     /// hold the urgent records back too).
@@ -310,7 +293,7 @@ impl<T> Delivery<T> {
         let paced = match self.urgent_lane {
             true => self
                 .pacer
-                .next(self.slots(), w.in_flight - w.lane_in_flight),
+                .next(self.pipe.slots(self.window), w.in_flight - w.lane_in_flight),
             false => Duration::ZERO,
         };
         let built: u64 = self.todo.iter().map(|p| p.bytes).sum();
@@ -474,15 +457,8 @@ impl<T> Delivery<T> {
             self.pacer.confirmed(confirm);
         }
         self.backoff = RETRY_INITIAL;
-        // Transfers reckoned at the fastest the link may be: the prior, what
-        // is acted on, or what a transaction showed it carries at least.
-        let reckoned = self
-            .params
-            .link_prior
-            .bytes_per_sec
-            .max(self.link.bytes_per_sec)
-            .max(self.carried.bound());
-        self.queue.confirmed(now, confirm, bytes, reckoned);
+        self.queue
+            .confirmed(now, confirm, bytes, self.params.link_prior.bytes_per_sec);
         self.carried
             .confirmed(now, bytes, now.saturating_sub(done.started));
         self.learn(now, bytes, link_time);
@@ -529,8 +505,6 @@ impl<T> Delivery<T> {
             saturated: self.timer.saturated(),
             queued: self.queue.queued(),
             carried: self.carried.bound(),
-            delivering: self.pipe.delivery_rate().unwrap_or(0.0),
-            carrying: self.pipe.mean_rate(),
         };
         if let Some(acted) = self.climb.observe(now, fit, full, prior, seen) {
             self.link = acted;

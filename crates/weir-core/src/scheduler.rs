@@ -108,10 +108,6 @@ pub struct SchedulerParams {
     /// Shortest time between a batch and a following one that is not full
     /// ([`crate::drain`]'s gathering), within [`admission::gather`]'s cap.
     pub gather: Duration,
-    /// Whether the egress's transactions overlap (a window of more than one
-    /// unconfirmed batch, not an emulated link): the horizon and the batch
-    /// cap then leave their fixed times out ([`admission::horizon_overlapping`]).
-    pub overlapping: bool,
 }
 
 /// Why [`Scheduler::reconfigure`] refused new parameters; nothing changed.
@@ -303,8 +299,6 @@ pub struct Scheduler {
     tightest: Duration,
     /// The batch size the egress's pipe asks for, once it has said.
     pipe_batch: Option<usize>,
-    /// The horizon last announced ([`Event::Horizon`]).
-    announced: Option<Duration>,
     /// The latest time a `poll_*` or `reconfigure` was called with.
     clock: Duration,
 }
@@ -382,7 +376,6 @@ impl Scheduler {
             events,
             tightest: Duration::MAX,
             pipe_batch: None,
-            announced: None,
             clock: now,
             params,
         };
@@ -413,9 +406,8 @@ impl Scheduler {
             return Vec::new();
         }
         let horizon = self.horizon();
-        let cap = admission::batch_cap_for(&self.link, horizon, self.params.overlapping);
-        let fits =
-            self.params.overlapping || admission::drain_time(1, cap as u64, &self.link) <= horizon;
+        let cap = admission::batch_cap(&self.link, horizon);
+        let fits = admission::drain_time(1, cap as u64, &self.link) <= horizon;
         self.classes
             .iter()
             .map(|(_, c)| {
@@ -516,34 +508,27 @@ impl Scheduler {
         self.link
     }
 
-    /// The horizon in force ([`crate::admission::horizon`], or
-    /// [`crate::admission::horizon_overlapping`] at the estimate's `T_sc`).
+    /// The horizon in force ([`crate::admission::horizon`]).
     pub fn horizon(&self) -> Duration {
-        match self.params.overlapping {
-            true => admission::horizon_overlapping(self.tightest, self.link.per_transaction),
-            false => admission::horizon(self.tightest),
-        }
+        admission::horizon(self.tightest)
     }
 
-    /// Sets the tightest bound in play (`None`: keep the one in force) and
-    /// caps batches to the horizon.
+    /// Sets the tightest bound in play (`None`: keep the one in force),
+    /// announces a new horizon, and caps batches to it.
     fn set_tightest(&mut self, tightest: Option<Duration>) {
         if let Some(t) = tightest {
-            self.tightest = t;
+            if t != self.tightest {
+                self.tightest = t;
+                self.events.push_back(Event::Horizon(self.horizon()));
+            }
         }
         self.cap_batches();
     }
 
-    /// Announces the horizon if it changed, and sets batch limits within
-    /// the batch cap at the current link estimate and the rider budgets that
-    /// follow it.
+    /// Batch limits within the batch cap at the current link estimate, and
+    /// the rider budgets that follow it.
     fn cap_batches(&mut self) {
-        let horizon = self.horizon();
-        if self.announced != Some(horizon) {
-            self.announced = Some(horizon);
-            self.events.push_back(Event::Horizon(horizon));
-        }
-        let cap = admission::batch_cap_for(&self.link, self.horizon(), self.params.overlapping);
+        let cap = admission::batch_cap(&self.link, self.horizon());
         let pipe = self.pipe_batch.unwrap_or(usize::MAX);
         let max_bytes = self.params.limits.max_bytes.min(cap).min(pipe);
         self.drainer.set_limits(BatchLimits {

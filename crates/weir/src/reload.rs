@@ -105,19 +105,7 @@ pub fn scheduler_params(cfg: &Config) -> SchedulerParams {
         track_uplink: cfg.scheduler.track_uplink,
         mix_classes: cfg.scheduler.mix_classes,
         gather: cfg.batching.gather,
-        overlapping: overlapping(cfg),
     }
-}
-
-/// Whether the egress of `cfg` overlaps its transactions: a window of more
-/// than one unconfirmed batch, and no emulated link (whose sends return
-/// only once it has carried them, one after another).
-pub fn overlapping(cfg: &Config) -> bool {
-    let window = match &cfg.egress.sink {
-        crate::config::EgressSink::Amqp(a) => a.max_in_flight,
-        crate::config::EgressSink::File(_) => crate::egress::file::WINDOW,
-    };
-    window > 1 && cfg.egress.link.is_none()
 }
 
 impl Reloader {

@@ -65,10 +65,6 @@ pub const RTT_WINDOW: Duration = Duration::from_secs(10);
 /// urgent record's own both count against its bound).
 pub const MIN_IN_FLIGHT_BYTES: u64 = 256 << 10;
 
-/// Fewest bytes in flight once the pipe has measured: one of the
-/// scheduler's smallest batches ([`crate::admission::MIN_BATCH_BYTES`]).
-pub const MIN_MEASURED_IN_FLIGHT: u64 = crate::admission::MIN_BATCH_BYTES as u64;
-
 /// Smallest batch the pipe asks for (the scheduler's caps may make it
 /// smaller).
 pub const MIN_PIPE_BATCH: u64 = 64 << 10;
@@ -245,17 +241,17 @@ impl Pipe {
         }
         self.delivered_at = now;
         if let (Some(rate), Some(rtt)) = (self.rate.best(), self.rtt.best()) {
-            // The product and the horizon beside it (BBR's congestion
-            // window: the product and an allowance): whatever the rate acted
-            // on, what waits in the link's queue is at most the horizon's
-            // worth, and an urgent record sent next waits behind no more.
             let horizon = match self.horizon == Duration::MAX {
-                true => rtt,
+                true => 0.0,
                 false => self.horizon.as_secs_f64(),
             };
-            let bdp = rate * (rtt + horizon);
+            // The horizon's share at the mean rate, not the highest bin's:
+            // what is in flight must clear within it at what the
+            // destination carries on average (bunched confirms make some
+            // bins read twice that).
+            let bdp = (rate * rtt * PIPE_GAIN).max(self.mean_rate() * horizon);
             self.in_flight = match bdp.is_finite() {
-                true => (bdp as u64).clamp(MIN_MEASURED_IN_FLIGHT, self.max_in_flight),
+                true => (bdp as u64).clamp(self.floor, self.max_in_flight),
                 false => self.max_in_flight,
             };
             self.batch = self.batch_for(self.in_flight);

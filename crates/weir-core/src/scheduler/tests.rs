@@ -39,7 +39,6 @@ fn params(scheme: Scheme) -> SchedulerParams {
         track_uplink: true,
         mix_classes: true,
         gather: Duration::ZERO,
-        overlapping: false,
     }
 }
 

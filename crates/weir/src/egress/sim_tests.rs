@@ -165,35 +165,9 @@ fn short_round_trips_keep_the_link_full_with_the_defaults() {
     // Urgent batches sent every few milliseconds each overlap the one
     // before: a clock that charged each its round trip ran seconds ahead
     // and the egress asked for nothing but `ls` (15 % of the link).
-    for mbit in [1.0, 4.0, 18.0, 100.0] {
+    for mbit in [1.0, 4.0, 18.0] {
         let r = cell(mbit, 5);
         assert_full(&r, mbit, 0.95);
-    }
-}
-
-#[test]
-fn a_50ms_uplink_is_full_and_ls_keeps_its_bound_with_the_defaults() {
-    // The 18 Mbit/s prior is 18 times a 1 Mbit/s uplink and a fifth of a
-    // 100 Mbit/s one: the estimate must find both, and `ls` (100 ms) keeps
-    // its bound behind 50 ms of propagation.
-    for mbit in [1.0, 4.0, 18.0, 100.0] {
-        let r = cell(mbit, 50);
-        assert_full(&r, mbit, 0.9);
-    }
-}
-
-#[test]
-fn a_200ms_uplink_is_kept_full_with_the_defaults() {
-    // `ls` cannot keep 100 ms here (the propagation alone is 200 ms); the
-    // link is still kept full, in batches the horizon keeps small.
-    for mbit in [1.0, 4.0, 18.0] {
-        let r = cell(mbit, 200);
-        let cap = mbit * 1e6 / 8.0;
-        assert!(
-            r.link_bytes_per_sec >= 0.9 * cap,
-            "{mbit} Mbit/s: {:.0} of {cap:.0} B/s carried",
-            r.link_bytes_per_sec
-        );
     }
 }
 
