@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# weir's memory over a long run at full rate (issue 20): weir with its
+# weir's memory over a long run at full rate: weir with its
 # default capacities publishing into a durable classic RabbitMQ queue with
 # confirms, driven by weir-load (MQTT QoS 1, 4 x 1000 in flight, as fast as
 # acknowledged), weir's resident memory sampled every 5 s. RabbitMQ keeps

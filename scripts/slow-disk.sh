@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Bounds on a busy box with a slow disk (issue 18, docs/benchmarks.md):
+# Bounds on a busy box with a slow disk (docs/benchmarks.md):
 # `weir-load contention` with the `lt` class spooled on a throttled device
 # and `ls`, `nm` in memory. The device is a loop-mounted ext4 file system
 # whose writes weir makes through a cgroup-v1 blkio throttle (default 20
