@@ -137,10 +137,6 @@ pub struct Report {
     pub batches: u64,
     /// Records delivered after the warm-up, per second of load.
     pub records_per_sec: f64,
-    /// The last uplink estimate the egress acted on, bytes per second.
-    pub acted_bytes_per_sec: f64,
-    /// The last batch size the pipe asked for.
-    pub pipe_batch: u64,
     /// The state every [`SAMPLE_EVERY`], from the start.
     pub samples: Vec<Sample>,
 }
@@ -175,255 +171,329 @@ pub struct Sample {
     pub measures: Option<crate::delivery::Measures>,
 }
 
+/// A batch the scheduler built, with its encoded size (reckoned once).
+struct Built {
+    batch: OutBatch,
+    bytes: u64,
+}
+
 /// A batch sent and not yet confirmed.
 struct Sent {
     arrives: Duration,
     confirms: Duration,
 }
 
+/// What the two drivers share: the permits the egress gave, the channel
+/// of built batches, and what each publishes to the other.
+#[derive(Default)]
+struct Handoff {
+    permits: usize,
+    urgent_only: bool,
+    /// The scheduler holds a permit.
+    link_free: bool,
+    channel: VecDeque<Built>,
+    delivered: VecDeque<Delivered>,
+    link: Option<crate::link_estimate::LinkEstimate>,
+    pipe_batch: Option<u64>,
+}
+
+/// The model link and destination: batches in flight in sending order.
+#[derive(Default)]
+struct Wire {
+    clear_at: Duration,
+    flight: VecDeque<Sent>,
+    /// Arrival times of the batches confirmed and not yet reported.
+    arrived: VecDeque<Duration>,
+    /// Link bytes so far, and those after the warm-up.
+    bytes: u64,
+    counted: u64,
+    batches: u64,
+}
+
+/// The whole relay at one moment of the simulation.
+struct Relay<'a> {
+    p: &'a SimParams,
+    queues: crate::queue::MultiLevelQueue,
+    sched: Scheduler,
+    egress: Delivery<Built>,
+    handoff: Handoff,
+    wire: Wire,
+    report: Report,
+    next_arrival: Vec<Duration>,
+    seq: u64,
+    key: Bytes,
+    payload: Bytes,
+    measures: Option<crate::delivery::Measures>,
+    sampled_bytes: u64,
+}
+
 /// Runs the simulation.
 pub fn run(p: &SimParams) -> Report {
-    let caps = capacities_for(p.scheduler.scheme, &p.capacities);
-    let queues = queues_for(p.scheduler.scheme, &caps);
+    let mut relay = Relay::new(p);
     let mut now = Duration::ZERO;
-    let wall = |t: Duration| WALL0 + t.as_micros() as u64;
-    let prior = p.delivery.link_prior;
-    let mut sched = Scheduler::new(
-        p.scheduler.clone(),
-        p.classes.clone(),
-        &queues,
-        prior,
-        0,
-        1,
-        now,
-    );
-    let mut egress: Delivery<OutBatch> = Delivery::new(p.delivery.clone(), now);
-    let n = p.classes.len();
-    let mut report = Report {
-        classes: vec![ClassReport::default(); n],
-        ..Report::default()
-    };
-    let interval: Vec<Option<Duration>> = p
-        .load
-        .rates
-        .iter()
-        .map(|&r| (r > 0.0).then(|| Duration::from_secs_f64(1.0 / r)))
-        .collect();
-    let mut next_arrival = vec![Duration::ZERO; n];
-    let mut seq = 0u64;
-    let key = Bytes::from(vec![b'k'; p.load.key]);
-    let payload = Bytes::from(vec![0u8; p.load.payload]);
-
-    // The drivers' shared state.
-    let mut permits = 0usize;
-    let mut urgent_only = false;
-    let mut link_free = false;
-    let mut channel: VecDeque<OutBatch> = VecDeque::new();
-    let mut delivered: VecDeque<Delivered> = VecDeque::new();
-    let mut link_estimate = prior;
-    let mut link_changed = false;
-    let mut pipe_batch: Option<u64> = None;
-    let mut horizon = Duration::MAX;
-    // The model link and destination.
-    let mut link_clear = Duration::ZERO;
-    let mut flight: VecDeque<Sent> = VecDeque::new();
-    let mut link_bytes = 0u64;
-    // Arrival times of the batches confirmed and not yet reported.
-    let mut arrived: VecDeque<Duration> = VecDeque::new();
-    let end = p.duration;
-
     let mut next_sample = Duration::ZERO;
-    let mut measures = None;
-    let mut sampled_bytes = 0u64;
-    let mut all_bytes = 0u64;
-    while now < end {
+    while now < p.duration {
         if now >= next_sample {
-            report.samples.push(Sample {
-                at: now,
-                acted: egress.link().bytes_per_sec,
-                capacity: sched.capacity(),
-                rates: sched.rates(),
-                queued: queues.iter().map(|(_, q)| q.len()).collect(),
-                in_flight: flight.len(),
-                pipe_bytes: egress.pipe().in_flight_bytes(),
-                pipe_batch: egress.pipe().batch_bytes(),
-                link_queue: link_clear.saturating_sub(now),
-                link_rate: (all_bytes - sampled_bytes) as f64 / SAMPLE_EVERY.as_secs_f64(),
-                measures,
-            });
-            sampled_bytes = all_bytes;
+            relay.sample(now);
             next_sample += SAMPLE_EVERY;
         }
-        // Arrivals.
-        for c in 0..n {
-            let Some(every) = interval[c] else { continue };
-            while next_arrival[c] <= now {
-                seq += 1;
-                let r = Record {
-                    key: key.clone(),
-                    class: ClassId(c as u8),
-                    origin: 1,
-                    seq,
-                    ingress_us: wall(next_arrival[c]),
-                    payload: payload.clone(),
-                    spool: None,
-                };
-                let counted = next_arrival[c] >= p.warm_up;
-                if counted {
-                    report.classes[c].offered += 1;
-                }
-                if queues.push(r).is_err() && counted {
-                    report.classes[c].refused += 1;
-                }
-                next_arrival[c] += every;
-            }
-        }
-        // Confirmations due.
-        while flight.front().is_some_and(|s| s.confirms <= now) {
-            let s = flight.pop_front().expect("checked");
-            egress.handle_confirm(s.confirms);
-            arrived.push_back(s.arrives);
-        }
+        relay.arrivals(now);
+        relay.confirmations(now);
         // Both drivers, until neither moves.
         for _ in 0..16 {
-            let mut moved = false;
-            // The egress's events.
-            while let Some(e) = egress.poll_event() {
-                match e {
-                    DeliveryEvent::Confirmed(c) => {
-                        let b = &c.batch;
-                        let sent = arrived.pop_front().expect("one per confirmation");
-                        for r in &b.records {
-                            let at = r.ingress_us - WALL0;
-                            if Duration::from_micros(at) < p.warm_up {
-                                continue;
-                            }
-                            let latency = sent.saturating_sub(Duration::from_micros(at));
-                            let cr = &mut report.classes[r.class.index()];
-                            cr.delivered += 1;
-                            cr.latencies.push(latency);
-                            if latency > p.classes.get(r.class).bound {
-                                cr.late_at.push(Duration::from_micros(at));
-                            }
-                        }
-                        delivered.push_back(Delivered {
-                            class: b.class,
-                            bytes: c.bytes as usize,
-                            raw_bytes: c.bytes as usize,
-                            records: b.records.len(),
-                            elapsed: c.link_time,
-                        });
-                    }
-                    DeliveryEvent::Link(l) => {
-                        link_estimate = l;
-                        link_changed = true;
-                    }
-                    DeliveryEvent::BatchBytes(b) => pipe_batch = Some(b),
-                    DeliveryEvent::Measures(m) => measures = Some(m),
-                    _ => {}
-                }
-            }
-            // The egress: takes a batch, gives a permit, sends.
-            if egress.may_receive() {
-                if let Some(b) = channel.pop_front() {
-                    let bytes = encoded_bytes(&b);
-                    egress.handle_batch(now, b, bytes);
-                    moved = true;
-                }
-            }
-            egress.set_horizon(horizon);
-            match egress.poll_permit(now) {
-                Some(Offer::Any) => {
-                    permits += 1;
-                    urgent_only = false;
-                    moved = true;
-                }
-                Some(Offer::Urgent) => {
-                    permits += 1;
-                    urgent_only = true;
-                    moved = true;
-                }
-                Some(Offer::Widen) => {
-                    urgent_only = false;
-                    moved = true;
-                }
-                None => {}
-            }
-            while let Some(b) = egress.poll_send(now) {
-                let body = encoded_bytes(b);
-                let wire = (body as f64 * p.link.framing) as u64 + p.link.per_transaction;
-                let start = link_clear.max(now);
-                link_clear = start + Duration::from_secs_f64(wire as f64 / p.link.bytes_per_sec);
-                all_bytes += wire;
-                if now >= p.warm_up {
-                    link_bytes += wire;
-                    report.batches += 1;
-                }
-                let arrives = link_clear + p.link.delay;
-                let mut confirms = arrives + p.link.confirm;
-                if !p.link.confirm_every.is_zero() {
-                    let every = p.link.confirm_every.as_nanos();
-                    let ticks = confirms.as_nanos().div_ceil(every);
-                    confirms =
-                        Duration::from_nanos(u64::try_from(ticks * every).unwrap_or(u64::MAX));
-                }
-                flight.push_back(Sent { arrives, confirms });
-                egress.handle_sent(now);
-                moved = true;
-            }
-            // The scheduler: holds a permit, builds a batch under it.
-            if !link_free && permits > 0 {
-                permits -= 1;
-                link_free = true;
-            }
-            if link_free {
-                while let Some(d) = delivered.pop_front() {
-                    sched.handle_delivered(d);
-                }
-                if std::mem::take(&mut link_changed) {
-                    sched.handle_link_estimate(link_estimate);
-                }
-                if let Some(b) = pipe_batch.take() {
-                    sched.handle_pipe_batch(b);
-                }
-                sched.poll_window(now, &queues, 0);
-                while let Some(e) = sched.poll_event() {
-                    if let SchedulerEvent::Horizon(h) = e {
-                        horizon = h;
-                    }
-                }
-                let poll = match urgent_only {
-                    true => sched.poll_urgent_batch(now, wall(now), &queues),
-                    false => sched.poll_batch(now, wall(now), &queues),
-                };
-                if let Poll::Batch(b) = poll {
-                    if channel.len() < p.channel {
-                        channel.push_back(b);
-                        link_free = false;
-                        moved = true;
-                    }
-                }
-            }
+            relay.egress_events();
+            let moved = relay.egress_turn(now) | relay.scheduler_turn(now);
             if !moved {
                 break;
             }
         }
         now += p.step;
     }
-    let secs = end.saturating_sub(p.warm_up).as_secs_f64();
-    for c in &mut report.classes {
-        c.latencies.sort();
+    relay.finish()
+}
+
+impl<'a> Relay<'a> {
+    fn new(p: &'a SimParams) -> Self {
+        let caps = capacities_for(p.scheduler.scheme, &p.capacities);
+        let queues = queues_for(p.scheduler.scheme, &caps);
+        let prior = p.delivery.link_prior;
+        let sched = Scheduler::new(
+            p.scheduler.clone(),
+            p.classes.clone(),
+            &queues,
+            prior,
+            0,
+            1,
+            Duration::ZERO,
+        );
+        let n = p.classes.len();
+        Relay {
+            p,
+            queues,
+            sched,
+            egress: Delivery::new(p.delivery.clone(), Duration::ZERO),
+            handoff: Handoff::default(),
+            wire: Wire::default(),
+            report: Report {
+                classes: vec![ClassReport::default(); n],
+                ..Report::default()
+            },
+            next_arrival: vec![Duration::ZERO; n],
+            seq: 0,
+            key: Bytes::from(vec![b'k'; p.load.key]),
+            payload: Bytes::from(vec![0u8; p.load.payload]),
+            measures: None,
+            sampled_bytes: 0,
+        }
     }
-    report.link_bytes_per_sec = link_bytes as f64 / secs;
-    report.records_per_sec = report
-        .classes
-        .iter()
-        .map(|c| c.delivered as f64)
-        .sum::<f64>()
-        / secs;
-    report.acted_bytes_per_sec = egress.link().bytes_per_sec;
-    report.pipe_batch = egress.pipe().batch_bytes();
-    report
+
+    fn sample(&mut self, now: Duration) {
+        let pipe = self.egress.pipe();
+        self.report.samples.push(Sample {
+            at: now,
+            acted: self.egress.link().bytes_per_sec,
+            capacity: self.sched.capacity(),
+            rates: self.sched.rates(),
+            queued: self.queues.iter().map(|(_, q)| q.len()).collect(),
+            in_flight: self.wire.flight.len(),
+            pipe_bytes: pipe.in_flight_bytes(),
+            pipe_batch: pipe.batch_bytes(),
+            link_queue: self.wire.clear_at.saturating_sub(now),
+            link_rate: (self.wire.bytes - self.sampled_bytes) as f64 / SAMPLE_EVERY.as_secs_f64(),
+            measures: self.measures,
+        });
+        self.sampled_bytes = self.wire.bytes;
+    }
+
+    /// Queues the records due by `now`, each class at its fixed rate.
+    fn arrivals(&mut self, now: Duration) {
+        for (c, &rate) in self.p.load.rates.iter().enumerate() {
+            if rate <= 0.0 {
+                continue;
+            }
+            let every = Duration::from_secs_f64(1.0 / rate);
+            while self.next_arrival[c] <= now {
+                self.seq += 1;
+                let at = self.next_arrival[c];
+                let r = Record {
+                    key: self.key.clone(),
+                    class: ClassId(c as u8),
+                    origin: 1,
+                    seq: self.seq,
+                    ingress_us: WALL0 + at.as_micros() as u64,
+                    payload: self.payload.clone(),
+                    spool: None,
+                };
+                let refused = self.queues.push(r).is_err();
+                if at >= self.p.warm_up {
+                    let cr = &mut self.report.classes[c];
+                    cr.offered += 1;
+                    cr.refused += u64::from(refused);
+                }
+                self.next_arrival[c] += every;
+            }
+        }
+    }
+
+    /// Hands the egress every confirmation the destination sent by `now`.
+    fn confirmations(&mut self, now: Duration) {
+        while self.wire.flight.front().is_some_and(|s| s.confirms <= now) {
+            let s = self.wire.flight.pop_front().expect("checked");
+            self.egress.handle_confirm(s.confirms);
+            self.wire.arrived.push_back(s.arrives);
+        }
+    }
+
+    /// What the egress reports: confirmed records (their latencies), and
+    /// what the scheduler hears of it.
+    fn egress_events(&mut self) {
+        while let Some(e) = self.egress.poll_event() {
+            match e {
+                DeliveryEvent::Confirmed(c) => {
+                    let arrived = self.wire.arrived.pop_front().expect("one per confirmation");
+                    self.delivered(&c.batch.batch, arrived);
+                    self.handoff.delivered.push_back(Delivered {
+                        class: c.batch.batch.class,
+                        bytes: c.bytes as usize,
+                        raw_bytes: c.bytes as usize,
+                        records: c.batch.batch.records.len(),
+                        elapsed: c.link_time,
+                    });
+                }
+                DeliveryEvent::Link(l) => self.handoff.link = Some(l),
+                DeliveryEvent::BatchBytes(b) => self.handoff.pipe_batch = Some(b),
+                DeliveryEvent::Measures(m) => self.measures = Some(m),
+                _ => {}
+            }
+        }
+    }
+
+    /// `batch` reached the destination at `arrived`.
+    fn delivered(&mut self, batch: &OutBatch, arrived: Duration) {
+        for r in &batch.records {
+            let at = Duration::from_micros(r.ingress_us - WALL0);
+            if at < self.p.warm_up {
+                continue;
+            }
+            let latency = arrived.saturating_sub(at);
+            let cr = &mut self.report.classes[r.class.index()];
+            cr.delivered += 1;
+            cr.latencies.push(latency);
+            if latency > self.p.classes.get(r.class).bound {
+                cr.late_at.push(at);
+            }
+        }
+    }
+
+    /// The egress driver: takes a built batch, gives the permit due, sends
+    /// what the machine says onto the model link. Whether anything moved.
+    fn egress_turn(&mut self, now: Duration) -> bool {
+        let mut moved = false;
+        if self.egress.may_receive() {
+            if let Some(b) = self.handoff.channel.pop_front() {
+                let bytes = b.bytes;
+                self.egress.handle_batch(now, b, bytes);
+                moved = true;
+            }
+        }
+        match self.egress.poll_permit(now) {
+            Some(Offer::Any) => {
+                self.handoff.permits += 1;
+                self.handoff.urgent_only = false;
+            }
+            Some(Offer::Urgent) => {
+                self.handoff.permits += 1;
+                self.handoff.urgent_only = true;
+            }
+            Some(Offer::Widen) => self.handoff.urgent_only = false,
+            None => return self.send(now) || moved,
+        }
+        self.send(now);
+        true
+    }
+
+    /// Sends every batch the egress lets go at `now`.
+    fn send(&mut self, now: Duration) -> bool {
+        let link = &self.p.link;
+        let mut sent = false;
+        while let Some(b) = self.egress.poll_send(now) {
+            let wire = (b.bytes as f64 * link.framing) as u64 + link.per_transaction;
+            self.wire.clear_at = self.wire.clear_at.max(now)
+                + Duration::from_secs_f64(wire as f64 / link.bytes_per_sec);
+            self.wire.bytes += wire;
+            if now >= self.p.warm_up {
+                self.wire.counted += wire;
+                self.wire.batches += 1;
+            }
+            let arrives = self.wire.clear_at + link.delay;
+            let mut confirms = arrives + link.confirm;
+            if !link.confirm_every.is_zero() {
+                let every = link.confirm_every.as_nanos();
+                let ticks = confirms.as_nanos().div_ceil(every);
+                confirms = Duration::from_nanos(u64::try_from(ticks * every).unwrap_or(u64::MAX));
+            }
+            self.wire.flight.push_back(Sent { arrives, confirms });
+            self.egress.handle_sent(now);
+            sent = true;
+        }
+        sent
+    }
+
+    /// The scheduler driver: holds a permit, hears the egress, builds a
+    /// batch under the permit. Whether it built one.
+    fn scheduler_turn(&mut self, now: Duration) -> bool {
+        let h = &mut self.handoff;
+        if !h.link_free && h.permits > 0 {
+            h.permits -= 1;
+            h.link_free = true;
+        }
+        // The real driver is handed a permit only while the channel has
+        // room; a batch built into a full one would be lost.
+        if !h.link_free || h.channel.len() >= self.p.channel {
+            return false;
+        }
+        while let Some(d) = h.delivered.pop_front() {
+            self.sched.handle_delivered(d);
+        }
+        if let Some(l) = h.link.take() {
+            self.sched.handle_link_estimate(l);
+        }
+        if let Some(b) = h.pipe_batch.take() {
+            self.sched.handle_pipe_batch(b);
+        }
+        self.sched.poll_window(now, &self.queues, 0);
+        while let Some(e) = self.sched.poll_event() {
+            if let SchedulerEvent::Horizon(horizon) = e {
+                self.egress.set_horizon(horizon);
+            }
+        }
+        let wall = WALL0 + now.as_micros() as u64;
+        let poll = match h.urgent_only {
+            true => self.sched.poll_urgent_batch(now, wall, &self.queues),
+            false => self.sched.poll_batch(now, wall, &self.queues),
+        };
+        match poll {
+            Poll::Batch(batch) => {
+                let bytes = encoded_bytes(&batch);
+                h.channel.push_back(Built { batch, bytes });
+                h.link_free = false;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn finish(mut self) -> Report {
+        let secs = self.p.duration.saturating_sub(self.p.warm_up).as_secs_f64();
+        let r = &mut self.report;
+        for c in &mut r.classes {
+            c.latencies.sort();
+        }
+        r.link_bytes_per_sec = self.wire.counted as f64 / secs;
+        r.batches = self.wire.batches;
+        r.records_per_sec = r.classes.iter().map(|c| c.delivered as f64).sum::<f64>() / secs;
+        self.report
+    }
 }
 
 /// A batch's encoded size.

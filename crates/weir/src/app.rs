@@ -343,16 +343,7 @@ impl App {
             bytes_per_sec: l.bandwidth_bytes_per_sec,
             delay: l.delay,
         });
-        let nominal = weir_core::link_estimate::LinkEstimate {
-            bytes_per_sec: cfg.scheduler.uplink_bytes_per_sec,
-            per_transaction: cfg.scheduler.transaction_time,
-        };
-        // Tracked, the link is estimated in what TCP carries of it; pinned,
-        // it is taken as the operator gave it.
-        let link_prior = match cfg.scheduler.track_uplink {
-            true => weir_core::link_estimate::payload_prior(nominal),
-            false => nominal,
-        };
+        let link_prior = crate::reload::link_prior(&cfg);
         let (link_tx, link_rx) = tokio::sync::watch::channel(link_prior);
         let (delivered_tx, delivered_rx) = mpsc::channel(DELIVERED_CHANNEL);
         let (compression_tx, compression_rx) = tokio::sync::watch::channel(cfg.compression.clone());

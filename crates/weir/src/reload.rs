@@ -108,6 +108,20 @@ pub fn scheduler_params(cfg: &Config) -> SchedulerParams {
     }
 }
 
+/// The uplink estimate the egress starts from in `cfg`: tracked, what TCP
+/// carries of `scheduler.uplink` (`payload_prior`); pinned, the link as the
+/// operator gave it.
+pub fn link_prior(cfg: &Config) -> weir_core::link_estimate::LinkEstimate {
+    let nominal = weir_core::link_estimate::LinkEstimate {
+        bytes_per_sec: cfg.scheduler.uplink_bytes_per_sec,
+        per_transaction: cfg.scheduler.transaction_time,
+    };
+    match cfg.scheduler.track_uplink {
+        true => weir_core::link_estimate::payload_prior(nominal),
+        false => nominal,
+    }
+}
+
 impl Reloader {
     /// Over the running parts, with `config` (read from `source`, if from a
     /// file) in force.

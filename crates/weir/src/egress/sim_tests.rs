@@ -6,7 +6,6 @@
 use std::time::Duration;
 
 use weir_core::delivery::DeliveryParams;
-use weir_core::link_estimate::{payload_prior, LinkEstimate};
 use weir_core::sim::{self, LinkModel, Load, Report, SimParams};
 
 use crate::config::{self, EgressSink};
@@ -24,17 +23,13 @@ fn default_params(link: LinkModel, load: Load, seconds: u64) -> SimParams {
     let EgressSink::Amqp(amqp) = &cfg.egress.sink else {
         unreachable!("asked for amqp")
     };
-    let nominal = LinkEstimate {
-        bytes_per_sec: cfg.scheduler.uplink_bytes_per_sec,
-        per_transaction: cfg.scheduler.transaction_time,
-    };
     SimParams {
         scheduler: crate::reload::scheduler_params(&cfg),
         delivery: DeliveryParams {
             window: amqp.max_in_flight.max(1),
             urgent_lane: amqp.urgent_lane,
             carried_on_send: cfg.egress.link.is_some(),
-            link_prior: payload_prior(nominal),
+            link_prior: crate::reload::link_prior(&cfg),
             retry_max: amqp.reconnect_backoff_max,
             max_in_flight_bytes: crate::memory::pipe_bytes(None),
             max_batch_bytes: cfg.scheduler.max_batch_bytes as u64,
@@ -79,14 +74,15 @@ fn load(mbit: f64, overload: f64) -> Load {
 
 fn show(name: &str, r: &Report, mbit: f64) {
     let cap = mbit * 1e6 / 8.0;
+    let last = r.samples.last();
     eprintln!(
         "{name}: link {:.0} of {cap:.0} B/s ({:.0} %), {:.0} rec/s, {} batches, acted {:.0} B/s, pipe batch {}",
         r.link_bytes_per_sec,
         100.0 * r.link_bytes_per_sec / cap,
         r.records_per_sec,
         r.batches,
-        r.acted_bytes_per_sec,
-        r.pipe_batch
+        last.map_or(0.0, |s| s.acted),
+        last.map_or(0, |s| s.pipe_batch)
     );
     if std::env::var("WEIR_SIM_SAMPLES").is_ok() {
         for s in &r.samples {
