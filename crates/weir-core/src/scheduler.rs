@@ -301,6 +301,9 @@ pub struct Scheduler {
     pipe_batch: Option<usize>,
     /// The latest time a `poll_*` or `reconfigure` was called with.
     clock: Duration,
+    /// Bytes of each class spooled on disk and not yet back in its queue,
+    /// by class index ([`Scheduler::handle_spooled`]).
+    spooled: Vec<u64>,
 }
 
 impl Scheduler {
@@ -377,6 +380,7 @@ impl Scheduler {
             tightest: Duration::MAX,
             pipe_batch: None,
             clock: now,
+            spooled: Vec::new(),
             params,
         };
         s.drainer.set_rider_budgets(&s.rider_budgets());
@@ -592,6 +596,23 @@ impl Scheduler {
         moved
     }
 
+    /// Whether [`Scheduler::poll_window`] would run its window step at
+    /// `now` (what a driver asks before gathering figures for it).
+    pub fn window_due(&self, now: Duration) -> bool {
+        now >= self.next_window
+    }
+
+    /// The bytes of each class (by class index) spooled on disk and not
+    /// yet read back into its queue: backlog that PBTT counts with the
+    /// queue's own at the next window. Without it, a class whose backlog
+    /// is mostly on disk would look as short as its queue's window of it,
+    /// and a less urgent class with a fuller queue could take the link
+    /// from it while both drain after an outage.
+    pub fn handle_spooled(&mut self, behind: &[u64]) {
+        self.spooled.clear();
+        self.spooled.extend_from_slice(behind);
+    }
+
     /// The egress's pipe asks for batches of `bytes`
     /// ([`crate::delivery::pipe`]): the batch cap in force is that, within
     /// `max_batch_bytes` and what the link carries within the horizon.
@@ -658,7 +679,10 @@ impl Scheduler {
                 window_arrivals.push(arrived);
                 ClassLoad::new(
                     arrived.1 as f64 / t,
-                    (s.bytes + self.drainer.held_bytes(class)) as f64,
+                    (s.bytes as u64
+                        + self.drainer.held_bytes(class) as u64
+                        + self.spooled.get(class.index()).copied().unwrap_or(0))
+                        as f64,
                 )
             })
             .collect();

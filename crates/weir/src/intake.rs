@@ -494,6 +494,14 @@ impl Intake {
         self.arrivals.urgent().await
     }
 
+    /// Bytes of each class spooled on disk and not yet read back into its
+    /// queue, by class index (empty without a spool).
+    pub fn spooled_behind(&self) -> Vec<u64> {
+        self.spool
+            .as_ref()
+            .map_or_else(Vec::new, |s| s.behind_bytes())
+    }
+
     /// Wakes ingress waiting for room; the scheduler calls it after draining.
     pub fn notify_space(&self) {
         self.space.notify_waiters();

@@ -139,6 +139,9 @@ pub async fn run(
         if feedback.batch_bytes.has_changed().unwrap_or(false) {
             core.handle_pipe_batch(*feedback.batch_bytes.borrow_and_update());
         }
+        if core.window_due(now()) {
+            core.handle_spooled(&intake.spooled_behind());
+        }
         core.poll_window(now(), &queues, intake.foreign_bytes());
         publish(&mut core, &feedback, &metrics);
 

@@ -901,3 +901,43 @@ fn batches_follow_the_pipe_and_an_auto_burst_follows_the_batches() {
     let second = sizes(&mut s, MS * 1200);
     assert!((990_000..=1_000_000).contains(&second), "{second} bytes");
 }
+
+#[test]
+fn a_backlog_spooled_on_disk_counts_for_its_class() {
+    // After an outage both classes drain a deep backlog of which their
+    // queues hold only a window; the reader refills lt as fast as ls, so
+    // lt's queue looks as busy. Told what is still on disk, PBTT gives the
+    // urgent class the link; without it, lt takes most of it.
+    let rates = |spooled: &[u64]| -> Vec<f64> {
+        let mut p = params(Scheme::QmOnly);
+        p.capacity = 100e6;
+        let q = queues(&ClassSet::janus_default(), p.scheme);
+        let mut s = Scheduler::new(
+            p,
+            ClassSet::janus_default(),
+            &q,
+            link(100e6, MS),
+            0,
+            1,
+            Duration::ZERO,
+        );
+        for seq in 0..250u64 {
+            q.push(record(0, seq, 4000, Duration::ZERO)).unwrap();
+        }
+        for seq in 0..5_000u64 {
+            q.push(record(2, seq, 4000, Duration::ZERO)).unwrap();
+        }
+        s.handle_spooled(spooled);
+        assert!(s.window_due(MS * 100));
+        assert!(s.poll_window(MS * 100, &q, 0));
+        s.rates()
+    };
+    let blind = rates(&[]);
+    let told = rates(&[80 << 20, 0, 160 << 20]);
+    assert!(
+        blind[2] > blind[0],
+        "without the spool's backlog: {blind:?}"
+    );
+    assert!(told[0] > 0.9 * 100e6, "told of it: {told:?}");
+    assert!(told[2] < 0.05 * 100e6, "told of it: {told:?}");
+}

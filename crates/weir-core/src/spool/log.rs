@@ -242,6 +242,19 @@ impl ClassLog {
         self.next_index - self.released.low_water() - self.released.above().count() as u64
     }
 
+    /// Bytes on disk from `at` on (a reader's backlog: what it has yet to
+    /// read back, headers of later segments included).
+    pub fn bytes_from(&self, at: LogPosition) -> u64 {
+        self.segments
+            .iter()
+            .skip_while(|s| s.first_index < at.segment)
+            .map(|s| match s.first_index == at.segment {
+                true => s.bytes.saturating_sub(at.offset),
+                false => s.bytes,
+            })
+            .sum()
+    }
+
     /// The segments, oldest first.
     pub fn segments(&self) -> impl ExactSizeIterator<Item = &SegmentMeta> {
         self.segments.iter()
@@ -577,6 +590,18 @@ mod tests {
                 log.append(100)
             })
             .collect()
+    }
+
+    #[test]
+    fn a_readers_backlog_is_the_rest_of_its_segment_and_every_later_one() {
+        let mut log = log(FullPolicy::Block);
+        fill(&mut log, 25);
+        let at = |segment, offset| LogPosition { segment, offset };
+        assert_eq!(log.bytes_from(at(0, 0)), 950 + 950 + 750);
+        assert_eq!(log.bytes_from(at(9, 150)), 800 + 750);
+        assert_eq!(log.bytes_from(at(18, 750)), 0);
+        // A segment deleted under the reader: what is left after it.
+        assert_eq!(log.bytes_from(at(5, 10)), 950 + 750);
     }
 
     #[test]

@@ -414,6 +414,23 @@ impl Spool {
             .collect()
     }
 
+    /// Bytes of each spooled class on disk that the reader has yet to
+    /// load back into its queue, by class index (0 for a class that is not
+    /// behind or is held in memory): the part of its backlog the class
+    /// queue does not show.
+    pub fn behind_bytes(&self) -> Vec<u64> {
+        self.shared
+            .classes
+            .iter()
+            .map(|s| {
+                s.as_ref().map_or(0, |s| {
+                    let st = lock(&s.state);
+                    st.behind.map_or(0, |at| st.log.bytes_from(at))
+                })
+            })
+            .collect()
+    }
+
     /// Stops taking appends, writes and syncs what was taken, writes the
     /// checkpoints, and stops both threads. Records not yet delivered stay
     /// on disk for the next start.

@@ -3,7 +3,7 @@
 //! it, in log order, until it has caught up with the writer; then new
 //! records go straight to the queue again. Memory holds a window of the
 //! backlog, never all of it. Records past their class's time to live are
-//! dropped here, counted.
+//! dropped here, counted. The most urgent class behind is read first.
 
 use std::fs::File;
 use std::sync::atomic::Ordering;
@@ -20,8 +20,11 @@ use super::shared::{lock, ClassSlot, Cursor, Shared};
 use crate::clock::unix_micros;
 use crate::metrics::DropReason;
 
-/// Bytes read from a segment at a time.
+/// Most bytes read from a segment at a time.
 const CHUNK: usize = 1 << 20;
+/// Fewest bytes read at a time while the queue has any room (a read
+/// sized to a nearly full queue would cost a system call per record).
+const MIN_READ: usize = 64 << 10;
 /// Longest sleep between looks when nothing wakes the reader.
 const IDLE_WAKE: Duration = Duration::from_millis(50);
 
@@ -35,8 +38,9 @@ struct Open {
 
 pub(super) fn run(shared: Arc<Shared>) {
     let mut open: Vec<Option<Open>> = (0..shared.classes.len()).map(|_| None).collect();
+    let mut more = false;
     loop {
-        {
+        if !more {
             let (flag, cv) = &shared.reader_wake;
             let mut woken = lock(flag);
             if !*woken {
@@ -50,10 +54,51 @@ pub(super) fn run(shared: Arc<Shared>) {
         if shared.stopping.load(Ordering::Acquire) {
             return;
         }
-        for slot in shared.classes.iter().flatten() {
-            refill(&shared, slot, &mut open[slot.id.index()]);
+        more = refill(&shared, &mut open);
+    }
+}
+
+/// Steps of refilling between looks at the stop flag.
+const STEPS_PER_PASS: usize = 64;
+
+/// Refills the classes behind, most urgent first: each step goes to the
+/// most urgent class with something to read and room for it, so a less
+/// urgent class is read only while every more urgent one is full or
+/// caught up. (Taking turns instead, a drain after an outage would leave
+/// the urgent class's queue empty while the reader filled the others',
+/// and the scheduler would send their backlog first.) Returns whether
+/// there is more to do at once.
+fn refill(shared: &Shared, open: &mut [Option<Open>]) -> bool {
+    // Classes caught up or failing sit out the rest of the pass; a full
+    // queue is looked at again at every step (the scheduler drains it).
+    let mut out = vec![false; open.len()];
+    for _ in 0..STEPS_PER_PASS {
+        let next = shared.classes.iter().flatten().find(|slot| {
+            let c = slot.id.index();
+            if out[c] {
+                return false;
+            }
+            match step(shared, slot, &mut open[c]) {
+                Ok(Step::Again) => true,
+                Ok(Step::Done) => false,
+                Ok(Step::Idle) => {
+                    open[c] = None;
+                    out[c] = true;
+                    false
+                }
+                Err(e) => {
+                    tracing::error!(class = %slot.name, error = %e, "cannot read the spool back; retrying");
+                    open[c] = None;
+                    out[c] = true;
+                    false
+                }
+            }
+        });
+        if next.is_none() {
+            return false;
         }
     }
+    true
 }
 
 /// What one step of a refill found.
@@ -65,25 +110,6 @@ enum Step {
     Done,
     /// Moved on; look again.
     Again,
-}
-
-fn refill(shared: &Shared, slot: &ClassSlot, open: &mut Option<Open>) {
-    // Bounded, so one class cannot keep the others waiting.
-    for _ in 0..64 {
-        match step(shared, slot, open) {
-            Ok(Step::Again) => {}
-            Ok(Step::Done) => return,
-            Ok(Step::Idle) => {
-                *open = None;
-                return;
-            }
-            Err(e) => {
-                tracing::error!(class = %slot.name, error = %e, "cannot read the spool back; retrying");
-                *open = None;
-                return;
-            }
-        }
-    }
 }
 
 fn step(shared: &Shared, slot: &ClassSlot, open: &mut Option<Open>) -> std::io::Result<Step> {
@@ -151,7 +177,15 @@ fn step(shared: &Shared, slot: &ClassSlot, open: &mut Option<Open>) -> std::io::
             }
         }
     } else {
-        let want = ((limit - offset) as usize).min(CHUNK);
+        // As much as the queue has room for: a full queue is looked at
+        // again at every step of a less urgent class, and reading a whole
+        // chunk to push a few records would make the disk the bottleneck.
+        let queue = shared.queues.class(slot.id);
+        let room = queue.capacity().bytes.saturating_sub(queue.bytes());
+        if room == 0 {
+            return Ok(Step::Done);
+        }
+        let want = ((limit - offset) as usize).min(room.clamp(MIN_READ, CHUNK));
         let mut chunk = Bytes::from(files::read_at(&o.file, offset, want)?);
         let mut frames = decode_all(&o.header, &chunk);
         if frames.is_empty() {
