@@ -11,7 +11,7 @@
 #
 # Each run's JSON goes to DIR/<rate>mbit-<rtt>ms/<config>/cluster.json;
 # DIR/sweep.md gets the table (python3 scripts/link-sweep-table.py DIR
-# rebuilds it). docs/lab.md has the method and the figures.
+# rebuilds it). docs/lab/link-sweep.md has the method and the figures.
 set -euo pipefail
 
 rates=1,4,18,100,1000

@@ -327,7 +327,7 @@ pub fn khan_buffer_size(input: &BufferSizingInput) -> Result<f64, BufferSizingEr
 /// bracket: `2^(l/n - 1) + alpha` where Eq. 5 prints `2^(l/n) - alpha`.
 /// `K` is never negative, so unlike Eq. 5 this form always has a solution;
 /// a negative `B` is clamped to 0 as there. The lab runs both
-/// (docs/lab.md, seed 004).
+/// (docs/lab/buffers.md).
 pub fn khan_buffer_size_rederived(input: &BufferSizingInput) -> Result<f64, BufferSizingError> {
     input.validate()?;
     let drops = input.drop_distribution()?;

@@ -186,7 +186,7 @@ pub struct Args {
     /// the egress endpoint, the routes of the load's topics to the default
     /// classes and the shutdown's drain timeout (5 s): no uplink prior, no
     /// scheme, compression as shipped, no peering. With `--nodes 1 --busy
-    /// 1`: the link sweep (docs/lab.md).
+    /// 1`: the link sweep (docs/lab/link-sweep.md).
     #[arg(long)]
     pub defaults: bool,
     /// A hand-tuned batch cap: `scheduler.max_batch_bytes` and

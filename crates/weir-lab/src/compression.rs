@@ -66,7 +66,7 @@ pub const PAPER_BEST_VS_GZIP6_0_5: f64 = 1.69;
 pub const PAPER_BEST_VS_GZIP6_5: f64 = 7.75;
 
 /// The chooser's pick must reach this share of the oracle's measured
-/// throughput (the compression lab's goal, docs/lab.md).
+/// throughput (the compression lab's goal, docs/lab/compression.md).
 pub const GOAL_SHARE_OF_ORACLE: f64 = 0.95;
 
 /// Options of `weir-lab compression`. Unset values take the full-size

@@ -19,7 +19,7 @@
 //! a network latency, with transactions in flight back to back. weir's
 //! `preset` instead holds the link for the delay on every transaction
 //! (`--serial-delay`), under which 50 ms per `ls` batch starves the other
-//! classes on 4G (docs/lab.md).
+//! classes on 4G (docs/lab/janus.md).
 //!
 //! **Throughput** = distinct records whose batch was written during the
 //! load phase, per second of it (Fig. 6 counts records/s out of the
@@ -77,7 +77,7 @@ pub struct Args {
     /// wire). The paper gives no size; at 640 B a busy node is offered 1.6x
     /// its 4G uplink at lt 5000/s and QM-only carries 56 % of what the
     /// redirection schemes do, the paper's regime (1 / 1.7 = 59 %);
-    /// docs/lab.md sweeps it.
+    /// docs/lab/janus.md sweeps it.
     #[arg(long, value_delimiter = ',', default_values_t = [640usize])]
     pub record_bytes: Vec<usize>,
     /// `scheduler.max_batch_bytes` of every node [default: weir's, 64 KiB].

@@ -3,8 +3,8 @@
 //!
 //! Each experiment prints a table on stdout, writes `<experiment>.json` and
 //! `<experiment>.svg` to `--out`, and shows a progress bar on stderr while
-//! it runs (hidden when stderr is not a terminal). docs/lab.md describes the
-//! experiments and their results.
+//! it runs (hidden when stderr is not a terminal). docs/lab.md indexes the
+//! experiments; docs/lab/ has a page on each and its results.
 //!
 //! # Layout
 //! - `link`: the emulated uplink (fixed time per transaction plus bytes over

@@ -364,6 +364,14 @@ fn consume(args: ConsumeArgs) -> ExitCode {
     }
 }
 
+/// Whether `e` is a write to a pipe whose reader has gone.
+fn broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
 /// `weir top`.
 fn top(
     path: &PathBuf,
@@ -499,6 +507,9 @@ fn main() -> ExitCode {
             max_size,
         } => match decode(&file, encoding, max_size) {
             Ok(()) => ExitCode::SUCCESS,
+            // The reader went away (`weir decode ... | head`): done, as
+            // other filters are.
+            Err(e) if broken_pipe(&e) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("weir decode: {e:#}");
                 ExitCode::from(EXIT_RUNTIME)

@@ -1,6 +1,7 @@
 //! `weir decode` on compressed batches: gzip and zstd batch files decode
 //! (the encoding read from the file name, or `--encoding` for stdin), and a
-//! compression bomb is refused at the cap instead of expanded.
+//! compression bomb is refused at the cap instead of expanded; a reader
+//! that closes the pipe early ends it quietly.
 
 mod common;
 
@@ -108,5 +109,43 @@ fn a_compression_bomb_is_refused_at_the_cap() {
             assert!(out.stdout.is_empty(), "nothing printed for a refused batch");
         }
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn decode_into_a_reader_that_goes_away_ends_quietly() {
+    // `weir decode FILE | head`: the reader closes the pipe after a line,
+    // and weir stops with success and nothing on stderr, as filters do.
+    let dir = tmp("decode-pipe");
+    let mut big = batch();
+    big.records = (0..20_000u64)
+        .map(|i| pb::Record {
+            seq: i,
+            ..big.records[0].clone()
+        })
+        .collect();
+    let file = dir.join("7-00000000000000000001.gzip.weirbatch");
+    std::fs::write(
+        &file,
+        compress(&encode_batch(&big), Encoding::Gzip, 3).unwrap(),
+    )
+    .unwrap();
+    let mut child = Command::new(WEIR)
+        .args(["decode", file.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    assert!(first.contains("records=20000"), "{first}");
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {}: {err}", out.status);
+    assert!(err.is_empty(), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

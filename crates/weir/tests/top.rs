@@ -1,5 +1,6 @@
 //! `weir top` against a real running weir, in a pseudo-terminal of 80x24
-//! (util-linux `script` provides it, as an SSH session would).
+//! (util-linux `script` provides it, as an SSH session would), and piped
+//! into another program.
 
 mod common;
 
@@ -105,6 +106,33 @@ async fn weir_top_shows_every_class_of_a_running_weir_in_80x24() {
         screen.contains("┌classes") && screen.contains("┐"),
         "{screen}"
     );
+    // Piped (no terminal): the same frames as plain text, one per refresh.
+    let config = path.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(WEIR)
+            .args(["top", "--config", config.to_str().unwrap()])
+            .args(["--interval", "0.3", "--frames", "2"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run weir top")
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "weir top | exited with {}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !text.contains('\u{1b}'),
+        "escape sequences in plain text:\n{text}"
+    );
+    assert_eq!(text.matches("┌classes").count(), 2, "{text}");
+    for needle in ["urgent", "cooling", "bulk", "p99"] {
+        assert!(text.contains(needle), "{needle:?} not printed:\n{text}");
+    }
     load.await.unwrap();
     sigterm(child.id());
     assert!(child.wait().unwrap().success());

@@ -13,7 +13,7 @@
 //! BWAllocator issues `BWRequest`) and offers whatever each class holds
 //! beyond its Eq. 22 demand.
 //!
-//! Two readings of the paper, both measured in the JANUS lab (docs/lab.md):
+//! Two readings of the paper, both measured in the JANUS lab (docs/lab/janus.md):
 //! - **`V_c` in Eq. 22 is the class's output rate** `tp_c = min(s_c/t, V_c)`
 //!   (Eq. 2; Section III-B: "output rate is referred to as the outbound
 //!   throughput"), not the rate allocated to it. With the allocated rate,

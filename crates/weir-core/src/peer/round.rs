@@ -159,7 +159,7 @@ pub const REFUSAL_MEMORY: u32 = 10;
 /// client runs these steps; in the 4-node real-process lab at 720 B they
 /// and the single step of [`spill_asks`] were indistinguishable (95.4 %
 /// and 95.3 % of the limit, means of 12 and 10 cells, each spread over
-/// 91.7-99.4 %; docs/lab.md).
+/// 91.7-99.4 %; docs/lab/scale.md).
 #[derive(Debug, Clone, Default)]
 pub struct Spill {
     /// Per class: the receiver and what its first asks wanted in all.

@@ -63,6 +63,7 @@ fn every_shipped_example_validates() {
         "five-classes.toml",
         "mosquitto-subscribe.toml",
         "three-classes-amqp.toml",
+        "walkthrough.toml",
     ] {
         assert!(checked.iter().any(|c| c == expected), "{expected} missing");
     }
