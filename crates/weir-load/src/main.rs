@@ -33,7 +33,7 @@
 //! random bytes by default, so that weir's compression gains nothing it
 //! would not gain on real data.
 //!
-//! Results and how to read them: `docs/benchmarks.md`, "Relay figures".
+//! Results and how to read them: `docs/benchmarks.md`.
 //!
 //! # Modules
 //! - `cli`: the command line.
