@@ -111,6 +111,12 @@ async fn read_to_close(s: &mut TcpStream) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_max_connections_are_told_the_server_is_busy() {
     let weir = start("mqtt-max-connections", "max_connections = 2").await;
+    // The readiness probe's connection holds a slot until weir reads its
+    // end: wait until it is let go.
+    eventually_async("the readiness probe's slot to be free", || async {
+        metric(&scrape(weir.admin).await.unwrap(), "weir_mqtt_connections") == 0.0
+    })
+    .await;
     let mut open = Vec::new();
     for i in 0..2u8 {
         let mut s = TcpStream::connect(weir.mqtt).await.unwrap();

@@ -18,7 +18,7 @@ use common::process::{
     file_batch_records, file_egress, free_port, metric, scrape, sigterm, spawn_weir, wait_port,
     wait_until_catching_sigterm, write_config, WEIR,
 };
-use common::{eventually_async, tmp};
+use common::{eventually, eventually_async, tmp};
 
 fn config(mqtt: u16, admin: u16, out: &Path, ls_bound: &str, extra_route: &str) -> String {
     format!(
@@ -214,7 +214,14 @@ async fn a_reload_adds_a_peer_and_drops_it_again() {
     wait_port(admin_b).await;
     let alive =
         |admin| async move { metric(&scrape(admin).await.unwrap_or_default(), "weir_peers_alive") };
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // B has called A and been refused (not a moment's grace that a slow
+    // machine could spend before B tried at all).
+    let b_log = dir.join("b.log");
+    eventually("A refuses B's heartbeat", || {
+        std::fs::read_to_string(&b_log)
+            .is_ok_and(|l| l.contains("node 2 is not in peering.peers of node 1"))
+    })
+    .await;
     assert_eq!(alive(admin_b).await, 0.0, "A refuses B: not in its peers");
 
     write_config(

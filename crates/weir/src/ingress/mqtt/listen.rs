@@ -299,8 +299,10 @@ async fn accept_loop(listener: TcpListener, tls: Option<bool>, shared: &Shared) 
                 shared.connections.spawn(
                     async move {
                         connection(stream, peer, tls, shared2).await;
-                        metrics.security.connection_closed();
+                        // The slot first: a gauge that reads one fewer
+                        // means a slot is free.
                         drop(slot);
+                        metrics.security.connection_closed();
                     }
                     .instrument(span),
                 );
