@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use weir_core::queue::MultiLevelQueue;
 use weir_core::scheduler::{self, OutBatch};
 
 use crate::config::{Config, EgressSink, MqttListen, MqttMode};
@@ -216,116 +217,406 @@ fn spawn_egress<S: Sink>(
     }
 }
 
-impl App {
-    /// Binds every listener and starts every task.
-    pub async fn start(cfg: Config) -> Result<App, AppError> {
-        // The files behind the security settings first: a bad one stops
-        // weir before anything else starts.
-        let mqtt_security = match cfg.ingress.mqtt.as_ref().map(|m| &m.mode) {
-            Some(MqttMode::Listen(l)) => {
-                Some(MqttSecurity::load(l).map_err(|problems| AppError::Security { problems })?)
-            }
+/// The certificate, key, password, ACL and token files behind the
+/// listeners, loaded before anything starts.
+struct Security {
+    mqtt: Option<MqttSecurity>,
+    grpc: Option<GrpcSecurity>,
+    admin_tls: Option<Arc<crate::security::Watched<rustls::ServerConfig>>>,
+}
+
+impl Security {
+    fn load(cfg: &Config) -> Result<Security, AppError> {
+        let problems = |problems| AppError::Security { problems };
+        let mqtt = match cfg.ingress.mqtt.as_ref().map(|m| &m.mode) {
+            Some(MqttMode::Listen(l)) => Some(MqttSecurity::load(l).map_err(problems)?),
             _ => None,
         };
-        let grpc_security = match &cfg.ingress.grpc {
-            Some(g) => {
-                Some(GrpcSecurity::load(g).map_err(|problems| AppError::Security { problems })?)
-            }
+        let grpc = match &cfg.ingress.grpc {
+            Some(g) => Some(GrpcSecurity::load(g).map_err(problems)?),
             None => None,
         };
         let admin_tls = match &cfg.admin.tls {
             Some(files) => Some(
                 crate::security::server_tls("admin TLS certificate", "admin.tls", files, &[])
-                    .map_err(|problems| AppError::Security { problems })?,
+                    .map_err(problems)?,
             ),
             None => None,
         };
-        let scheme = cfg.scheduler.scheme;
-        // The class queues sized to the memory weir may use.
+        Ok(Security {
+            mqtt,
+            grpc,
+            admin_tls,
+        })
+    }
+}
+
+/// The class queues, sized to the memory weir may use (said in the log),
+/// and the metrics, which read the queues' lengths when scraped.
+fn queues_and_metrics(
+    cfg: &Config,
+    memory_limit: Option<&crate::memory::Limit>,
+) -> (Arc<MultiLevelQueue>, Arc<Metrics>) {
+    let memory_plan = crate::memory::plan(cfg, memory_limit);
+    let described = crate::memory::describe(&memory_plan, cfg.node.memory_limit, memory_limit);
+    if memory_plan.starved() {
+        tracing::warn!("{described}");
+    } else {
+        tracing::info!("{described}");
+    }
+    if let Some(w) = crate::memory::connections_warning(cfg, memory_limit) {
+        tracing::warn!("{w}");
+    }
+    let queues = Arc::new(scheduler::queues_for(
+        cfg.scheduler.scheme,
+        &memory_plan.queues,
+    ));
+    let metrics = Arc::new(Metrics::new(&cfg.classes));
+    {
+        // Queue lengths are read when scraped, never a window late.
+        let queues = Arc::clone(&queues);
+        metrics.on_render(move |m| {
+            for (class, q) in queues.iter() {
+                m.set_queued(class, q.len());
+            }
+        });
+    }
+    (queues, metrics)
+}
+
+/// The intake with its spool, and where batch numbers start.
+struct Opened {
+    ingress: Arc<Intake>,
+    spool: Option<Arc<Spool>>,
+    batch_lease: Option<SequenceLease>,
+    first_batch_seq: u64,
+}
+
+/// The intake over `queues`, with the spool when a class uses it (its
+/// recovered records reach the queues here, before any listener opens)
+/// and the sequence-number leases in `spool.dir`: record and batch numbers
+/// start above the last lease and the clock, so a restarted node never
+/// reuses an (origin, seq) or a batch number the cloud has seen, even at a
+/// restored clock; without a lease, from the clock alone.
+fn open_intake(
+    cfg: &Config,
+    queues: &Arc<MultiLevelQueue>,
+    metrics: &Arc<Metrics>,
+    stop: &CancellationToken,
+) -> Result<Opened, AppError> {
+    let seed = crate::clock::unix_micros();
+    let intake = Intake::new(
+        cfg.node.id,
+        cfg.classes.clone(),
+        cfg.classifier.clone(),
+        Arc::clone(queues),
+        seed,
+        stop.clone(),
+        Arc::clone(metrics),
+    );
+    let (spool, lease) = if cfg.spooled() {
+        let spool_error = |source| AppError::Spool { source };
+        let (spool, recovered) = Spool::open(
+            &cfg.spool,
+            &cfg.classes,
+            &cfg.durability,
+            Arc::clone(queues),
+            intake.arrivals_handle(),
+            Arc::clone(metrics),
+        )
+        .map_err(spool_error)?;
+        let lease = SequenceLease::open(&cfg.spool.dir, seed).map_err(|source| {
+            spool_error(crate::spool::SpoolError::Dir {
+                path: cfg.spool.dir.clone(),
+                source,
+            })
+        })?;
+        tracing::info!(
+            dir = %cfg.spool.dir.display(),
+            sync = %cfg.spool.sync,
+            recovered = recovered.records.iter().sum::<u64>(),
+            corrupt = recovered.corrupt,
+            torn_bytes = recovered.torn_bytes,
+            quarantined = recovered.quarantined,
+            "spool open"
+        );
+        (Some(Arc::new(spool)), Some(lease))
+    } else {
+        // No class is spooled: the lease still lives in spool.dir, so
+        // that record ids never repeat across restarts.
+        (None, SequenceLease::open_alone(&cfg.spool.dir, seed))
+    };
+    // Batch numbers (a batch file's name, an AMQP message_id) from a lease
+    // beside the records', where there is one: a restart at a restored
+    // clock must not overwrite a batch file nor have a consumer drop a
+    // batch as one it has seen.
+    let batch_lease = lease.as_ref().and_then(|_| {
+        SequenceLease::open_batches(&cfg.spool.dir, seed)
+            .map_err(|e| tracing::warn!(dir = %cfg.spool.dir.display(), error = %e, "no batch sequence-number lease: batch numbers start from the clock"))
+            .ok()
+    });
+    let first_batch_seq = batch_lease.as_ref().map_or(seed, SequenceLease::peek);
+    Ok(Opened {
+        ingress: Arc::new(intake.with_spool(spool.clone(), lease)),
+        spool,
+        batch_lease,
+        first_batch_seq,
+    })
+}
+
+/// Who hears of each confirmed batch besides the scheduler: peering (its
+/// custody of lent records) and the spool (which releases the records).
+fn delivery_observers(
+    peering: Option<&crate::peer::Peering>,
+    spool: Option<&Arc<Spool>>,
+) -> Vec<Arc<dyn egress::DeliveryObserver>> {
+    let peering = peering.map(|p| p.deliveries() as Arc<dyn egress::DeliveryObserver>);
+    let spool =
+        spool.map(|s| Arc::new(SpoolRelease(Arc::clone(s))) as Arc<dyn egress::DeliveryObserver>);
+    peering.into_iter().chain(spool).collect()
+}
+
+/// The scheduler's ends of the channels to and from the egress.
+struct EgressWires {
+    batches: mpsc::Sender<OutBatch>,
+    ready: LinkReady,
+    link: tokio::sync::watch::Receiver<weir_core::link_estimate::LinkEstimate>,
+    delivered: mpsc::Receiver<weir_core::scheduler::Delivered>,
+    compression: tokio::sync::watch::Sender<crate::config::CompressionSection>,
+    horizon: tokio::sync::watch::Sender<Duration>,
+    batch_bytes: tokio::sync::watch::Receiver<u64>,
+}
+
+impl EgressWires {
+    /// What the scheduler is fed (with peering's port and the reloads'
+    /// channel), the batches' channel, the link's permits, and where a
+    /// reload sends the compression settings.
+    fn feedback(
+        self,
+        peer: Option<crate::handoff::PeerPort>,
+        reconfigure: mpsc::Receiver<crate::scheduler::Reconfigure>,
+    ) -> (
+        crate::scheduler::Feedback,
+        mpsc::Sender<OutBatch>,
+        LinkReady,
+        tokio::sync::watch::Sender<crate::config::CompressionSection>,
+    ) {
+        let feedback = crate::scheduler::Feedback {
+            link: self.link,
+            delivered: self.delivered,
+            peer,
+            reconfigure,
+            horizon: self.horizon,
+            batch_bytes: self.batch_bytes,
+        };
+        (feedback, self.batches, self.ready, self.compression)
+    }
+}
+
+/// Starts the configured egress (a broker that refuses the configured
+/// queue stops weir here, before anything is accepted) and returns its
+/// task with the scheduler's ends of the channels between them.
+async fn start_egress(
+    cfg: &Config,
+    observers: Vec<Arc<dyn egress::DeliveryObserver>>,
+    metrics: &Arc<Metrics>,
+    memory_limit: Option<&crate::memory::Limit>,
+    abort: CancellationToken,
+) -> Result<(JoinHandle<()>, EgressWires), AppError> {
+    let (tx, rx) = mpsc::channel(egress_channel(&cfg.egress.sink));
+    let ready: LinkReady = Arc::default();
+    let link = cfg.egress.link.as_ref().map(|l| LinkProfile {
+        bytes_per_sec: l.bandwidth_bytes_per_sec,
+        delay: l.delay,
+    });
+    let link_prior = crate::reload::link_prior(cfg);
+    let (link_tx, link_rx) = tokio::sync::watch::channel(link_prior);
+    let (delivered_tx, delivered_rx) = mpsc::channel(DELIVERED_CHANNEL);
+    let (compression_tx, compression_rx) = tokio::sync::watch::channel(cfg.compression.clone());
+    // The scheduler sets the horizon at its start (weir_core::admission).
+    let (horizon_tx, horizon_rx) = tokio::sync::watch::channel(Duration::MAX);
+    // The egress's pipe publishes the batch size it asks for at its start.
+    let (batch_bytes_tx, batch_bytes_rx) =
+        tokio::sync::watch::channel(cfg.scheduler.max_batch_bytes as u64);
+    let ctx = egress::EgressContext {
+        node: cfg.node.id,
+        classes: cfg.classes.clone(),
+        ready: Arc::clone(&ready),
+        delivered: Some(delivered_tx),
+        observers,
+        compression: compression_rx,
+        link_prior,
+        link: link_tx,
+        batch_bytes: batch_bytes_tx,
+        max_in_flight_bytes: crate::memory::pipe_bytes(memory_limit),
+        max_batch_bytes: cfg.scheduler.max_batch_bytes as u64,
+        metrics: Arc::clone(metrics),
+        // A broker's reconnect pacing is the operator's to set.
+        retry_max: match &cfg.egress.sink {
+            EgressSink::Amqp(a) => a.reconnect_backoff_max,
+            EgressSink::File(_) => EGRESS_RETRY_MAX,
+        },
+        abort,
+        horizon: horizon_rx,
+        // Beside RabbitMQ's window of unconfirmed batches (a file sink has
+        // no window).
+        urgent_lane: matches!(&cfg.egress.sink, EgressSink::Amqp(a) if a.urgent_lane),
+    };
+    let egress = match &cfg.egress.sink {
+        EgressSink::File(f) => {
+            let sink = FileSink::new(f, cfg.node.id).map_err(|source| AppError::BatchDir {
+                dir: f.dir.clone(),
+                source,
+            })?;
+            spawn_egress(sink, link, rx, ctx)
+        }
+        EgressSink::Amqp(a) => {
+            let mut sink = egress::amqp::AmqpSink::new(a.clone(), cfg.node.id)
+                .with_classes(&cfg.classes)
+                .with_metrics(Arc::clone(&metrics.amqp));
+            sink.start().await.map_err(|e| AppError::Topology {
+                problems: vec![crate::config::Problem {
+                    path: e.key.to_owned(),
+                    message: e.message,
+                }],
+            })?;
+            spawn_egress(sink, link, rx, ctx)
+        }
+    };
+    let wires = EgressWires {
+        batches: tx,
+        ready,
+        link: link_rx,
+        delivered: delivered_rx,
+        compression: compression_tx,
+        horizon: horizon_tx,
+        batch_bytes: batch_bytes_rx,
+    };
+    Ok((egress, wires))
+}
+
+/// What every listener task is started with.
+struct Tasks<'a> {
+    ingress: &'a Arc<Intake>,
+    stop: &'a CancellationToken,
+    tracker: &'a TaskTracker,
+}
+
+/// The MQTT ingress: listeners (plain and TLS) in listen mode, or the
+/// subscriber; where the listeners are bound.
+async fn start_mqtt(
+    cfg: &Config,
+    security: &Security,
+    tasks: &Tasks<'_>,
+    watched: &mut Vec<Arc<dyn Refresh>>,
+) -> Result<(Option<SocketAddr>, Option<SocketAddr>), AppError> {
+    let Some(m) = &cfg.ingress.mqtt else {
+        return Ok((None, None));
+    };
+    let l = match &m.mode {
+        MqttMode::Listen(l) => l,
+        MqttMode::Subscribe(sub) => {
+            tasks.tracker.spawn(ingress::mqtt::subscribe::run(
+                m.clone(),
+                sub.clone(),
+                Arc::clone(tasks.ingress),
+                tasks.stop.clone(),
+            ));
+            return Ok((None, None));
+        }
+    };
+    let mut bound = ingress::mqtt::listen::Listeners::default();
+    let (mut plain, mut tls) = (None, None);
+    if let Some(addr) = l.addr {
+        let (listener, local) = bind(addr, "MQTT", "ingress.mqtt.listen").await?;
+        plain = Some(local);
+        bound.plain = Some(listener);
+    }
+    if let Some(t) = &l.tls {
+        let (listener, local) = bind(t.listen, "MQTT over TLS", "ingress.mqtt.tls.listen").await?;
+        tls = Some(local);
+        bound.tls = Some(listener);
+        bound.use_identity_as_username = t.use_identity_as_username;
+    }
+    announce_mqtt_auth(l);
+    let security = security.mqtt.clone().expect("loaded for listen mode");
+    watched.extend(security.watched());
+    tasks.tracker.spawn(ingress::mqtt::listen::serve_secured(
+        bound,
+        m.clone(),
+        security,
+        Arc::clone(tasks.ingress),
+        tasks.stop.clone(),
+    ));
+    Ok((plain, tls))
+}
+
+/// The gRPC ingress, when on; where it is bound.
+async fn start_grpc(
+    cfg: &Config,
+    security: &Security,
+    tasks: &Tasks<'_>,
+    watched: &mut Vec<Arc<dyn Refresh>>,
+) -> Result<Option<SocketAddr>, AppError> {
+    let Some(g) = &cfg.ingress.grpc else {
+        return Ok(None);
+    };
+    let (l, local) = bind(g.listen, "gRPC", "ingress.grpc.listen").await?;
+    let security = security.grpc.clone().expect("loaded when gRPC is on");
+    watched.extend(security.watched());
+    let (g, ing, stop) = (g.clone(), Arc::clone(tasks.ingress), tasks.stop.clone());
+    tasks.tracker.spawn(async move {
+        if let Err(e) = ingress::grpc::serve_secured(l, g, security, ing, stop).await {
+            tracing::error!(error = %e, "gRPC ingress stopped");
+        }
+    });
+    Ok(Some(local))
+}
+
+/// The admin endpoint (metrics, health, reload), when configured; where
+/// it is bound.
+async fn start_admin(
+    cfg: &Config,
+    security: &Security,
+    state: crate::admin::AdminState,
+    tasks: &Tasks<'_>,
+    watched: &mut Vec<Arc<dyn Refresh>>,
+) -> Result<Option<SocketAddr>, AppError> {
+    let Some(addr) = cfg.admin.listen else {
+        return Ok(None);
+    };
+    let (l, local) = bind(addr, "the admin endpoint", "admin.listen").await?;
+    let tls = security.admin_tls.clone();
+    if let Some(tls) = &tls {
+        watched.push(tls.clone());
+    }
+    let stop = tasks.stop.clone();
+    tasks.tracker.spawn(async move {
+        let served = match tls {
+            Some(tls) => crate::admin::serve_tls(l, tls, state, stop).await,
+            None => crate::admin::serve(l, state, stop).await,
+        };
+        if let Err(e) = served {
+            tracing::error!(error = %e, "admin endpoint stopped");
+        }
+    });
+    Ok(Some(local))
+}
+
+impl App {
+    /// Binds every listener and starts every task, in the order that keeps
+    /// weir from accepting what it cannot keep or send: the security files
+    /// (a bad one stops weir first), the queues and the spool (recovered
+    /// records reach the queues before any listener opens), peering's
+    /// socket, the egress, the scheduler, then the listeners and peering.
+    pub async fn start(cfg: Config) -> Result<App, AppError> {
+        let security = Security::load(&cfg)?;
         let memory_limit = crate::memory::resolve(cfg.node.memory_limit);
-        let memory_plan = crate::memory::plan(&cfg, memory_limit.as_ref());
-        let described =
-            crate::memory::describe(&memory_plan, cfg.node.memory_limit, memory_limit.as_ref());
-        if memory_plan.starved() {
-            tracing::warn!("{described}");
-        } else {
-            tracing::info!("{described}");
-        }
-        if let Some(w) = crate::memory::connections_warning(&cfg, memory_limit.as_ref()) {
-            tracing::warn!("{w}");
-        }
-        let queues = Arc::new(scheduler::queues_for(scheme, &memory_plan.queues));
-        let metrics = Arc::new(Metrics::new(&cfg.classes));
-        {
-            // Queue lengths are read when scraped, never a window late.
-            let queues = Arc::clone(&queues);
-            metrics.on_render(move |m| {
-                for (class, q) in queues.iter() {
-                    m.set_queued(class, q.len());
-                }
-            });
-        }
+        let (queues, metrics) = queues_and_metrics(&cfg, memory_limit.as_ref());
         let stop = CancellationToken::new();
         let abort = CancellationToken::new();
-        // Sequence numbers start above the last lease in spool.dir and the
-        // clock, so a restarted node never reuses an (origin, seq) the cloud
-        // has seen; without a lease, from the clock alone.
-        let seed = crate::clock::unix_micros();
-        let intake = Intake::new(
-            cfg.node.id,
-            cfg.classes.clone(),
-            cfg.classifier.clone(),
-            Arc::clone(&queues),
-            seed,
-            stop.clone(),
-            Arc::clone(&metrics),
-        );
-        // The spool, when a class uses it: recovered records reach the
-        // queues before any listener opens. Its directory also holds the
-        // sequence-number lease, which survives restarts and clock steps.
-        let (spool, lease) = if cfg.spooled() {
-            let spool_error = |source| AppError::Spool { source };
-            let (spool, recovered) = Spool::open(
-                &cfg.spool,
-                &cfg.classes,
-                &cfg.durability,
-                Arc::clone(&queues),
-                intake.arrivals_handle(),
-                Arc::clone(&metrics),
-            )
-            .map_err(spool_error)?;
-            let lease = SequenceLease::open(&cfg.spool.dir, seed).map_err(|source| {
-                spool_error(crate::spool::SpoolError::Dir {
-                    path: cfg.spool.dir.clone(),
-                    source,
-                })
-            })?;
-            tracing::info!(
-                dir = %cfg.spool.dir.display(),
-                sync = %cfg.spool.sync,
-                recovered = recovered.records.iter().sum::<u64>(),
-                corrupt = recovered.corrupt,
-                torn_bytes = recovered.torn_bytes,
-                quarantined = recovered.quarantined,
-                "spool open"
-            );
-            (Some(Arc::new(spool)), Some(lease))
-        } else {
-            // No class is spooled: the lease still lives in spool.dir, so
-            // that record ids never repeat across restarts.
-            (None, SequenceLease::open_alone(&cfg.spool.dir, seed))
-        };
-        // Batch numbers (a batch file's name, an AMQP message_id) from a
-        // lease beside the records', where there is one: a restart at a
-        // restored clock must not overwrite a batch file nor have a
-        // consumer drop a batch as one it has seen.
-        let batch_lease = lease.as_ref().and_then(|_| {
-            SequenceLease::open_batches(&cfg.spool.dir, seed)
-                .map_err(|e| tracing::warn!(dir = %cfg.spool.dir.display(), error = %e, "no batch sequence-number lease: batch numbers start from the clock"))
-                .ok()
-        });
-        let first_batch_seq = batch_lease.as_ref().map_or(seed, SequenceLease::peek);
-        let ingress = Arc::new(intake.with_spool(spool.clone(), lease));
+        let opened = open_intake(&cfg, &queues, &metrics, &stop)?;
+        let ingress = Arc::clone(&opened.ingress);
 
         // Peering binds first (it accepts nothing until it starts, below):
         // the egress reports deliveries to it, the scheduler publishes its
@@ -335,196 +626,59 @@ impl App {
             Some(p) => Some(crate::peer::Peering::bind(p.clone()).await?),
             None => None,
         };
-
         // Egress next, so nothing is accepted that cannot be sent.
-        let (tx, rx) = mpsc::channel(egress_channel(&cfg.egress.sink));
-        let ready: LinkReady = Arc::default();
-        let link = cfg.egress.link.as_ref().map(|l| LinkProfile {
-            bytes_per_sec: l.bandwidth_bytes_per_sec,
-            delay: l.delay,
-        });
-        let link_prior = crate::reload::link_prior(&cfg);
-        let (link_tx, link_rx) = tokio::sync::watch::channel(link_prior);
-        let (delivered_tx, delivered_rx) = mpsc::channel(DELIVERED_CHANNEL);
-        let (compression_tx, compression_rx) = tokio::sync::watch::channel(cfg.compression.clone());
-        // The scheduler sets the horizon at its start (weir_core::admission).
-        let (horizon_tx, horizon_rx) = tokio::sync::watch::channel(Duration::MAX);
-        // The egress's pipe publishes the batch size it asks for at its start.
-        let (batch_bytes_tx, batch_bytes_rx) =
-            tokio::sync::watch::channel(cfg.scheduler.max_batch_bytes as u64);
-        let ctx = egress::EgressContext {
-            node: cfg.node.id,
-            classes: cfg.classes.clone(),
-            ready: Arc::clone(&ready),
-            delivered: Some(delivered_tx),
-            observers: peering
-                .as_ref()
-                .map(|p| p.deliveries() as Arc<dyn egress::DeliveryObserver>)
-                .into_iter()
-                .chain(
-                    spool
-                        .clone()
-                        .map(|s| Arc::new(SpoolRelease(s)) as Arc<dyn egress::DeliveryObserver>),
-                )
-                .collect(),
-            compression: compression_rx,
-            link_prior,
-            link: link_tx,
-            batch_bytes: batch_bytes_tx,
-            max_in_flight_bytes: crate::memory::pipe_bytes(memory_limit.as_ref()),
-            max_batch_bytes: cfg.scheduler.max_batch_bytes as u64,
-            metrics: Arc::clone(&metrics),
-            // A broker's reconnect pacing is the operator's to set.
-            retry_max: match &cfg.egress.sink {
-                EgressSink::Amqp(a) => a.reconnect_backoff_max,
-                EgressSink::File(_) => EGRESS_RETRY_MAX,
-            },
-            abort: abort.clone(),
-            horizon: horizon_rx,
-            // Beside RabbitMQ's window of unconfirmed batches (a file sink
-            // has no window).
-            urgent_lane: matches!(&cfg.egress.sink, EgressSink::Amqp(a) if a.urgent_lane),
-        };
-        let egress = match &cfg.egress.sink {
-            EgressSink::File(f) => {
-                let sink = FileSink::new(f, cfg.node.id).map_err(|source| AppError::BatchDir {
-                    dir: f.dir.clone(),
-                    source,
-                })?;
-                spawn_egress(sink, link, rx, ctx)
-            }
-            EgressSink::Amqp(a) => {
-                let mut sink = egress::amqp::AmqpSink::new(a.clone(), cfg.node.id)
-                    .with_classes(&cfg.classes)
-                    .with_metrics(Arc::clone(&metrics.amqp));
-                // A broker that refuses the configured queue stops weir
-                // here, before anything is accepted (exit 2).
-                sink.start().await.map_err(|e| AppError::Topology {
-                    problems: vec![crate::config::Problem {
-                        path: e.key.to_owned(),
-                        message: e.message,
-                    }],
-                })?;
-                spawn_egress(sink, link, rx, ctx)
-            }
-        };
+        let observers = delivery_observers(peering.as_ref(), opened.spool.as_ref());
+        let limit = memory_limit.as_ref();
+        let (egress, wires) = start_egress(&cfg, observers, &metrics, limit, abort.clone()).await?;
 
         let scheduler_stop = peering
             .as_ref()
             .map_or_else(|| stop.clone(), |p| p.scheduler_stop());
-
-        let params = crate::reload::scheduler_params(&cfg);
         let (reconfigure_tx, reconfigure_rx) = mpsc::channel(1);
         let heart = crate::systemd::Heartbeat::default();
+        let (feedback, batches, ready, compression) = wires.feedback(
+            peering.as_mut().and_then(|p| p.scheduler_port()),
+            reconfigure_rx,
+        );
         let scheduler = tokio::spawn(crate::scheduler::run(
-            params,
-            first_batch_seq,
-            batch_lease,
-            crate::scheduler::Feedback {
-                link: link_rx,
-                delivered: delivered_rx,
-                peer: peering.as_mut().and_then(|p| p.scheduler_port()),
-                reconfigure: reconfigure_rx,
-                horizon: horizon_tx,
-                batch_bytes: batch_bytes_rx,
-            },
+            crate::reload::scheduler_params(&cfg),
+            opened.first_batch_seq,
+            opened.batch_lease,
+            feedback,
             Arc::clone(&ingress),
-            tx,
+            batches,
             ready,
             scheduler_stop,
             abort.clone(),
             heart.clone(),
         ));
-
         let reloader = Arc::new(crate::reload::Reloader::new(
             cfg.clone(),
             None,
             Arc::clone(&ingress),
             reconfigure_tx,
-            compression_tx,
+            compression,
         ));
         let listeners = TaskTracker::new();
         listeners.spawn(crate::systemd::watchdog(heart, stop.clone()));
         // Certificate, key, password, ACL and token files in force,
         // refreshed when they change (and on SIGHUP).
         let mut watched: Vec<Arc<dyn Refresh>> = Vec::new();
-        let (mut mqtt_addr, mut mqtt_tls_addr) = (None, None);
-        if let Some(m) = &cfg.ingress.mqtt {
-            match &m.mode {
-                MqttMode::Listen(l) => {
-                    let mut bound = ingress::mqtt::listen::Listeners::default();
-                    if let Some(addr) = l.addr {
-                        let (listener, local) = bind(addr, "MQTT", "ingress.mqtt.listen").await?;
-                        mqtt_addr = Some(local);
-                        bound.plain = Some(listener);
-                    }
-                    if let Some(t) = &l.tls {
-                        let (listener, local) =
-                            bind(t.listen, "MQTT over TLS", "ingress.mqtt.tls.listen").await?;
-                        mqtt_tls_addr = Some(local);
-                        bound.tls = Some(listener);
-                        bound.use_identity_as_username = t.use_identity_as_username;
-                    }
-                    announce_mqtt_auth(l);
-                    let security = mqtt_security.clone().expect("loaded for listen mode");
-                    watched.extend(security.watched());
-                    listeners.spawn(ingress::mqtt::listen::serve_secured(
-                        bound,
-                        m.clone(),
-                        security,
-                        Arc::clone(&ingress),
-                        stop.clone(),
-                    ));
-                }
-                MqttMode::Subscribe(sub) => {
-                    listeners.spawn(ingress::mqtt::subscribe::run(
-                        m.clone(),
-                        sub.clone(),
-                        Arc::clone(&ingress),
-                        stop.clone(),
-                    ));
-                }
-            }
-        }
-        let mut grpc_addr = None;
-        if let Some(g) = &cfg.ingress.grpc {
-            let (l, local) = bind(g.listen, "gRPC", "ingress.grpc.listen").await?;
-            grpc_addr = Some(local);
-            let security = grpc_security.clone().expect("loaded when gRPC is on");
-            watched.extend(security.watched());
-            let (g, ing, stop) = (g.clone(), Arc::clone(&ingress), stop.clone());
-            listeners.spawn(async move {
-                if let Err(e) = ingress::grpc::serve_secured(l, g, security, ing, stop).await {
-                    tracing::error!(error = %e, "gRPC ingress stopped");
-                }
-            });
-        }
-        let mut admin_addr = None;
-        if let Some(addr) = cfg.admin.listen {
-            let (l, local) = bind(addr, "the admin endpoint", "admin.listen").await?;
-            admin_addr = Some(local);
-            let (m, stop) = (Arc::clone(&metrics), stop.clone());
-            let state = crate::admin::AdminState {
-                metrics: m,
-                reloader: Some(Arc::clone(&reloader)),
-            };
-            let tls = admin_tls.clone();
-            if let Some(tls) = &tls {
-                watched.push(tls.clone());
-            }
-            listeners.spawn(async move {
-                let served = match tls {
-                    Some(tls) => crate::admin::serve_tls(l, tls, state, stop).await,
-                    None => crate::admin::serve(l, state, stop).await,
-                };
-                if let Err(e) = served {
-                    tracing::error!(error = %e, "admin endpoint stopped");
-                }
-            });
-        }
+        let tasks = Tasks {
+            ingress: &ingress,
+            stop: &stop,
+            tracker: &listeners,
+        };
+        let (mqtt_addr, mqtt_tls_addr) = start_mqtt(&cfg, &security, &tasks, &mut watched).await?;
+        let grpc_addr = start_grpc(&cfg, &security, &tasks, &mut watched).await?;
+        let admin = crate::admin::AdminState {
+            metrics: Arc::clone(&metrics),
+            reloader: Some(Arc::clone(&reloader)),
+        };
+        let admin_addr = start_admin(&cfg, &security, admin, &tasks, &mut watched).await?;
         let peering = match peering {
             Some(p) => Some(p.start(
-                scheme,
+                cfg.scheduler.scheme,
                 Arc::clone(&ingress),
                 stop.clone(),
                 abort.clone(),
@@ -541,17 +695,7 @@ impl App {
         listeners.spawn(crate::security::watch::watch(watched.clone(), stop.clone()));
         listeners.close();
         reloader.watch(watched);
-        tracing::info!(
-            node = cfg.node.id,
-            scheme = %scheme,
-            mqtt = ?mqtt_addr,
-            mqtt_tls = ?mqtt_tls_addr,
-            grpc = ?grpc_addr,
-            admin = ?admin_addr,
-            peering = ?peering.as_ref().map(|p| p.local_addr()),
-            "weir started"
-        );
-        Ok(App {
+        let app = App {
             mqtt_addr,
             mqtt_tls_addr,
             grpc_addr,
@@ -564,7 +708,18 @@ impl App {
             scheduler,
             egress,
             reloader,
-        })
+        };
+        tracing::info!(
+            node = cfg.node.id,
+            scheme = %cfg.scheduler.scheme,
+            mqtt = ?app.mqtt_addr,
+            mqtt_tls = ?app.mqtt_tls_addr,
+            grpc = ?app.grpc_addr,
+            admin = ?app.admin_addr,
+            peering = ?app.peering.as_ref().map(|p| p.local_addr()),
+            "weir started"
+        );
+        Ok(app)
     }
 
     /// Re-reads the certificate, key, password, ACL and token files and the
