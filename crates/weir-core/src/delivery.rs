@@ -39,6 +39,7 @@ use std::time::Duration;
 use crate::admission::{
     next_offer, next_permit, LinkClock, Permit, PermitStep, Window, WindowPacer,
 };
+use crate::backoff::Backoff;
 use crate::link_estimate::{
     CarriedBound, Climb, FitKind, LinkEstimate, LinkEstimateError, LinkEstimator, LinkTimer,
     QueueWatch, Seen,
@@ -189,7 +190,7 @@ pub struct Delivery<T> {
     offered_at: Duration,
     offer_at: Option<Duration>,
     open: bool,
-    backoff: Duration,
+    backoff: Backoff,
     retry_at: Option<Duration>,
     clock: LinkClock,
     timer: LinkTimer,
@@ -228,7 +229,7 @@ impl<T> Delivery<T> {
             offered_at: now,
             offer_at: None,
             open: true,
-            backoff: RETRY_INITIAL,
+            backoff: Backoff::new(RETRY_INITIAL, params.retry_max),
             retry_at: None,
             clock: LinkClock::new(window > 1),
             timer: LinkTimer::default(),
@@ -456,7 +457,7 @@ impl<T> Delivery<T> {
         if !done.pending.beyond {
             self.pacer.confirmed(confirm);
         }
-        self.backoff = RETRY_INITIAL;
+        self.backoff.reset();
         self.queue
             .confirmed(now, confirm, bytes, self.params.link_prior.bytes_per_sec);
         self.carried
@@ -536,8 +537,7 @@ impl<T> Delivery<T> {
             attempt,
         });
         self.pipe.restart();
-        self.retry_at = Some(now.saturating_add(self.backoff));
-        self.backoff = (self.backoff * 2).min(self.params.retry_max);
+        self.retry_at = Some(now.saturating_add(self.backoff.failed()));
     }
 
     /// The next thing to report.

@@ -41,6 +41,7 @@
 
 pub mod acl;
 pub mod admission;
+pub mod backoff;
 pub mod batching;
 pub mod buffer_sizing;
 pub mod class;

@@ -83,6 +83,7 @@ use lapin::{
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::Instrument;
+use weir_core::backoff::Backoff;
 use weir_core::{ClassSet, NodeId};
 
 use super::batch::EncodedBatch;
@@ -157,7 +158,7 @@ struct Target {
 struct Supervisor {
     link: Option<Link>,
     /// Pause after the next round of failures.
-    backoff: Duration,
+    backoff: Backoff,
     /// No connection attempt before this instant.
     retry_at: Option<Instant>,
     /// The endpoint in use, or tried next.
@@ -229,6 +230,7 @@ impl AmqpSink {
     /// A sink for `cfg`, publishing as `node`; connects on
     /// [`AmqpSink::start`] or the first [`Sink::deliver`].
     pub fn new(cfg: AmqpEgress, node: NodeId) -> AmqpSink {
+        let reconnect_backoff_max = cfg.reconnect_backoff_max;
         let shown: Vec<String> = cfg.urls.iter().map(|u| redacted_url(u)).collect();
         let span = tracing::info_span!("amqp_egress", node);
         let target = Target::new(&cfg, node, None);
@@ -243,7 +245,7 @@ impl AmqpSink {
             target,
             supervisor: Supervisor {
                 link: None,
-                backoff: RECONNECT_INITIAL,
+                backoff: Backoff::new(RECONNECT_INITIAL, reconnect_backoff_max),
                 retry_at: None,
                 current: 0,
                 failed_in_round: 0,
@@ -363,7 +365,6 @@ impl AmqpSink {
             .as_ref()
             .map_err(|e| SinkError::Unavailable(e.clone()))?;
         let sup = &mut self.supervisor;
-        let max = self.cfg.reconnect_backoff_max;
         let n = target.endpoints.len();
         if let Some(link) = &sup.link {
             let working = link.health.confirmed.swap(false, Ordering::Relaxed);
@@ -376,10 +377,10 @@ impl AmqpSink {
             if broken {
                 // A confirm timed out or failed: the link is not to be
                 // trusted, even if the socket still looks open.
-                sup.give_up(target, &self.metrics, max);
+                sup.give_up(target, &self.metrics);
             } else if !alive {
                 tracing::warn!(endpoint = %target.endpoints[sup.current].shown, "connection to RabbitMQ lost; reconnecting");
-                sup.give_up(target, &self.metrics, max);
+                sup.give_up(target, &self.metrics);
             } else if nacked {
                 let renewed = match sup.link.as_mut() {
                     Some(link) => link.renew_channel().await,
@@ -387,7 +388,7 @@ impl AmqpSink {
                 };
                 if let Err(e) = renewed {
                     tracing::warn!(error = %e, "cannot open a new channel after a nack; reconnecting");
-                    sup.give_up(target, &self.metrics, max);
+                    sup.give_up(target, &self.metrics);
                 }
             }
         }
@@ -404,11 +405,11 @@ impl AmqpSink {
             match tokio::time::timeout(limit, attempt).await {
                 Ok(Ok(link)) => sup.connected(link, target, &self.metrics),
                 Ok(Err(OpenError::Unavailable(e) | OpenError::Declaration { message: e, .. })) => {
-                    sup.failed(n, max);
+                    sup.failed(n);
                     return Err(SinkError::Unavailable(format!("{shown}: {e}")));
                 }
                 Err(_) => {
-                    sup.failed(n, max);
+                    sup.failed(n);
                     return Err(SinkError::Unavailable(format!(
                         "{shown}: connecting to RabbitMQ took longer than {limit:?} (egress.amqp.connect_timeout)"
                     )));
@@ -427,7 +428,7 @@ impl AmqpSink {
             Err(why) => {
                 // Dropping the connection closes it (lapin sends
                 // connection.close if it is still open) without waiting.
-                sup.give_up(target, &self.metrics, max);
+                sup.give_up(target, &self.metrics);
                 Err(SinkError::Unavailable(why))
             }
         }
@@ -593,13 +594,12 @@ impl Supervisor {
     /// A connection attempt or the link failed: the next attempt goes to
     /// the next endpoint, at once while some endpoint of this round is
     /// untried, after a backoff once every one has failed.
-    fn failed(&mut self, endpoints: usize, max: Duration) {
+    fn failed(&mut self, endpoints: usize) {
         self.current = (self.current + 1) % endpoints;
         self.failed_in_round += 1;
         if self.failed_in_round >= endpoints {
             self.failed_in_round = 0;
-            self.retry_at = Some(Instant::now() + self.backoff);
-            self.backoff = (self.backoff * 2).min(max);
+            self.retry_at = Some(Instant::now() + self.backoff.failed());
         } else {
             self.retry_at = None;
         }
@@ -607,7 +607,7 @@ impl Supervisor {
 
     /// The broker answered a publish: the link works, reset the backoff.
     fn working(&mut self) {
-        self.backoff = RECONNECT_INITIAL;
+        self.backoff.reset();
         self.retry_at = None;
         self.failed_in_round = 0;
     }
@@ -632,11 +632,11 @@ impl Supervisor {
 
     /// The link failed: drop the connection (lapin closes it without
     /// waiting) and move on to the next endpoint ([`Supervisor::failed`]).
-    fn give_up(&mut self, target: &Target, metrics: &AmqpMetrics, max: Duration) {
+    fn give_up(&mut self, target: &Target, metrics: &AmqpMetrics) {
         if let Some(link) = self.link.take() {
             metrics.disconnected(&target.endpoints[link.endpoint].shown);
         }
-        self.failed(target.endpoints.len(), max);
+        self.failed(target.endpoints.len());
     }
 }
 

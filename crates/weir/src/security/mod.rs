@@ -24,48 +24,47 @@ pub mod watch;
 
 pub use watch::{Refresh, Watched};
 
-/// What the MQTT listeners need: who may connect, and the TLS
-/// configuration of the TLS listener.
-#[derive(Debug, Clone)]
-pub struct MqttSecurity {
-    /// The CONNECT decision, from the password and ACL files.
-    pub gate: Arc<Watched<Gate>>,
-    /// `[ingress.mqtt.tls]`'s server configuration.
+/// What a listener needs: who may connect and what they may do (`gate`:
+/// the MQTT password and ACL files, or the gRPC token file and allow
+/// list), and its TLS configuration, each rebuilt when its files change.
+#[derive(Debug)]
+pub struct ListenerSecurity<G> {
+    /// The decision, from the listener's credential files.
+    pub gate: Arc<Watched<G>>,
+    /// The TLS listener's server configuration.
     pub tls: Option<Arc<Watched<ServerConfig>>>,
 }
 
-impl MqttSecurity {
-    /// Reads the files `listen` names.
-    pub fn load(listen: &MqttListen) -> Result<Self, Vec<Problem>> {
-        let mut problems = Vec::new();
-        let auth = listen.auth.clone();
-        let mut paths: Vec<PathBuf> = Vec::new();
-        paths.extend(auth.password_file.clone());
-        paths.extend(auth.acl_file.clone());
-        let gate = Watched::new("MQTT password and ACL files", paths, move || gate(&auth))
-            .map_err(|p| problems.extend(p))
-            .ok();
-        let tls = listen.tls.as_ref().and_then(|t| {
-            server_tls("MQTT TLS certificate", "ingress.mqtt.tls", &t.files, &[])
-                .map_err(|p| problems.extend(p))
-                .ok()
-        });
-        match gate {
-            Some(gate) if problems.is_empty() => Ok(MqttSecurity {
+// Not derived: a derive would ask `G: Clone`, and only the `Arc`s are cloned.
+impl<G> Clone for ListenerSecurity<G> {
+    fn clone(&self) -> Self {
+        ListenerSecurity {
+            gate: Arc::clone(&self.gate),
+            tls: self.tls.clone(),
+        }
+    }
+}
+
+/// The MQTT listeners' (plain and TLS): the password and ACL files.
+pub type MqttSecurity = ListenerSecurity<Gate>;
+
+/// The gRPC listener's: the token file and the allow list (TLS with ALPN
+/// `h2`).
+pub type GrpcSecurity = ListenerSecurity<StreamGate>;
+
+impl<G: Send + Sync + 'static> ListenerSecurity<G> {
+    /// The gate and the TLS configuration as loaded, or every problem of
+    /// either.
+    fn assemble(
+        gate: Result<Watched<G>, Vec<Problem>>,
+        tls: Option<Result<Arc<Watched<ServerConfig>>, Vec<Problem>>>,
+    ) -> Result<Self, Vec<Problem>> {
+        match (gate, tls.transpose()) {
+            (Ok(gate), Ok(tls)) => Ok(ListenerSecurity {
                 gate: Arc::new(gate),
                 tls,
             }),
-            _ => Err(problems),
-        }
-    }
-
-    /// No TLS; anyone may connect and publish anywhere.
-    pub fn open() -> Self {
-        MqttSecurity {
-            gate: Arc::new(
-                Watched::new("open", Vec::new(), || Ok(Gate::open())).expect("cannot fail"),
-            ),
-            tls: None,
+            (gate, tls) => Err(gate.err().into_iter().chain(tls.err()).flatten().collect()),
         }
     }
 
@@ -79,37 +78,39 @@ impl MqttSecurity {
     }
 }
 
-/// What the gRPC ingress needs: who may call and publish to which
-/// streams, and its TLS configuration.
-#[derive(Debug, Clone)]
-pub struct GrpcSecurity {
-    /// The call decision, from the token file and the allow list.
-    pub gate: Arc<Watched<StreamGate>>,
-    /// `[ingress.grpc.tls]`'s server configuration (ALPN `h2`).
-    pub tls: Option<Arc<Watched<ServerConfig>>>,
+impl ListenerSecurity<Gate> {
+    /// Reads the files `listen` names.
+    pub fn load(listen: &MqttListen) -> Result<Self, Vec<Problem>> {
+        let auth = listen.auth.clone();
+        let mut paths: Vec<PathBuf> = Vec::new();
+        paths.extend(auth.password_file.clone());
+        paths.extend(auth.acl_file.clone());
+        let gate = Watched::new("MQTT password and ACL files", paths, move || gate(&auth));
+        let tls = listen
+            .tls
+            .as_ref()
+            .map(|t| server_tls("MQTT TLS certificate", "ingress.mqtt.tls", &t.files, &[]));
+        Self::assemble(gate, tls)
+    }
+
+    /// No TLS; anyone may connect and publish anywhere.
+    pub fn open() -> Self {
+        let gate = Watched::new("open", Vec::new(), || Ok(Gate::open()));
+        Self::assemble(gate, None).expect("no files to read")
+    }
 }
 
-impl GrpcSecurity {
+impl ListenerSecurity<StreamGate> {
     /// Reads the files `cfg` names.
     pub fn load(cfg: &GrpcIngress) -> Result<Self, Vec<Problem>> {
-        let mut problems = Vec::new();
         let auth = cfg.auth.clone();
         let paths: Vec<PathBuf> = auth.tokens_file.iter().cloned().collect();
-        let gate = Watched::new("gRPC token file", paths, move || stream_gate(&auth))
-            .map_err(|p| problems.extend(p))
-            .ok();
-        let tls = cfg.tls.as_ref().and_then(|files| {
-            server_tls("gRPC TLS certificate", "ingress.grpc.tls", files, &[b"h2"])
-                .map_err(|p| problems.extend(p))
-                .ok()
-        });
-        match gate {
-            Some(gate) if problems.is_empty() => Ok(GrpcSecurity {
-                gate: Arc::new(gate),
-                tls,
-            }),
-            _ => Err(problems),
-        }
+        let gate = Watched::new("gRPC token file", paths, move || stream_gate(&auth));
+        let tls = cfg
+            .tls
+            .as_ref()
+            .map(|files| server_tls("gRPC TLS certificate", "ingress.grpc.tls", files, &[b"h2"]));
+        Self::assemble(gate, tls)
     }
 
     /// No TLS; anyone may publish to any stream.
@@ -121,15 +122,6 @@ impl GrpcSecurity {
             auth: GrpcAuth::open(),
         })
         .unwrap_or_else(|_| unreachable!("no files to read"))
-    }
-
-    /// The files to keep watching.
-    pub fn watched(&self) -> Vec<Arc<dyn Refresh>> {
-        let mut items: Vec<Arc<dyn Refresh>> = vec![self.gate.clone()];
-        if let Some(tls) = &self.tls {
-            items.push(tls.clone());
-        }
-        items
     }
 }
 

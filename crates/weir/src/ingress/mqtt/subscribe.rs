@@ -47,6 +47,7 @@ use rumqttc::{
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
+use weir_core::backoff::Backoff;
 
 use crate::config::{MqttIngress, MqttSubscribe, Qos0WhenFull, SubscribeQos};
 use crate::intake::{Accepted, EnqueueError, Intake};
@@ -242,7 +243,7 @@ impl Subscriber {
 
     /// The connection loop: poll, handle, back off after errors.
     async fn run(mut self, shutdown: CancellationToken) {
-        let mut backoff = RECONNECT_BACKOFF_MIN;
+        let mut backoff = Backoff::new(RECONNECT_BACKOFF_MIN, RECONNECT_BACKOFF_MAX);
         let mut connected_at: Option<Instant> = None;
         loop {
             self.outbox.flush(&self.client, &self.filters);
@@ -273,15 +274,15 @@ impl Subscriber {
                         .take()
                         .is_some_and(|t| t.elapsed() >= STABLE_CONNECTION)
                     {
-                        backoff = RECONNECT_BACKOFF_MIN;
+                        backoff.reset();
                     }
-                    self.on_error(&error, backoff);
+                    let wait = backoff.failed();
+                    self.on_error(&error, wait);
                     // Cancel safety: only a sleep; nothing is held.
                     tokio::select! {
                         _ = shutdown.cancelled() => break,
-                        _ = tokio::time::sleep(backoff) => {}
+                        _ = tokio::time::sleep(wait) => {}
                     }
-                    backoff = (backoff * 2).min(RECONNECT_BACKOFF_MAX);
                 }
             }
         }
