@@ -127,9 +127,73 @@ pub(crate) fn peering(
         );
     }
     let adverts = adverts(p, &raw);
-    let heartbeat =
-        p.positive_duration(&format!("{PATH}.heartbeat"), raw.heartbeat, PEER_HEARTBEAT);
-    let heartbeat_jitter = raw.heartbeat_jitter.unwrap_or(PEER_HEARTBEAT_JITTER);
+    let Timing {
+        heartbeat,
+        heartbeat_jitter,
+        dead_after,
+        lease,
+    } = timing(
+        p,
+        [raw.heartbeat, raw.dead_after, raw.lease],
+        raw.heartbeat_jitter,
+        adverts,
+    );
+    let peers = peer_list(p, raw.peers, node_id);
+    let tls = peering_tls(p, raw.tls);
+    if let Some(Some(addr)) = listen {
+        check_exposed(
+            p,
+            &format!("{PATH}.listen"),
+            addr,
+            tls.is_some(),
+            raw.allow_anonymous,
+            &format!("{PATH}.allow_anonymous"),
+            "configure [peering.tls] (mutual TLS: certfile, keyfile, cafile; docs/security.md)",
+        );
+    }
+    if p.len() != before {
+        return None;
+    }
+    let Some(listen) = listen else {
+        return Some(None);
+    };
+    Some(Some(PeeringConfig {
+        listen: listen?,
+        peers,
+        heartbeat: heartbeat?,
+        heartbeat_jitter,
+        dead_after: dead_after?,
+        adverts: adverts?,
+        lease: lease?,
+        tls,
+    }))
+}
+
+/// Peering's periods, each `None` where a problem was recorded.
+struct Timing {
+    heartbeat: Option<Duration>,
+    heartbeat_jitter: f64,
+    dead_after: Option<Duration>,
+    lease: Option<Duration>,
+}
+
+/// `peering.heartbeat`, `heartbeat_jitter`, `dead_after` and `lease`
+/// (`written`: heartbeat, dead_after, lease as written), checked against
+/// each other and the adverts' period.
+fn timing(
+    p: &mut Problems,
+    written: [Option<Written<HumanDuration>>; 3],
+    heartbeat_jitter: Option<f64>,
+    adverts: Option<Adverts>,
+) -> Timing {
+    const PATH: &str = "peering";
+    let [heartbeat_written, dead_after_written, lease_written] = written;
+    let heartbeat = p.positive_duration(
+        &format!("{PATH}.heartbeat"),
+        heartbeat_written,
+        PEER_HEARTBEAT,
+    );
+    let heartbeat_jitter = heartbeat_jitter.unwrap_or(PEER_HEARTBEAT_JITTER);
     let max_jitter = weir_core::peer::MAX_HEARTBEAT_JITTER;
     if !(0.0..=max_jitter).contains(&heartbeat_jitter) {
         p.push(
@@ -147,7 +211,7 @@ pub(crate) fn peering(
     };
     let dead_after = p.positive_duration(
         &format!("{PATH}.dead_after"),
-        raw.dead_after,
+        dead_after_written,
         default_dead_after,
     );
     if let (Some(Adverts::Gossip { every, .. }), Some(dead_after)) = (adverts, dead_after) {
@@ -163,7 +227,7 @@ pub(crate) fn peering(
             );
         }
     }
-    let lease = p.positive_duration(&format!("{PATH}.lease"), raw.lease, PEER_LEASE);
+    let lease = p.positive_duration(&format!("{PATH}.lease"), lease_written, PEER_LEASE);
     if let (Some(heartbeat), Some(dead_after)) = (heartbeat, dead_after) {
         if dead_after <= heartbeat {
             p.push(
@@ -188,9 +252,21 @@ pub(crate) fn peering(
             );
         }
     }
-    let mut peers: Vec<PeerConfig> = Vec::with_capacity(raw.peers.len());
-    let mut seen: Vec<(u64, usize)> = Vec::with_capacity(raw.peers.len());
-    for (i, peer) in raw.peers.into_iter().enumerate() {
+    Timing {
+        heartbeat,
+        heartbeat_jitter,
+        dead_after,
+        lease,
+    }
+}
+
+/// `peering.peers`: each with an id (not this node's `node_id`, not 0,
+/// not another entry's) and an address.
+fn peer_list(p: &mut Problems, raw: Vec<RawPeer>, node_id: u64) -> Vec<PeerConfig> {
+    const PATH: &str = "peering";
+    let mut peers: Vec<PeerConfig> = Vec::with_capacity(raw.len());
+    let mut seen: Vec<(u64, usize)> = Vec::with_capacity(raw.len());
+    for (i, peer) in raw.into_iter().enumerate() {
         let path = format!("{PATH}.peers[{i}]");
         let id = match peer.id {
             None => {
@@ -247,15 +323,22 @@ pub(crate) fn peering(
             peers.push(PeerConfig { id, addr });
         }
     }
-    let refuses_plain = raw.tls.as_ref().and_then(|t| t.require_certificate) == Some(false);
-    let tls = raw.tls.and_then(|t| tls(p, &format!("{PATH}.tls"), t, &[]));
+    peers
+}
+
+/// `[peering.tls]`: always mutual, so a CA is required and
+/// `require_certificate` may not be turned off.
+fn peering_tls(p: &mut Problems, raw: Option<RawTls>) -> Option<TlsFiles> {
+    const PATH: &str = "peering";
+    let refuses_plain = raw.as_ref().and_then(|t| t.require_certificate) == Some(false);
+    let tls = raw.and_then(|t| tls(p, &format!("{PATH}.tls"), t, &[]));
     if refuses_plain {
         p.push(
             format!("{PATH}.tls.require_certificate"),
             "peering TLS is always mutual: every node proves its node id with its certificate; remove this key",
         );
     }
-    let tls = tls.and_then(|t| {
+    tls.and_then(|t| {
         if t.files.cafile.is_none() {
             p.push(
                 format!("{PATH}.tls.cafile"),
@@ -267,34 +350,7 @@ pub(crate) fn peering(
             require_certificate: true,
             ..t.files
         })
-    });
-    if let Some(Some(addr)) = listen {
-        check_exposed(
-            p,
-            &format!("{PATH}.listen"),
-            addr,
-            tls.is_some(),
-            raw.allow_anonymous,
-            &format!("{PATH}.allow_anonymous"),
-            "configure [peering.tls] (mutual TLS: certfile, keyfile, cafile; docs/security.md)",
-        );
-    }
-    if p.len() != before {
-        return None;
-    }
-    let Some(listen) = listen else {
-        return Some(None);
-    };
-    Some(Some(PeeringConfig {
-        listen: listen?,
-        peers,
-        heartbeat: heartbeat?,
-        heartbeat_jitter,
-        dead_after: dead_after?,
-        adverts: adverts?,
-        lease: lease?,
-        tls,
-    }))
+    })
 }
 
 /// `peering.adverts` with `gossip_fanout` and `gossip_every`, or `None`
