@@ -519,71 +519,8 @@ fn main() -> ExitCode {
             config,
             small,
             large,
-        } => {
-            let cfg = match load(config.as_ref()) {
-                Ok(c) => c,
-                Err(e) => {
-                    report(config.as_ref(), &e);
-                    return ExitCode::from(EXIT_BAD_CONFIG);
-                }
-            };
-            let rt = match tokio::runtime::Runtime::new() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("weir probe-link: cannot start the runtime: {e}");
-                    return ExitCode::from(EXIT_RUNTIME);
-                }
-            };
-            match rt.block_on(weir::egress::probe::probe_link(&cfg, small, large)) {
-                Ok(r) => {
-                    println!(
-                        "small {} B in {:.1} ms, large {} B in {:.1} ms",
-                        r.small.0,
-                        r.small.1.as_secs_f64() * 1e3,
-                        r.large.0,
-                        r.large.1.as_secs_f64() * 1e3
-                    );
-                    println!(
-                        "uplink {:.0} bytes/s ({:.3} Mbit/s), per-transaction time {:.1} ms",
-                        r.estimate.bytes_per_sec,
-                        r.estimate.bytes_per_sec * 8.0 / 1e6,
-                        r.estimate.per_transaction.as_secs_f64() * 1e3
-                    );
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("weir probe-link: {e:#}");
-                    ExitCode::from(EXIT_RUNTIME)
-                }
-            }
-        }
-        Command::CheckConfig { file } => match load_checked(Some(&file)) {
-            Ok(cfg) => {
-                // Not a config error (space may free before weir starts),
-                // but what the operator should know now.
-                let warning = cfg
-                    .spooled()
-                    .then(|| weir::spool::check_space(&cfg.spool))
-                    .flatten();
-                if let Some(w) = &warning {
-                    eprintln!("{}: warning: {w}", file.display());
-                }
-                // What the memory limit makes of the queues, as start-up
-                // will derive it (on this machine, in this cgroup).
-                let limit = weir::memory::resolve(cfg.node.memory_limit);
-                let plan = weir::memory::plan(&cfg, limit.as_ref());
-                println!(
-                    "{}",
-                    weir::memory::describe(&plan, cfg.node.memory_limit, limit.as_ref())
-                );
-                println!("{}: ok", file.display());
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                report(Some(&file), &e);
-                ExitCode::from(EXIT_BAD_CONFIG)
-            }
-        },
+        } => probe_link(config.as_ref(), small, large),
+        Command::CheckConfig { file } => check_config(&file),
         Command::Reload { config } => reload(&config),
         Command::Consume(args) => consume(args),
         Command::Completions { shell } => {
@@ -607,40 +544,115 @@ fn main() -> ExitCode {
             interval,
             frames,
         } => top(&config, admin, interval, frames),
-        Command::Run { config } => {
-            let loaded = match &config {
-                Some(path) => config::load_text(path).map(|(c, text)| {
-                    let source = weir::reload::Source {
-                        path: path.clone(),
-                        text,
-                    };
-                    (c, Some(source))
-                }),
-                None => load(None).map(|c| (c, None)),
-            };
-            let (cfg, source) = match loaded {
-                Ok(c) => c,
-                Err(e) => {
-                    report(config.as_ref(), &e);
-                    return ExitCode::from(EXIT_BAD_CONFIG);
-                }
-            };
-            weir::telemetry::init(&cfg.log.level, cfg.log.format);
-            match weir::app::run_until_signal(cfg, source) {
-                Ok(()) => ExitCode::SUCCESS,
-                // A certificate, key, password, ACL or token file that
-                // cannot be used is a config problem, read as weir starts.
-                Err(e) => match e.config_problems() {
-                    Some(problems) => {
-                        report(config.as_ref(), &ConfigError::Invalid(problems.to_vec()));
-                        ExitCode::from(EXIT_BAD_CONFIG)
-                    }
-                    None => {
-                        eprintln!("weir: {e:#}");
-                        ExitCode::from(EXIT_RUNTIME)
-                    }
-                },
-            }
+        Command::Run { config } => run(config.as_ref()),
+    }
+}
+
+/// `weir probe-link`.
+fn probe_link(config: Option<&PathBuf>, small: u64, large: u64) -> ExitCode {
+    let cfg = match load(config) {
+        Ok(c) => c,
+        Err(e) => {
+            report(config, &e);
+            return ExitCode::from(EXIT_BAD_CONFIG);
         }
+    };
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("weir probe-link: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_RUNTIME);
+        }
+    };
+    match rt.block_on(weir::egress::probe::probe_link(&cfg, small, large)) {
+        Ok(r) => {
+            println!(
+                "small {} B in {:.1} ms, large {} B in {:.1} ms",
+                r.small.0,
+                r.small.1.as_secs_f64() * 1e3,
+                r.large.0,
+                r.large.1.as_secs_f64() * 1e3
+            );
+            println!(
+                "uplink {:.0} bytes/s ({:.3} Mbit/s), per-transaction time {:.1} ms",
+                r.estimate.bytes_per_sec,
+                r.estimate.bytes_per_sec * 8.0 / 1e6,
+                r.estimate.per_transaction.as_secs_f64() * 1e3
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("weir probe-link: {e:#}");
+            ExitCode::from(EXIT_RUNTIME)
+        }
+    }
+}
+
+/// `weir check-config`.
+fn check_config(file: &PathBuf) -> ExitCode {
+    match load_checked(Some(file)) {
+        Ok(cfg) => {
+            // Not a config error (space may free before weir starts), but
+            // what the operator should know now.
+            let warning = cfg
+                .spooled()
+                .then(|| weir::spool::check_space(&cfg.spool))
+                .flatten();
+            if let Some(w) = &warning {
+                eprintln!("{}: warning: {w}", file.display());
+            }
+            // What the memory limit makes of the queues, as start-up will
+            // derive it (on this machine, in this cgroup).
+            let limit = weir::memory::resolve(cfg.node.memory_limit);
+            let plan = weir::memory::plan(&cfg, limit.as_ref());
+            println!(
+                "{}",
+                weir::memory::describe(&plan, cfg.node.memory_limit, limit.as_ref())
+            );
+            println!("{}: ok", file.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            report(Some(file), &e);
+            ExitCode::from(EXIT_BAD_CONFIG)
+        }
+    }
+}
+
+/// `weir run`: the config file (or the embedded defaults), then the relay
+/// until a signal stops it.
+fn run(config: Option<&PathBuf>) -> ExitCode {
+    let loaded = match config {
+        Some(path) => config::load_text(path).map(|(c, text)| {
+            let source = weir::reload::Source {
+                path: path.clone(),
+                text,
+            };
+            (c, Some(source))
+        }),
+        None => load(None).map(|c| (c, None)),
+    };
+    let (cfg, source) = match loaded {
+        Ok(c) => c,
+        Err(e) => {
+            report(config, &e);
+            return ExitCode::from(EXIT_BAD_CONFIG);
+        }
+    };
+    weir::telemetry::init(&cfg.log.level, cfg.log.format);
+    match weir::app::run_until_signal(cfg, source) {
+        Ok(()) => ExitCode::SUCCESS,
+        // A certificate, key, password, ACL or token file that cannot be
+        // used is a config problem, read as weir starts.
+        Err(e) => match e.config_problems() {
+            Some(problems) => {
+                report(config, &ConfigError::Invalid(problems.to_vec()));
+                ExitCode::from(EXIT_BAD_CONFIG)
+            }
+            None => {
+                eprintln!("weir: {e:#}");
+                ExitCode::from(EXIT_RUNTIME)
+            }
+        },
     }
 }
