@@ -21,8 +21,6 @@
 //!   drain the batches; the relay's scheduler task only drives it.
 //! - [`janus`]: PBTT (Algorithm 1), BWAllocator (Algorithm 2), PMRFS
 //!   (Algorithm 3) and the baseline matchers, and the node-level schemes.
-//! - [`buffer_sizing`]: the IoT edge-router buffer formula (Khan et al.,
-//!   Eq. 1-5) beside the Appenzeller and rule-of-thumb sizes.
 //! - [`link_estimate`]: uplink bandwidth `Th_up` and per-transaction time
 //!   `T_sc` fitted online (piping paper Eq. 1, 3, 5-6).
 //! - [`passwd`]: password files in `mosquitto_passwd` format (`$6$`, `$7$`).
@@ -43,7 +41,6 @@ pub mod acl;
 pub mod admission;
 pub mod backoff;
 pub mod batching;
-pub mod buffer_sizing;
 pub mod class;
 pub mod classify;
 pub mod compression;

@@ -59,13 +59,13 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Context};
-use serde_json::{json, Value};
-use weir::config::units::HumanDuration;
-use weir_core::buffer_sizing::{
+use crate::buffer_sizing::{
     appenzeller, khan_buffer_size, khan_buffer_size_rederived, rule_of_thumb, BufferSizingError,
     BufferSizingInput,
 };
+use anyhow::{ensure, Context};
+use serde_json::{json, Value};
+use weir::config::units::HumanDuration;
 
 use crate::compression::SplitMix;
 use crate::netns::{self, delay_between, enter, in_ns, sh, veth_pair};

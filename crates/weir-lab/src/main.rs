@@ -34,6 +34,7 @@
 //! - `report`: tables, JSON files, SVG plots, progress bars.
 
 mod batching;
+mod buffer_sizing;
 mod buffers;
 mod cluster;
 mod compression;

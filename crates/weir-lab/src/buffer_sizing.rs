@@ -14,7 +14,7 @@
 //! # Units
 //! The paper's windows are in bytes (long flows grow by one MSS per RTT, the
 //! buffer drains "the last byte"), so `C * T`, `MSS` and `B` are all in bytes
-//! here: capacity in bytes per second (as in [`crate::token_bucket`]), RTT as
+//! here: capacity in bytes per second (as in `weir_core::token_bucket`), RTT as
 //! a [`Duration`], MSS in bytes, every size returned in bytes.
 //!
 //! # Reading the paper
@@ -176,16 +176,6 @@ impl DropDistribution {
             flows,
             drops_per_event,
         }
-    }
-
-    /// `n`.
-    pub fn flows(&self) -> NonZeroU64 {
-        self.flows
-    }
-
-    /// `l`.
-    pub fn drops_per_event(&self) -> u64 {
-        self.drops_per_event
     }
 
     /// Eq. 1, `E[N_d] = C(l,d) (1/n)^d (1 - 1/n)^(l-d)`: the expected
@@ -358,7 +348,9 @@ pub fn rule_of_thumb(capacity_bytes_per_sec: f64, rtt: Duration) -> f64 {
     capacity_bytes_per_sec * rtt.as_secs_f64()
 }
 
-/// The three buffer sizes, in bytes, for one input.
+/// The three buffer sizes, in bytes, for one input (what the tests check
+/// the formulas against; the experiment computes each where it needs it).
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BufferSizes {
     /// Eq. 5 of Khan et al. ([`khan_buffer_size`]).
@@ -370,6 +362,7 @@ pub struct BufferSizes {
     pub rule_of_thumb: f64,
 }
 
+#[cfg(test)]
 impl BufferSizes {
     /// All three sizes, or the first reason the input is unusable.
     pub fn compute(input: &BufferSizingInput) -> Result<Self, BufferSizingError> {
