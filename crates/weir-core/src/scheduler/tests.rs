@@ -73,6 +73,20 @@ fn record(class: usize, seq: u64, payload: usize, at: Duration) -> Record {
     }
 }
 
+/// A scheduler over the JANUS classes on a 100 MB/s link with 1 ms per
+/// transaction, starting at 0.
+fn on_a_fast_link(p: SchedulerParams, q: &MultiLevelQueue) -> Scheduler {
+    Scheduler::new(
+        p,
+        ClassSet::janus_default(),
+        q,
+        link(100e6, MS),
+        0,
+        1,
+        Duration::ZERO,
+    )
+}
+
 fn scheduler(p: SchedulerParams, q: &MultiLevelQueue) -> Scheduler {
     let l = link(p.capacity, MS * 10);
     Scheduler::new(p, ClassSet::janus_default(), q, l, 0, 1, Duration::ZERO)
@@ -875,15 +889,7 @@ fn batches_follow_the_pipe_and_an_auto_burst_follows_the_batches() {
         max_bytes: 4 << 20,
     };
     let q = queues(&ClassSet::janus_default(), p.scheme);
-    let mut s = Scheduler::new(
-        p,
-        ClassSet::janus_default(),
-        &q,
-        link(100e6, MS),
-        0,
-        1,
-        Duration::ZERO,
-    );
+    let mut s = on_a_fast_link(p, &q);
     for seq in 0..20_000u64 {
         q.push(record(2, seq, 1000, Duration::ZERO)).unwrap();
     }
@@ -912,15 +918,7 @@ fn a_backlog_spooled_on_disk_counts_for_its_class() {
         let mut p = params(Scheme::QmOnly);
         p.capacity = 100e6;
         let q = queues(&ClassSet::janus_default(), p.scheme);
-        let mut s = Scheduler::new(
-            p,
-            ClassSet::janus_default(),
-            &q,
-            link(100e6, MS),
-            0,
-            1,
-            Duration::ZERO,
-        );
+        let mut s = on_a_fast_link(p, &q);
         for seq in 0..250u64 {
             q.push(record(0, seq, 4000, Duration::ZERO)).unwrap();
         }
