@@ -3,10 +3,15 @@
 # Mosquitto and RabbitMQ (integration tests run against the real brokers),
 # then runs every test of the workspace in every tier (docs/testing.md:
 # the `services` and `root` features), including the criterion benches
-# once each in test mode so they cannot rot.
+# once each in test mode so they cannot rot; then builds the container
+# images and runs them with podman (scripts/image-check.sh; it says why
+# where it cannot run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/services.sh
 # Every tier; scripts/test-tiers.py counts the tests of the gated files
 # and fails the run if any of those files ran none.
 cargo test --workspace --all-targets --all-features --locked 2>&1 | python3 scripts/test-tiers.py
+# The container images (release builds for amd64, arm64 and armhf; the
+# Debian packages' check in .ci/run reuses them).
+bash scripts/image-check.sh

@@ -46,6 +46,17 @@ enum Command {
         #[arg(short, long, default_value = "/etc/weir/weir.toml")]
         config: PathBuf,
     },
+    /// Exit 0 if a running weir answers on its admin listener's /healthz,
+    /// 1 (saying why) if not: a container's health check, a monitoring
+    /// probe.
+    Health {
+        /// The running weir's config file (its admin.listen is used).
+        #[arg(short, long, default_value = "/etc/weir/weir.toml")]
+        config: PathBuf,
+        /// The admin listener to ask, instead of the config's.
+        #[arg(long)]
+        admin: Option<std::net::SocketAddr>,
+    },
     /// A live view of a running weir in the terminal (80x24 is enough):
     /// per class arrivals, queue, token rate, latency p50/p99 against the
     /// bound and late records; the link, compression and peers. Reads the
@@ -379,12 +390,9 @@ fn top(
     interval: f64,
     frames: Option<u64>,
 ) -> ExitCode {
-    let addr = match admin {
-        Some(a) => a,
-        None => match admin_addr(path) {
-            Ok(a) => a,
-            Err(code) => return code,
-        },
+    let addr = match admin.map_or_else(|| admin_addr(path), Ok) {
+        Ok(a) => a,
+        Err(code) => return code,
     };
     if !(interval.is_finite() && interval >= 0.1) {
         eprintln!("weir top: --interval must be at least 0.1 (seconds)");
@@ -399,6 +407,28 @@ fn top(
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("weir top: {e}");
+            ExitCode::from(EXIT_RUNTIME)
+        }
+    }
+}
+
+/// `weir health`: GET /healthz from the admin listener.
+fn health(path: &PathBuf, admin: Option<std::net::SocketAddr>) -> ExitCode {
+    let addr = match admin.map_or_else(|| admin_addr(path), Ok) {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    match weir::admin::request(addr, "GET", "/healthz", std::time::Duration::from_secs(5)) {
+        Ok((200, _)) => ExitCode::SUCCESS,
+        Ok((status, body)) => {
+            eprintln!(
+                "weir health: http://{addr}/healthz answered {status}: {}",
+                body.trim()
+            );
+            ExitCode::from(EXIT_RUNTIME)
+        }
+        Err(e) => {
+            eprintln!("weir health: no answer from http://{addr}/healthz: {e}");
             ExitCode::from(EXIT_RUNTIME)
         }
     }
@@ -522,6 +552,7 @@ fn main() -> ExitCode {
         } => probe_link(config.as_ref(), small, large),
         Command::CheckConfig { file } => check_config(&file),
         Command::Reload { config } => reload(&config),
+        Command::Health { config, admin } => health(&config, admin),
         Command::Consume(args) => consume(args),
         Command::Completions { shell } => {
             use clap::CommandFactory;

@@ -1,6 +1,6 @@
 //! `weir top` against a real running weir, in a pseudo-terminal of 80x24
 //! (util-linux `script` provides it, as an SSH session would), and piped
-//! into another program.
+//! into another program; `weir health`, which reads the same listener.
 
 mod common;
 
@@ -148,5 +148,54 @@ fn weir_top_without_an_admin_listener_says_how_to_turn_it_on() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
+    assert!(err.contains("admin.listen"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weir_health_is_0_while_weir_answers_and_1_once_it_is_gone() {
+    let dir = tmp("health");
+    let (mqtt, admin) = (free_port(), free_port());
+    let text = format!(
+        "[ingress.mqtt]\nlisten = \"127.0.0.1:{mqtt}\"\n[ingress.grpc]\nenabled = false\n\
+         [admin]\nlisten = \"0.0.0.0:{admin}\"\n{}\n",
+        file_egress(&dir.join("out"))
+    );
+    let path = write_config(&dir, "weir.toml", &text);
+    let health = |args: &[&str]| {
+        Command::new(WEIR)
+            .arg("health")
+            .args(args)
+            .output()
+            .expect("run weir health")
+    };
+    let config = path.to_str().unwrap().to_owned();
+    // Nothing listens yet.
+    let out = health(&["--config", &config]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/healthz"), "{err}");
+
+    let mut child = spawn_weir(&path, Stdio::null());
+    wait_until_catching_sigterm(&mut child);
+    wait_port(format!("127.0.0.1:{admin}").parse().unwrap()).await;
+    // The config's unspecified address is asked on this host.
+    let out = health(&["--config", &config]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = health(&["--admin", &format!("127.0.0.1:{admin}")]);
+    assert!(out.status.success());
+
+    sigterm(child.id());
+    assert!(child.wait().unwrap().success());
+    let out = health(&["--config", &config]);
+    assert_eq!(out.status.code(), Some(1));
+    // No admin listener in the config: says which key turns it on.
+    let bare = write_config(&dir, "bare.toml", "");
+    let out = health(&["--config", bare.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("admin.listen"), "{err}");
 }
