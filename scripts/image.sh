@@ -8,7 +8,7 @@
 #
 # In local container storage (podman's, as root):
 #   localhost/weir:<version>-<arch>       each architecture's image
-#   localhost/weir:<version>              the manifest list (all built)
+#   localhost/weir:<version>              the host's architecture's
 # In target/image/:
 #   weir_<version>_<arch>.tar             docker-archive: `podman load -i`
 #                                         or `docker load -i` on a device
@@ -145,7 +145,11 @@ for arch in "${arches[@]}"; do
   rm -f "$libs/$(basename "$interp")"
 
   tag=localhost/weir:$version-$arch
-  podman build --quiet --platform "$(platform_of "$arch")" --format docker \
+  # A rebuild replaces the image rather than leaving the old one dangling.
+  for old in "$tag" "localhost/weir:$version"; do
+    podman image exists "$old" && podman rmi "$old" >/dev/null 2>&1 || true
+  done
+  podman build --quiet --no-cache --layers=false --platform "$(platform_of "$arch")" --format docker \
     --timestamp "$epoch" \
     --build-arg VERSION="$version" --build-arg REVISION="$revision" \
     --build-arg SOURCE="$source_url" --build-arg CREATED="$created" \
@@ -158,12 +162,24 @@ for arch in "${arches[@]}"; do
   images+=("$tag")
 done
 
-list=localhost/weir:$version
+# The manifest list goes to the OCI archive only: kept in podman 4's
+# local storage it breaks `podman images` (containers/podman#19757).
+list=localhost/weir:$version-list
 podman manifest exists "$list" && podman manifest rm "$list" >/dev/null
 podman manifest create "$list" >/dev/null
 for tag in "${images[@]}"; do
-  podman manifest add "$list" "containers-storage:$tag" >/dev/null
+  # The labels again as OCI annotations on the list's entries.
+  podman manifest add "$list" "containers-storage:$tag" \
+    --annotation "org.opencontainers.image.version=$version" \
+    --annotation "org.opencontainers.image.revision=$revision" \
+    --annotation "org.opencontainers.image.source=$source_url" >/dev/null
 done
 rm -f "$out/weir_${version}.oci.tar"
 podman manifest push --quiet --all "$list" "oci-archive:$out/weir_${version}.oci.tar"
-echo "image: $list: ${arches[*]}; archives in $out/"
+podman manifest rm "$list" >/dev/null
+# localhost/weir:<version> is this host's own architecture.
+host_arch=$(dpkg --print-architecture)
+if podman image exists "localhost/weir:$version-$host_arch"; then
+  podman tag "localhost/weir:$version-$host_arch" "localhost/weir:$version"
+fi
+echo "image: ${images[*]}; localhost/weir:$version is $host_arch; archives in $out/"
