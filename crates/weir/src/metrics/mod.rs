@@ -162,136 +162,9 @@ impl Metrics {
             .iter()
             .map(|l| m.accepted.get_or_create(l).clone())
             .collect();
-        m.registry.register(
-            "records_accepted",
-            "Records enqueued at ingress",
-            m.accepted.clone(),
-        );
-        m.registry.register(
-            "records_refused",
-            "Records refused at ingress (oversized)",
-            m.refused.clone(),
-        );
-        m.registry.register(
-            "records_backpressured",
-            "Pushes that found their class queue full and waited",
-            m.backpressured.clone(),
-        );
-        m.registry.register(
-            "records_dropped",
-            "QoS 0 records dropped because their queue was full (qos0_when_full = drop)",
-            m.dropped.clone(),
-        );
-        m.registry.register(
-            "records_forwarded",
-            "Records confirmed by the egress",
-            m.forwarded.clone(),
-        );
-        m.registry.register(
-            "shutdown_undelivered_records",
-            "Records still in memory (queued, batched or unconfirmed) when the shutdown deadline (egress.drain_timeout) passed; those of spool classes stay on disk",
-            m.undelivered.clone(),
-        );
-        m.registry.register(
-            "class_allocated_bytes_per_second",
-            "Outbound rate BWAllocator gives each class",
-            m.allocated.clone(),
-        );
-        m.registry.register(
-            "class_queued_records",
-            "Records waiting in each class queue",
-            m.queued.clone(),
-        );
-        m.registry.register(
-            "batches_confirmed",
-            "Batches confirmed by the egress",
-            m.batches_confirmed.clone(),
-        );
-        m.registry.register(
-            "batches_republished",
-            "Batches published again after a failure",
-            m.batches_republished.clone(),
-        );
-        m.registry.register(
-            "urgent_lane_batches",
-            "Batches of the most urgent class sent beyond a full window of unconfirmed batches (egress.amqp.urgent_lane)",
-            m.urgent_lane_batches.clone(),
-        );
-        m.registry.register(
-            "egress_bytes",
-            "Bytes of batch bodies confirmed by the egress",
-            m.egress_bytes.clone(),
-        );
-        m.registry.register(
-            "egress_raw_bytes",
-            "Bytes of the batches confirmed by the egress, before compression (with weir_egress_bytes_total: the compression ratio)",
-            m.egress_raw_bytes.clone(),
-        );
-        m.registry.register(
-            "protocol_errors",
-            "Ingress connections or requests refused as malformed",
-            m.protocol_errors.clone(),
-        );
-        m.registry.register(
-            "batches_encoded",
-            "Batches encoded for the egress, by the codec of the body sent (none when compression did not shrink it)",
-            m.encoded.clone(),
-        );
-        m.registry.register(
-            "compression_samples",
-            "Batches whose first 64 KiB were compressed with a codec not in use, to refresh its ratio and speed",
-            m.compression_samples.clone(),
-        );
-        m.registry.register(
-            "compression_predicted_bytes_per_second",
-            "Piping-model effective throughput (uncompressed bytes/s) predicted for the codec chosen for the last batch",
-            m.compression_predicted.clone(),
-        );
-        m.registry.register(
-            "link_bandwidth_bytes_per_second",
-            "Online estimate of the uplink bandwidth Th_up from completed transactions",
-            m.link_bandwidth.clone(),
-        );
-        m.registry.register(
-            "link_transaction_seconds",
-            "Online estimate of the uplink's fixed per-transaction time T_sc",
-            m.link_transaction.clone(),
-        );
-        m.registry.register(
-            "link_queue_seconds",
-            "Median round trip of the last 16 confirmed transactions above the lowest of the last 10 s: the uplink's queue",
-            m.link_queue.clone(),
-        );
-        m.registry.register(
-            "link_acted_bytes_per_second",
-            "The uplink bandwidth acted on (C_out follows it with track_uplink)",
-            m.link_acted.clone(),
-        );
-        m.registry.register(
-            "link_saturated",
-            "Of the last 64 confirmed transactions, how many were sent while the link was still busy with earlier ones",
-            m.link_saturated.clone(),
-        );
-        m.registry.register(
-            "egress_pipe_bytes",
-            "Bytes the egress allows unconfirmed: twice the delivery rate times the round trip, within its floor and cap",
-            m.pipe_bytes.clone(),
-        );
-        m.registry.register(
-            "egress_pipe_batch_bytes",
-            "The batch size the egress's pipe asks the scheduler for",
-            m.pipe_batch_bytes.clone(),
-        );
-        m.registry.register(
-            "egress_delivery_rate_bytes_per_second",
-            "Highest delivery rate (bytes confirmed per second) of the last 2 s",
-            m.delivery_rate.clone(),
-        );
-        m.registry.register(
-            "egress_round_trip_seconds",
-            "Lowest send-to-confirm round trip of the last 10 s",
-            m.round_trip.clone(),
-        );
+        m.register_records();
+        m.register_egress();
+        m.register_link();
         m.peer.register(&mut m.registry);
         m.spool.register(&mut m.registry);
         m.security.register(&mut m.registry);
@@ -299,6 +172,148 @@ impl Metrics {
         m.amqp.register(&mut m.registry);
         m.on_render(|m| m.amqp.refresh());
         m
+    }
+
+    /// Registers the per-class record counters and gauges (`weir_records_*`, `weir_class_*`).
+    fn register_records(&mut self) {
+        self.registry.register(
+            "records_accepted",
+            "Records enqueued at ingress",
+            self.accepted.clone(),
+        );
+        self.registry.register(
+            "records_refused",
+            "Records refused at ingress (oversized)",
+            self.refused.clone(),
+        );
+        self.registry.register(
+            "records_backpressured",
+            "Pushes that found their class queue full and waited",
+            self.backpressured.clone(),
+        );
+        self.registry.register(
+            "records_dropped",
+            "QoS 0 records dropped because their queue was full (qos0_when_full = drop)",
+            self.dropped.clone(),
+        );
+        self.registry.register(
+            "records_forwarded",
+            "Records confirmed by the egress",
+            self.forwarded.clone(),
+        );
+        self.registry.register(
+            "shutdown_undelivered_records",
+            "Records still in memory (queued, batched or unconfirmed) when the shutdown deadline (egress.drain_timeout) passed; those of spool classes stay on disk",
+            self.undelivered.clone(),
+        );
+        self.registry.register(
+            "class_allocated_bytes_per_second",
+            "Outbound rate BWAllocator gives each class",
+            self.allocated.clone(),
+        );
+        self.registry.register(
+            "class_queued_records",
+            "Records waiting in each class queue",
+            self.queued.clone(),
+        );
+    }
+
+    /// Registers the egress's batch and byte counters and its codec choice.
+    fn register_egress(&mut self) {
+        self.registry.register(
+            "batches_confirmed",
+            "Batches confirmed by the egress",
+            self.batches_confirmed.clone(),
+        );
+        self.registry.register(
+            "batches_republished",
+            "Batches published again after a failure",
+            self.batches_republished.clone(),
+        );
+        self.registry.register(
+            "urgent_lane_batches",
+            "Batches of the most urgent class sent beyond a full window of unconfirmed batches (egress.amqp.urgent_lane)",
+            self.urgent_lane_batches.clone(),
+        );
+        self.registry.register(
+            "egress_bytes",
+            "Bytes of batch bodies confirmed by the egress",
+            self.egress_bytes.clone(),
+        );
+        self.registry.register(
+            "egress_raw_bytes",
+            "Bytes of the batches confirmed by the egress, before compression (with weir_egress_bytes_total: the compression ratio)",
+            self.egress_raw_bytes.clone(),
+        );
+        self.registry.register(
+            "protocol_errors",
+            "Ingress connections or requests refused as malformed",
+            self.protocol_errors.clone(),
+        );
+        self.registry.register(
+            "batches_encoded",
+            "Batches encoded for the egress, by the codec of the body sent (none when compression did not shrink it)",
+            self.encoded.clone(),
+        );
+        self.registry.register(
+            "compression_samples",
+            "Batches whose first 64 KiB were compressed with a codec not in use, to refresh its ratio and speed",
+            self.compression_samples.clone(),
+        );
+        self.registry.register(
+            "compression_predicted_bytes_per_second",
+            "Piping-model effective throughput (uncompressed bytes/s) predicted for the codec chosen for the last batch",
+            self.compression_predicted.clone(),
+        );
+    }
+
+    /// Registers the link estimate and the pipe (`weir_link_*`, `weir_egress_pipe_*`, delivery rate and round trip).
+    fn register_link(&mut self) {
+        self.registry.register(
+            "link_bandwidth_bytes_per_second",
+            "Online estimate of the uplink bandwidth Th_up from completed transactions",
+            self.link_bandwidth.clone(),
+        );
+        self.registry.register(
+            "link_transaction_seconds",
+            "Online estimate of the uplink's fixed per-transaction time T_sc",
+            self.link_transaction.clone(),
+        );
+        self.registry.register(
+            "link_queue_seconds",
+            "Median round trip of the last 16 confirmed transactions above the lowest of the last 10 s: the uplink's queue",
+            self.link_queue.clone(),
+        );
+        self.registry.register(
+            "link_acted_bytes_per_second",
+            "The uplink bandwidth acted on (C_out follows it with track_uplink)",
+            self.link_acted.clone(),
+        );
+        self.registry.register(
+            "link_saturated",
+            "Of the last 64 confirmed transactions, how many were sent while the link was still busy with earlier ones",
+            self.link_saturated.clone(),
+        );
+        self.registry.register(
+            "egress_pipe_bytes",
+            "Bytes the egress allows unconfirmed: twice the delivery rate times the round trip, within its floor and cap",
+            self.pipe_bytes.clone(),
+        );
+        self.registry.register(
+            "egress_pipe_batch_bytes",
+            "The batch size the egress's pipe asks the scheduler for",
+            self.pipe_batch_bytes.clone(),
+        );
+        self.registry.register(
+            "egress_delivery_rate_bytes_per_second",
+            "Highest delivery rate (bytes confirmed per second) of the last 2 s",
+            self.delivery_rate.clone(),
+        );
+        self.registry.register(
+            "egress_round_trip_seconds",
+            "Lowest send-to-confirm round trip of the last 10 s",
+            self.round_trip.clone(),
+        );
     }
 
     fn label(&self, class: ClassId) -> &ClassLabel {

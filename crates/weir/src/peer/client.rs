@@ -631,24 +631,10 @@ impl Pump {
 /// breaks, the provider is seen gone, or weir stops. Whatever was not
 /// acknowledged goes back to the queues before it returns.
 async fn session(node: &Arc<Node>, link: &Link, changed: &mut watch::Receiver<()>) -> End {
-    let (tx, rx) = mpsc::channel::<ForwardRequest>(FORWARD_PIPELINE);
-    let mut client = link.client.clone();
-    let call = tokio::time::timeout(node.rpc_timeout(), client.forward(ReceiverStream::new(rx)));
-    // Cancel safety: dropping the call abandons a stream that has carried
-    // no record yet.
-    let mut acks: Streaming<ForwardAck> = tokio::select! {
-        r = call => match r {
-            Ok(Ok(response)) => response.into_inner(),
-            Ok(Err(status)) => {
-                debug!(provider = link.id, code = ?status.code(), reason = status.message(), "forward refused");
-                return End::Broken;
-            }
-            Err(_) => return End::Broken,
-        },
-        _ = node.stop.cancelled() => return End::Stopped,
-        _ = node.kill.cancelled() => return End::Stopped,
+    let (tx, mut acks) = match open(node, link).await {
+        Ok(stream) => stream,
+        Err(end) => return end,
     };
-    debug!(provider = link.id, "forward stream open");
     let mut pump = Pump::new(node.class_names.len());
     let mut tx = Some(tx);
     let mut drain_until: Option<Instant> = None;
@@ -657,40 +643,18 @@ async fn session(node: &Arc<Node>, link: &Link, changed: &mut watch::Receiver<()
         let now = node.now();
         let mut wake = None;
         if let Some(sender) = &tx {
-            if link.gone.is_cancelled() {
-                info!(
-                    provider = link.id,
-                    "peer dropped from peering.peers; taking back its unacknowledged records"
-                );
-                break End::Broken;
+            match round(node, link, &mut pump, sender, heard_on_stream, now).await {
+                Round::End(end) => break end,
+                Round::HalfClose => {
+                    // The provider answers what it has read, acknowledges
+                    // each queued record once delivered, then ends the
+                    // stream.
+                    tx = None;
+                    drain_until = Some(Instant::now() + FORWARD_DRAIN_TIMEOUT);
+                    continue;
+                }
+                Round::Wait(next) => wake = next,
             }
-            // Acknowledgements on this stream count as word from the
-            // provider beside its heartbeats (`provider_lost`).
-            let heard = node.view().is_alive(link.id, now);
-            if weir_core::peer::provider_lost(heard, heard_on_stream, now, node.cfg.dead_after) {
-                info!(
-                    provider = link.id,
-                    "provider gone; taking back its unacknowledged records"
-                );
-                break End::Broken;
-            }
-            if !node.active() {
-                // Half-close: the provider answers what it has read,
-                // acknowledges each queued record once delivered, then
-                // ends the stream.
-                tx = None;
-                drain_until = Some(Instant::now() + FORWARD_DRAIN_TIMEOUT);
-                continue;
-            }
-            let granted = node.leases().active(link.id, now);
-            let ungranted = pump.take_ungranted(&granted);
-            node.requeue(ungranted).await;
-            if granted.is_empty() && pump.is_empty() {
-                break End::Idle;
-            }
-            let (next, twice) = pump.fill(node, link, &granted, sender, now);
-            node.requeue(twice).await;
-            wake = next;
         } else if pump.in_flight.is_empty() {
             break End::Stopped;
         }
@@ -736,6 +700,94 @@ async fn session(node: &Arc<Node>, link: &Link, changed: &mut watch::Receiver<()
             _ = link.gone.cancelled(), if tx.is_some() => {}
         }
     };
+    take_back(node, link, &mut pump, &end).await;
+    if node.kill.is_cancelled() {
+        End::Stopped
+    } else {
+        end
+    }
+}
+
+/// Opens the Forward stream to `link`: its sender and the provider's
+/// acknowledgements, or how the session ends.
+async fn open(
+    node: &Arc<Node>,
+    link: &Link,
+) -> Result<(mpsc::Sender<ForwardRequest>, Streaming<ForwardAck>), End> {
+    let (tx, rx) = mpsc::channel::<ForwardRequest>(FORWARD_PIPELINE);
+    let mut client = link.client.clone();
+    let call = tokio::time::timeout(node.rpc_timeout(), client.forward(ReceiverStream::new(rx)));
+    // Cancel safety: dropping the call abandons a stream that has carried
+    // no record yet.
+    let acks = tokio::select! {
+        r = call => match r {
+            Ok(Ok(response)) => response.into_inner(),
+            Ok(Err(status)) => {
+                debug!(provider = link.id, code = ?status.code(), reason = status.message(), "forward refused");
+                return Err(End::Broken);
+            }
+            Err(_) => return Err(End::Broken),
+        },
+        _ = node.stop.cancelled() => return Err(End::Stopped),
+        _ = node.kill.cancelled() => return Err(End::Stopped),
+    };
+    debug!(provider = link.id, "forward stream open");
+    Ok((tx, acks))
+}
+
+/// What one round of an open session decided.
+enum Round {
+    /// Records sent as granted; look again at this time (or the next
+    /// heartbeat), or when an ack comes.
+    Wait(Option<Duration>),
+    /// weir is stopping: send nothing more.
+    HalfClose,
+    End(End),
+}
+
+/// One round of an open session: the provider still there, the records
+/// no longer granted taken back, the granted ones sent.
+async fn round(
+    node: &Arc<Node>,
+    link: &Link,
+    pump: &mut Pump,
+    sender: &mpsc::Sender<ForwardRequest>,
+    heard_on_stream: Option<Duration>,
+    now: Duration,
+) -> Round {
+    if link.gone.is_cancelled() {
+        info!(
+            provider = link.id,
+            "peer dropped from peering.peers; taking back its unacknowledged records"
+        );
+        return Round::End(End::Broken);
+    }
+    // Acknowledgements on this stream count as word from the provider
+    // beside its heartbeats (`provider_lost`).
+    let heard = node.view().is_alive(link.id, now);
+    if weir_core::peer::provider_lost(heard, heard_on_stream, now, node.cfg.dead_after) {
+        info!(
+            provider = link.id,
+            "provider gone; taking back its unacknowledged records"
+        );
+        return Round::End(End::Broken);
+    }
+    if !node.active() {
+        return Round::HalfClose;
+    }
+    let granted = node.leases().active(link.id, now);
+    let ungranted = pump.take_ungranted(&granted);
+    node.requeue(ungranted).await;
+    if granted.is_empty() && pump.is_empty() {
+        return Round::End(End::Idle);
+    }
+    let (next, twice) = pump.fill(node, link, &granted, sender, now);
+    node.requeue(twice).await;
+    Round::Wait(next)
+}
+
+/// Puts what the provider did not acknowledge back in the queues.
+async fn take_back(node: &Arc<Node>, link: &Link, pump: &mut Pump, end: &End) {
     let back = pump.take_all();
     node.metrics().set_lent(link.id, 0);
     if !back.is_empty() {
@@ -757,9 +809,4 @@ async fn session(node: &Arc<Node>, link: &Link, changed: &mut watch::Receiver<()
         }
     }
     node.requeue(back).await;
-    if node.kill.is_cancelled() {
-        End::Stopped
-    } else {
-        end
-    }
 }

@@ -90,6 +90,16 @@ pub fn draw(f: &mut ratatui::Frame, area: Rect, header: &Header, frame: Option<&
         return;
     };
 
+    draw_classes(f, table, fr);
+    draw_link(f, link, fr);
+    if !fr.peers.is_empty() {
+        draw_peers(f, peer_area, fr);
+    }
+}
+
+/// The per-class table: a row per class, red where p99 is over the bound
+/// or records were late.
+fn draw_classes(f: &mut ratatui::Frame, table: Rect, fr: &Frame) {
     let head = Row::new(
         [
             "class",
@@ -146,7 +156,10 @@ pub fn draw(f: &mut ratatui::Frame, area: Rect, header: &Header, frame: Option<&
             .block(Block::default().borders(Borders::ALL).title("classes")),
         table,
     );
+}
 
+/// The link pane: the estimate, the batches, compression, clients.
+fn draw_link(f: &mut ratatui::Frame, link: Rect, fr: &Frame) {
     let lines = vec![
         Line::from(format!(
             "uplink {}B/s  per transaction {}  batches {}/s  wire {}B/s",
@@ -168,30 +181,32 @@ pub fn draw(f: &mut ratatui::Frame, area: Rect, header: &Header, frame: Option<&
         Paragraph::new(lines).block(Block::default().borders(Borders::ALL).title("link")),
         link,
     );
-    if !fr.peers.is_empty() {
-        let head = Row::new(
-            ["peer", "spare B/s", "shortage B/s", "via/s"]
-                .map(|h| Cell::from(h).style(Style::default().add_modifier(Modifier::BOLD))),
-        );
-        let rows = fr
-            .peers
-            .iter()
-            .map(|p| Row::new(vec![p.id.clone(), si(p.spare), si(p.shortage), si(p.via)]));
-        let widths = [
-            Constraint::Length(8),
-            Constraint::Length(12),
-            Constraint::Length(14),
-            Constraint::Length(8),
-        ];
-        f.render_widget(
-            Table::new(rows, widths).header(head).block(
-                Block::default()
-                    .borders(Borders::ALL)
-                    .title(format!("peers ({} alive)", si(fr.peers_alive))),
-            ),
-            peer_area,
-        );
-    }
+}
+
+/// The peers pane: each peer's spare and shortage and what went through it.
+fn draw_peers(f: &mut ratatui::Frame, peer_area: Rect, fr: &Frame) {
+    let head = Row::new(
+        ["peer", "spare B/s", "shortage B/s", "via/s"]
+            .map(|h| Cell::from(h).style(Style::default().add_modifier(Modifier::BOLD))),
+    );
+    let rows = fr
+        .peers
+        .iter()
+        .map(|p| Row::new(vec![p.id.clone(), si(p.spare), si(p.shortage), si(p.via)]));
+    let widths = [
+        Constraint::Length(8),
+        Constraint::Length(12),
+        Constraint::Length(14),
+        Constraint::Length(8),
+    ];
+    f.render_widget(
+        Table::new(rows, widths).header(head).block(
+            Block::default()
+                .borders(Borders::ALL)
+                .title(format!("peers ({} alive)", si(fr.peers_alive))),
+        ),
+        peer_area,
+    );
 }
 
 #[cfg(test)]
