@@ -15,13 +15,19 @@ use super::problems::Problems;
 use super::spool::{class_durability, default_durability, ClassDurability, RawDurability};
 use super::units::{HumanDuration, Size, Written};
 
-/// At JANUS's evaluation rate of 5k records/s this holds about 13 s of
-/// backlog per class, enough to ride out an uplink stall of a few seconds.
-pub const CAPACITY_RECORDS: u64 = 65_536;
+/// At JANUS's evaluation rate of 5k records/s this holds about 3 s of
+/// backlog per class (three times the least urgent default bound): a
+/// queue's records beyond its bound are late whatever their number, and a
+/// longer outage is the spool's (`durability = "spool"`). The ring is
+/// allocated up front, about 120 bytes a slot: 1.9 MiB per class.
+pub const CAPACITY_RECORDS: u64 = 16_384;
 
-/// 64 MiB per class keeps the default three classes under 200 MiB, which a
-/// Raspberry Pi class edge box can spare.
-pub const CAPACITY_BYTES: u64 = 64 * 1024 * 1024;
+/// 16 MiB per class keeps the default three classes' queues under 48 MiB,
+/// so that weir at full rate stays near 64 MiB (256 B records) to 100 MiB
+/// (1 KiB) with the default config, which a Raspberry Pi class box can
+/// spare beside its other work (docs/benchmarks.md, "Memory at full
+/// rate").
+pub const CAPACITY_BYTES: u64 = 16 * 1024 * 1024;
 
 /// The record ring of a class queue is allocated up front, so a typo such as
 /// an extra digit must not ask for gigabytes; 16 Mi records is far beyond

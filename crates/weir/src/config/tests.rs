@@ -98,13 +98,13 @@ fn empty_file_gives_the_defaults() {
         c.capacities,
         vec![
             QueueCapacity {
-                records: 65_536,
-                bytes: 64 << 20
+                records: 16_384,
+                bytes: 16 << 20
             };
             3
         ]
     );
-    assert_eq!(c.capacity(ClassId(2)).records, 65_536);
+    assert_eq!(c.capacity(ClassId(2)).records, 16_384);
     assert_eq!(c.classifier.default_class(), ClassId(2));
     assert!(c.classifier.rules().is_empty());
     assert_eq!(c.scheduler.scheme, Scheme::Janus(Strategy::Pmrfs));
@@ -191,7 +191,7 @@ fn three_class_example_routes_in_order() {
             bytes: 8 << 20
         }
     );
-    assert_eq!(c.capacity(telemetry).bytes, 64 << 20);
+    assert_eq!(c.capacity(telemetry).bytes, 16 << 20);
     let link = c.egress.link.unwrap();
     assert_eq!(link.preset, Some(LinkPreset::FourG));
     assert_eq!(link.delay, Duration::from_millis(50));
