@@ -32,6 +32,14 @@
 //!   relaying inequalities (Li et al., Eq. 5-6, Lemma 1, Theorems 1-2).
 //! - [`compression`]: the per-batch codec choice by the piping model
 //!   (Dzhagaryan and Milenkovic, Eq. 3, 19-20) over observed codec tables.
+//! - [`delivery`]: the egress's delivery machine: the window of
+//!   unconfirmed batches, the pipe (bytes in flight from the delivery rate
+//!   and round trip), the urgent lane, retries with [`backoff`].
+//! - [`spool`]: the spool's file format, segment scan and recovery, and
+//!   each class's log of what is on disk and released.
+//! - [`dedupe`]: which `(origin, seq)` were already handed on, in ranges.
+//! - [`sim`]: the scheduler and the delivery machine joined over a model
+//!   link, on a simulated clock.
 //! - [`peer`]: JANUS redirection without its orchestrator: each node's view
 //!   of its peers, the per-node round decision, provider reservations with
 //!   their token buckets, receiver leases, records in flight and the

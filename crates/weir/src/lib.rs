@@ -25,9 +25,16 @@
 //!   and again when they change.
 //! - [`metrics`]: Prometheus metrics; [`admin`] serves them over HTTP.
 //! - [`reload`]: hot reload of the config file (SIGHUP, `POST /reload`).
+//! - [`spool`]: the on-disk log of classes with `durability = "spool"`:
+//!   the group-committing writer, the reader that refills the queues
+//!   (most urgent class first), recovery at start-up, the sequence lease.
+//! - [`consume`]: `weir consume`, batches read from RabbitMQ and each
+//!   record handed on once.
 //! - [`top`]: `weir top`, a terminal view of a running weir's metrics.
+//! - [`priority`]: the CPU priority of weir's threads (`node.nice`,
+//!   `node.realtime_priority`).
 //! - [`telemetry`] sets up logging; [`systemd`] readiness and the
-//!   watchdog.
+//!   watchdog; [`fuzzing`] the entry points of the fuzz targets.
 
 // Hot-path refusals hand the record back by value (STYLE: never boxed); a
 // `Record` with its spool index is over clippy's 128-byte threshold.

@@ -1,4 +1,6 @@
-//! The `weir` command line: run the relay, check a config, print defaults.
+//! The `weir` command line: run the relay, and the commands around it
+//! (check or print a config, probe the link, consume and decode batches,
+//! and `top`, `reload` and `health` against a running weir).
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -18,8 +18,7 @@ use super::units::{HumanDuration, Size, Written};
 /// At JANUS's evaluation rate of 5k records/s this holds about 3 s of
 /// backlog per class (three times the least urgent default bound): a
 /// queue's records beyond its bound are late whatever their number, and a
-/// longer outage is the spool's (`durability = "spool"`). The ring is
-/// allocated up front, about 120 bytes a slot: 1.9 MiB per class.
+/// longer outage is the spool's (`durability = "spool"`).
 pub const CAPACITY_RECORDS: u64 = 16_384;
 
 /// 16 MiB per class keeps the default three classes' queues under 48 MiB,
@@ -29,9 +28,8 @@ pub const CAPACITY_RECORDS: u64 = 16_384;
 /// rate").
 pub const CAPACITY_BYTES: u64 = 16 * 1024 * 1024;
 
-/// The record ring of a class queue is allocated up front, so a typo such as
-/// an extra digit must not ask for gigabytes; 16 Mi records is far beyond
-/// any sensible backlog.
+/// A typo such as an extra digit must not let a queue grow to gigabytes;
+/// 16 Mi records is far beyond any sensible backlog.
 pub const MAX_CAPACITY_RECORDS: u64 = 1 << 24;
 
 /// One `[[class]]`.

@@ -205,10 +205,9 @@ impl Config {
     }
 
     /// The memory queue capacity of each class: a spooled class holds at
-    /// most `spool.window_bytes` in memory, the rest waits on disk, and
-    /// its ring at most one record per [`SPOOL_WINDOW_BYTES_PER_SLOT`] of
-    /// that window (a ring's slots are allocated, and touched, up front:
-    /// 65,536 of them cost about 7.5 MiB of resident memory per class).
+    /// most `spool.window_bytes` in memory, the rest waits on disk, and at
+    /// most one record per [`SPOOL_WINDOW_BYTES_PER_SLOT`] of that window
+    /// (a queued record costs about 120 bytes beside its key and payload).
     pub fn memory_capacities(&self) -> Vec<QueueCapacity> {
         self.capacities
             .iter()
