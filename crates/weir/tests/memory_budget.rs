@@ -25,8 +25,7 @@ use common::{tmp, unique, PATIENCE};
 
 const LIMIT: u64 = 96 << 20;
 /// Records published: more than the queues hold under the limit (about
-/// 16,000 of 1 KiB) and more than the configured queues hold (3 x 16,384
-/// records).
+/// 16,000 of 1 KiB) and more than the configured queues hold (3 x 8 MiB).
 const TOTAL: u64 = 70_000;
 
 /// A memory cgroup (v1 or v2) limited to `bytes`, removed on drop.
@@ -100,7 +99,7 @@ async fn a_small_box_applies_back_pressure_instead_of_being_oom_killed() {
     let proxy = Proxy::start().await;
     proxy.set(Mode::Down);
     let mqtt = free_port();
-    // The embedded defaults: three memory classes of 16 MiB queues each.
+    // The embedded defaults: three memory classes of 8 MiB queues each.
     let cfg = write_config(
         &dir,
         "weir.toml",

@@ -21,12 +21,14 @@ use super::units::{HumanDuration, Size, Written};
 /// longer outage is the spool's (`durability = "spool"`).
 pub const CAPACITY_RECORDS: u64 = 16_384;
 
-/// 16 MiB per class keeps the default three classes' queues under 48 MiB,
-/// so that weir at full rate stays near 64 MiB (256 B records) to 100 MiB
-/// (1 KiB) with the default config, which a Raspberry Pi class box can
-/// spare beside its other work (docs/benchmarks.md, "Memory at full
-/// rate").
-pub const CAPACITY_BYTES: u64 = 16 * 1024 * 1024;
+/// 8 MiB per class: the two bounds bind together at 512-byte records, and
+/// 8 MiB is near four seconds of the default 18 Mbit/s uplink, beyond the
+/// least urgent default bound. The three default classes' queues stay
+/// under 24 MiB, so that weir at full rate stays near 64 MiB (256 B
+/// records) to 96 MiB (1 KiB) with the default config, which a Raspberry
+/// Pi class box can spare beside its other work (docs/benchmarks.md,
+/// "Memory at full rate").
+pub const CAPACITY_BYTES: u64 = 8 * 1024 * 1024;
 
 /// A typo such as an extra digit must not let a queue grow to gigabytes;
 /// 16 Mi records is far beyond any sensible backlog.

@@ -99,7 +99,7 @@ fn empty_file_gives_the_defaults() {
         vec![
             QueueCapacity {
                 records: 16_384,
-                bytes: 16 << 20
+                bytes: 8 << 20
             };
             3
         ]
@@ -191,7 +191,7 @@ fn three_class_example_routes_in_order() {
             bytes: 8 << 20
         }
     );
-    assert_eq!(c.capacity(telemetry).bytes, 16 << 20);
+    assert_eq!(c.capacity(telemetry).bytes, 8 << 20);
     let link = c.egress.link.unwrap();
     assert_eq!(link.preset, Some(LinkPreset::FourG));
     assert_eq!(link.delay, Duration::from_millis(50));
