@@ -11,7 +11,7 @@ use std::hint::black_box;
 use weir::intake::Intake;
 use weir::metrics::Metrics;
 use weir_core::classify::{Classifier, Rule, Source, TopicFilter};
-use weir_core::queue::{MultiLevelQueue, QueueCapacity};
+use weir_core::queueing::queue::{MultiLevelQueue, QueueCapacity};
 use weir_core::{ClassId, ClassSet, Record};
 
 fn batch(n: usize, now_us: u64) -> Vec<Record> {

@@ -8,12 +8,12 @@ use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
 use weir_core::batching::BatchLimits;
-use weir_core::drain::{Drain, Drainer};
 use weir_core::janus::scheme::Scheme;
 use weir_core::link_estimate::LinkEstimate;
-use weir_core::queue::{ClassQueue, MultiLevelQueue, QueueCapacity};
+use weir_core::queueing::drain::{Drain, Drainer};
+use weir_core::queueing::queue::{ClassQueue, MultiLevelQueue, QueueCapacity};
+use weir_core::queueing::token_bucket::{BucketConfig, Take, TokenBucket};
 use weir_core::scheduler::{Poll, Scheduler, SchedulerParams};
-use weir_core::token_bucket::{BucketConfig, Take, TokenBucket};
 use weir_core::{ClassId, ClassSet, Record};
 
 const CAP: QueueCapacity = QueueCapacity {

@@ -12,7 +12,7 @@ use std::hint::black_box;
 use weir::config::{ClassDurability, Durability, OnFull, SpoolConfig, SyncMode};
 use weir::metrics::Metrics;
 use weir::spool::{Appended, Spool};
-use weir_core::queue::{MultiLevelQueue, QueueCapacity};
+use weir_core::queueing::queue::{MultiLevelQueue, QueueCapacity};
 use weir_core::spool::{frame, Frame, SegmentHeader, SegmentKeys};
 use weir_core::{ClassId, ClassSet, Record};
 

@@ -85,7 +85,7 @@ pub fn keepable(link: &LinkEstimate, horizon: Duration) -> bool {
 }
 
 /// The largest share of the horizon a partial batch may gather for
-/// ([`crate::drain`]'s gathering): an urgent record then waits at most
+/// ([`crate::queueing::drain`]'s gathering): an urgent record then waits at most
 /// `2 h + h/4 + h/16 = 0.81` of its bound at [`HORIZON_SHARE`] 0.35 (a 100 ms
 /// class: a gather of at most 2.2 ms).
 pub const GATHER_SHARE: f64 = 1.0 / 16.0;

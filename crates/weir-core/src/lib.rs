@@ -8,44 +8,44 @@
 //! `quinn-proto` under `quinn`).
 //!
 //! # Layout
+//! The vocabulary:
 //! - [`class`]: latency classes (JANUS Table I) and the ordered set of them.
 //! - [`record`]: the unit weir relays, with origin and sequence number.
 //! - [`classify`]: MQTT topic filters and gRPC stream names mapped to classes.
-//! - [`queue`]: bounded lock-free multi-level queues, one per class.
-//! - [`memory`]: the memory budget: the queues sized to fit a limit.
-//! - [`token_bucket`]: per-class rate limiters whose rates the allocator sets.
-//! - [`drain`]: batches out of the queues, most urgent class first, within
-//!   each class's bucket.
-//! - [`scheduler`]: the window step as a sans-IO state machine: PBTT and
-//!   the uplink estimate set the rates, the planner the batch plans, the
-//!   drain the batches; the relay's scheduler task only drives it.
+//!
+//! The papers' models, as functions of what was measured:
 //! - [`janus`]: PBTT (Algorithm 1), BWAllocator (Algorithm 2), PMRFS
 //!   (Algorithm 3) and the baseline matchers, and the node-level schemes.
 //! - [`link_estimate`]: uplink bandwidth `Th_up` and per-transaction time
 //!   `T_sc` fitted online (piping paper Eq. 1, 3, 5-6).
-//! - [`passwd`]: password files in `mosquitto_passwd` format (`$6$`, `$7$`).
-//! - [`acl`]: topic ACLs in the format of Mosquitto's `acl_file`.
-//! - [`gate`]: who may connect to the MQTT listener, and as whom.
-//! - [`admission`]: what may be committed to the link ahead of an urgent
-//!   record (the horizon, the batch cap).
 //! - [`batching`]: batch size and closing rule from the buffer-aided
 //!   relaying inequalities (Li et al., Eq. 5-6, Lemma 1, Theorems 1-2).
 //! - [`compression`]: the per-batch codec choice by the piping model
 //!   (Dzhagaryan and Milenkovic, Eq. 3, 19-20) over observed codec tables.
+//! - [`admission`]: what may be committed to the link ahead of an urgent
+//!   record (the horizon, the batch cap).
+//!
+//! The queues: [`queueing`] (the per-class queues, token buckets, the
+//! drain into batches, and the queues sized to a memory limit).
+//!
+//! The state machines the relay drives (`handle_*`, `poll_*`):
+//! - [`scheduler`]: the window step: PBTT and the uplink estimate set the
+//!   rates, the planner the batch plans, the drain the batches.
 //! - [`delivery`]: the egress's delivery machine: the window of
 //!   unconfirmed batches, the pipe (bytes in flight from the delivery rate
 //!   and round trip), the urgent lane, retries with [`backoff`].
-//! - [`spool`]: the spool's file format, segment scan and recovery, and
-//!   each class's log of what is on disk and released.
-//! - [`dedupe`]: which `(origin, seq)` were already handed on, in ranges.
-//! - [`sim`]: the scheduler and the delivery machine joined over a model
-//!   link, on a simulated clock.
 //! - [`peer`]: JANUS redirection without its orchestrator: each node's view
 //!   of its peers, the per-node round decision, provider reservations with
 //!   their token buckets, receiver leases, records in flight and the
 //!   provider's custody of forwarded records until they are delivered.
+//! - [`spool`]: the spool's file format, segment scan and recovery, and
+//!   each class's log of what is on disk and released.
+//!
+//! Beside them: [`security`] (Mosquitto password and ACL files, and who
+//! may connect as whom), [`dedupe`] (which `(origin, seq)` were already
+//! handed on, for consumers), [`sim`] (the scheduler and the delivery
+//! machine joined over a model link, on a simulated clock).
 
-pub mod acl;
 pub mod admission;
 pub mod backoff;
 pub mod batching;
@@ -54,19 +54,15 @@ pub mod classify;
 pub mod compression;
 pub mod dedupe;
 pub mod delivery;
-pub mod drain;
-pub mod gate;
 pub mod janus;
 pub mod link_estimate;
-pub mod memory;
-pub mod passwd;
 pub mod peer;
-pub mod queue;
+pub mod queueing;
 pub mod record;
 pub mod scheduler;
+pub mod security;
 pub mod sim;
 pub mod spool;
-pub mod token_bucket;
 
 pub use class::{ClassId, ClassSet, ClassSetError, LatencyClass};
 pub use record::{NodeId, Record};

@@ -34,14 +34,14 @@ use std::time::Duration;
 use crate::admission;
 use crate::batching::BatchLimits;
 use crate::class::{ClassId, ClassSet};
-use crate::drain::{rider_budget, Drain, Drainer};
 use crate::janus::allocator::ClassLoad;
 use crate::janus::pbtt::{Pbtt, PbttConfig};
 use crate::janus::scheme::Scheme;
 use crate::janus::{Grant, JanusError};
 use crate::link_estimate::LinkEstimate;
 use crate::peer::{BandwidthState, OwnRate};
-use crate::queue::{MultiLevelQueue, QueueCapacity};
+use crate::queueing::drain::{rider_budget, Drain, Drainer};
+use crate::queueing::queue::{MultiLevelQueue, QueueCapacity};
 use crate::record::Record;
 
 use planner::Planner;
@@ -103,10 +103,10 @@ pub struct SchedulerParams {
     pub reference: Vec<u32>,
     /// Whether `C_out` follows the uplink estimate.
     pub track_uplink: bool,
-    /// Whether batches take riders of other classes ([`crate::drain`]).
+    /// Whether batches take riders of other classes ([`crate::queueing::drain`]).
     pub mix_classes: bool,
     /// Shortest time between a batch and a following one that is not full
-    /// ([`crate::drain`]'s gathering), within [`admission::gather`]'s cap.
+    /// ([`crate::queueing::drain`]'s gathering), within [`admission::gather`]'s cap.
     pub gather: Duration,
 }
 

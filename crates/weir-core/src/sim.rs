@@ -21,7 +21,7 @@ use bytes::Bytes;
 
 use crate::class::{ClassId, ClassSet};
 use crate::delivery::{Delivery, DeliveryParams, Event as DeliveryEvent, Offer};
-use crate::queue::QueueCapacity;
+use crate::queueing::queue::QueueCapacity;
 use crate::record::Record;
 use crate::scheduler::{
     capacities_for, queues_for, Delivered, Event as SchedulerEvent, OutBatch, Poll, Scheduler,
@@ -213,7 +213,7 @@ struct Wire {
 /// The whole relay at one moment of the simulation.
 struct Relay<'a> {
     p: &'a SimParams,
-    queues: crate::queue::MultiLevelQueue,
+    queues: crate::queueing::queue::MultiLevelQueue,
     sched: Scheduler,
     egress: Delivery<Built>,
     handoff: Handoff,

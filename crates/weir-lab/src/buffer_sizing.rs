@@ -14,7 +14,7 @@
 //! # Units
 //! The paper's windows are in bytes (long flows grow by one MSS per RTT, the
 //! buffer drains "the last byte"), so `C * T`, `MSS` and `B` are all in bytes
-//! here: capacity in bytes per second (as in `weir_core::token_bucket`), RTT as
+//! here: capacity in bytes per second (as in `weir_core::queueing::token_bucket`), RTT as
 //! a [`Duration`], MSS in bytes, every size returned in bytes.
 //!
 //! # Reading the paper

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use weir_core::queue::MultiLevelQueue;
+use weir_core::queueing::queue::MultiLevelQueue;
 use weir_core::scheduler::{self, OutBatch};
 
 use crate::config::{Config, EgressSink, MqttListen, MqttMode};

@@ -3,9 +3,9 @@
 //! hidden from the docs, and may change with the code it reaches.
 
 use prost::Message;
-use weir_core::acl::AclFile;
-use weir_core::gate::{StreamGate, TokenFile};
-use weir_core::passwd::PasswordFile;
+use weir_core::security::acl::AclFile;
+use weir_core::security::gate::{StreamGate, TokenFile};
+use weir_core::security::passwd::PasswordFile;
 use weir_core::ClassId;
 use weir_proto::pb;
 

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use weir_core::classify::Classifier;
-use weir_core::queue::{MultiLevelQueue, PushError};
+use weir_core::queueing::queue::{MultiLevelQueue, PushError};
 use weir_core::{ClassId, ClassSet, NodeId, Record};
 
 use crate::clock::unix_micros;
@@ -419,7 +419,7 @@ impl Intake {
     /// Enqueues a record that entered weir at another node (a peer
     /// redirected it), keeping its origin, sequence number and ingress
     /// time, as a kept record: this node sends it itself, never passes it
-    /// on ([`weir_core::queue`]). Never waits: the peer protocol refuses
+    /// on ([`weir_core::queueing::queue`]). Never waits: the peer protocol refuses
     /// instead, and the sender keeps the record. Not counted in
     /// `records_accepted`, which counts what entered weir here.
     pub fn try_enqueue_foreign(&self, record: Record) -> Result<(), EnqueueError> {

@@ -1,12 +1,12 @@
 //! The memory limit weir plans for (`node.memory_limit`): given, or read
 //! from the cgroup weir runs in (v2 `memory.max`, v1
 //! `memory.limit_in_bytes`, the tightest of the cgroup and its parents),
-//! and the class queues sized to fit it (`weir_core::memory`).
+//! and the class queues sized to fit it (`weir_core::queueing::memory`).
 
 use std::path::{Path, PathBuf};
 
-use weir_core::memory::Plan;
-use weir_core::queue::QueueCapacity;
+use weir_core::queueing::memory::Plan;
+use weir_core::queueing::queue::QueueCapacity;
 
 use crate::config::{Config, MemoryLimit};
 
@@ -36,7 +36,7 @@ pub fn resolve(setting: MemoryLimit) -> Option<Limit> {
 /// planned at their largest (a window of the largest batches, each held as
 /// records, encoded and compressed).
 pub fn plan(cfg: &Config, limit: Option<&Limit>) -> Plan {
-    weir_core::memory::plan(
+    weir_core::queueing::memory::plan(
         limit.map(|l| l.bytes),
         &cfg.memory_capacities(),
         in_flight_bytes(cfg, limit),
@@ -66,8 +66,8 @@ pub fn pipe_bytes(limit: Option<&Limit>) -> u64 {
     match limit {
         None => PIPE_BYTES,
         Some(l) => {
-            let usable = ((l.bytes as f64 * (1.0 - weir_core::memory::HEADROOM)) as u64)
-                .saturating_sub(weir_core::memory::BASE_BYTES);
+            let usable = ((l.bytes as f64 * (1.0 - weir_core::queueing::memory::HEADROOM)) as u64)
+                .saturating_sub(weir_core::queueing::memory::BASE_BYTES);
             let share = (usable as f64 * PIPE_SHARE) as u64 / COPIES_IN_FLIGHT;
             share.clamp(weir_core::delivery::pipe::MIN_PIPE_BATCH, PIPE_BYTES)
         }
@@ -95,12 +95,12 @@ pub fn connections_warning(cfg: &Config, limit: Option<&Limit>) -> Option<String
         .as_ref()
         .filter(|m| matches!(m.mode, crate::config::MqttMode::Listen(_)))?;
     let allowed = mqtt.limits.max_connections as u64;
-    let fit = weir_core::memory::connections_that_fit(limit.bytes);
+    let fit = weir_core::queueing::memory::connections_that_fit(limit.bytes);
     (allowed > fit).then(|| {
         format!(
             "ingress.mqtt.max_connections = {allowed}: that many connections would take up to {:.0} MiB (about {} KiB each), beyond what the memory limit of {:.0} MiB leaves for them (about {fit}); lower max_connections to the devices this box serves",
-            (allowed * weir_core::memory::CONNECTION_BYTES) as f64 / (1 << 20) as f64,
-            weir_core::memory::CONNECTION_BYTES >> 10,
+            (allowed * weir_core::queueing::memory::CONNECTION_BYTES) as f64 / (1 << 20) as f64,
+            weir_core::queueing::memory::CONNECTION_BYTES >> 10,
             limit.bytes as f64 / (1 << 20) as f64
         )
     })
@@ -123,7 +123,7 @@ pub fn describe(plan: &Plan, setting: MemoryLimit, limit: Option<&Limit>) -> Str
             "memory limit {:.1} MiB ({}) leaves nothing for the class queues after weir's base of {:.0} MiB: every queue at its minimum; give weir more memory",
             l.bytes as f64 / MIB,
             l.source,
-            weir_core::memory::BASE_BYTES as f64 / MIB
+            weir_core::queueing::memory::BASE_BYTES as f64 / MIB
         ),
         Some(l) => format!(
             "memory limit {:.1} MiB ({}): class queues {} ({:.1} MiB at capacity, scaled by {:.3} from {:.1} MiB configured), {:.1} MiB planned in all, {:.0} % of the limit left as headroom",
@@ -138,7 +138,7 @@ pub fn describe(plan: &Plan, setting: MemoryLimit, limit: Option<&Limit>) -> Str
             plan.scale,
             plan.configured_bytes as f64 / MIB,
             plan.planned as f64 / MIB,
-            weir_core::memory::HEADROOM * 100.0
+            weir_core::queueing::memory::HEADROOM * 100.0
         ),
     }
 }

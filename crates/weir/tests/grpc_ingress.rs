@@ -33,7 +33,7 @@ use tonic_reflection::pb::v1alpha;
 use weir::config::{GrpcAuth, GrpcIngress};
 use weir::ingress::grpc::{self, GrpcError, STREAM_FULL_WAIT};
 use weir::intake::Intake;
-use weir_core::queue::QueueCapacity;
+use weir_core::queueing::queue::QueueCapacity;
 use weir_core::{ClassId, Record};
 use weir_proto::pb::ingress_client::IngressClient;
 use weir_proto::pb::{PublishAck, PublishRequest};

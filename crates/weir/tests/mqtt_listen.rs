@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use weir::config::{MqttIngress, MqttLimits, MqttListen, MqttMode, Qos0WhenFull};
 use weir::ingress::mqtt::listen;
 use weir::intake::Intake;
-use weir_core::queue::QueueCapacity;
+use weir_core::queueing::queue::QueueCapacity;
 use weir_core::{ClassId, Record};
 
 use common::ingress::{intake, mqtt_rule, roomy, take_all, LS, LT, NM};

@@ -26,7 +26,7 @@ use weir::config::{BrokerAddr, MqttIngress, MqttMode, MqttSubscribe, Qos0WhenFul
 use weir::ingress::mqtt::subscribe;
 use weir::intake::Intake;
 use weir_core::classify::TopicFilter;
-use weir_core::queue::QueueCapacity;
+use weir_core::queueing::queue::QueueCapacity;
 use weir_core::{ClassId, Record};
 
 use common::ingress::{intake, mqtt_rule, roomy, take_all, LS, LT, NM};

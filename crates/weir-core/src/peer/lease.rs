@@ -7,8 +7,8 @@ use std::time::Duration;
 use super::pacing::Pacing;
 use crate::class::ClassId;
 use crate::janus::redirect::MIN_AMOUNT;
+use crate::queueing::token_bucket::{Take, TokenBucket};
 use crate::record::NodeId;
-use crate::token_bucket::{Take, TokenBucket};
 
 /// One rate granted to this node by a provider.
 #[derive(Debug, Clone)]

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::janus::non_negative;
-use crate::token_bucket::{BucketConfig, TokenBucket};
+use crate::queueing::token_bucket::{BucketConfig, TokenBucket};
 
 /// How a reservation's token bucket is sized: deep enough for the bunching
 /// of batched sends and network jitter, shallow enough that the burst stays

@@ -9,8 +9,8 @@ use super::pacing::Pacing;
 use crate::class::ClassId;
 use crate::janus::redirect::MIN_AMOUNT;
 use crate::janus::{non_negative, Grant};
+use crate::queueing::token_bucket::{Take, TokenBucket};
 use crate::record::NodeId;
-use crate::token_bucket::{Take, TokenBucket};
 
 /// How a provider grants and polices reservations.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use crate::class::ClassId;
 use crate::janus::{Allocation, BandwidthTuple, Grant, Offer, Strategy};
+use crate::queueing::token_bucket::Take;
 use crate::record::{NodeId, Record};
-use crate::token_bucket::Take;
 // Our `Strategy` enum, not proptest's trait.
 use crate::janus::apply_grant;
 use bytes::Bytes;

@@ -12,7 +12,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::janus::redirect::Strategy as Matcher;
-use crate::queue::QueueCapacity;
+use crate::queueing::queue::QueueCapacity;
 use crate::record::RECORD_OVERHEAD;
 
 const MS: Duration = Duration::from_millis(1);

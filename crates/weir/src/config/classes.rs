@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use weir_core::class::{ClassId, ClassSet, ClassSetError, LatencyClass, MAX_CLASSES};
 use weir_core::classify::{Classifier, Rule, Source, TopicFilter};
-use weir_core::queue::QueueCapacity;
+use weir_core::queueing::queue::QueueCapacity;
 
 use super::problems::Problems;
 use super::spool::{class_durability, default_durability, ClassDurability, RawDurability};

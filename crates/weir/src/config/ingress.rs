@@ -692,7 +692,7 @@ fn grpc(p: &mut Problems, raw: RawGrpc) -> Option<Option<GrpcIngress>> {
     }
     for (identity, patterns) in raw.allow.iter().flatten() {
         for pattern in patterns {
-            if let Some(why) = weir_core::gate::stream_pattern_problem(pattern) {
+            if let Some(why) = weir_core::security::gate::stream_pattern_problem(pattern) {
                 p.push(format!("ingress.grpc.allow.{identity:?}"), why);
             }
         }

@@ -64,7 +64,7 @@ use std::path::Path;
 use serde::Deserialize;
 use weir_core::class::{ClassId, ClassSet};
 use weir_core::classify::Classifier;
-use weir_core::queue::QueueCapacity;
+use weir_core::queueing::queue::QueueCapacity;
 
 pub use admin::AdminConfig;
 pub use egress::{

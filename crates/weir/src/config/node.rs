@@ -36,7 +36,7 @@ pub(crate) struct RawNode {
 }
 
 /// The memory weir plans for (`node.memory_limit`): the class queues are
-/// sized so that weir stays under it (`weir_core::memory`).
+/// sized so that weir stays under it (`weir_core::queueing::memory`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum MemoryLimit {
     /// The limit of the cgroup weir runs in (a container's `--memory`,

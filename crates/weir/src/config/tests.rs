@@ -5,7 +5,7 @@ use proptest::prelude::*;
 use weir_core::class::{ClassId, ClassSet};
 use weir_core::janus::redirect::Strategy;
 use weir_core::janus::scheme::Scheme;
-use weir_core::queue::QueueCapacity;
+use weir_core::queueing::queue::QueueCapacity;
 
 use super::*;
 

@@ -17,7 +17,7 @@ use tonic::Streaming;
 use tracing::{debug, info, warn};
 use weir_core::janus::Grant;
 use weir_core::peer::{decide, first_asks, offers_in, InFlight, Refusals, MAX_SPILL_STEPS};
-use weir_core::token_bucket::Take;
+use weir_core::queueing::token_bucket::Take;
 use weir_core::{ClassId, NodeId, Record};
 use weir_proto::pb::peer_client::PeerClient;
 use weir_proto::pb::{ForwardAck, ForwardRequest, HeartbeatRequest, RefusalReason, ReserveRequest};

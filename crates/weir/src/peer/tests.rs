@@ -17,7 +17,7 @@ use weir_core::classify::Classifier;
 use weir_core::janus::scheme::Scheme;
 use weir_core::janus::{BandwidthTuple, Strategy};
 use weir_core::peer::BandwidthState;
-use weir_core::queue::{MultiLevelQueue, QueueCapacity};
+use weir_core::queueing::queue::{MultiLevelQueue, QueueCapacity};
 use weir_core::{ClassId, ClassSet, NodeId, Record};
 use weir_proto::pb::peer_client::PeerClient;
 use weir_proto::pb::{self, ForwardRequest, HeartbeatRequest, RefusalReason, ReserveRequest};

@@ -4,7 +4,7 @@
 //! `weir run` list every problem and exit 2), and again whenever they
 //! change (`watch.rs`), so a certificate is rotated or a user added
 //! without a restart. The decisions themselves (who is let in, what they
-//! may publish) are `weir_core::gate` and `weir_core::acl`.
+//! may publish) are `weir_core::security::gate` and `weir_core::security::acl`.
 //!
 //! - `tls.rs`: rustls server configurations from PEM files.
 //! - `watch.rs`: values rebuilt when their files change.
@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::ServerConfig;
-use weir_core::acl::AclFile;
-use weir_core::gate::{Gate, StreamGate, TokenFile};
-use weir_core::passwd::{LineProblem, PasswordFile};
+use weir_core::security::acl::AclFile;
+use weir_core::security::gate::{Gate, StreamGate, TokenFile};
+use weir_core::security::passwd::{LineProblem, PasswordFile};
 
 use crate::config::{Config, GrpcAuth, GrpcIngress, MqttAuth, MqttListen, MqttMode, Problem};
 

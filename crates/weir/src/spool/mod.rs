@@ -41,7 +41,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use weir_core::queue::MultiLevelQueue;
+use weir_core::queueing::queue::MultiLevelQueue;
 use weir_core::spool::{frame, Admit};
 use weir_core::{ClassId, ClassSet, Record};
 

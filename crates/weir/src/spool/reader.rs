@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use weir_core::queue::PushError;
+use weir_core::queueing::queue::PushError;
 use weir_core::spool::{frame, KeyField, ReadPlan, Scan, Scanned, SegmentHeader};
 use weir_core::Record;
 

@@ -9,7 +9,7 @@ use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
-use weir_core::queue::MultiLevelQueue;
+use weir_core::queueing::queue::MultiLevelQueue;
 use weir_core::spool::{ClassLog, Limit, SpoolRoom};
 use weir_core::{ClassId, Record};
 

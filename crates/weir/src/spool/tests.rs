@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use weir_core::queue::{MultiLevelQueue, QueueCapacity};
+use weir_core::queueing::queue::{MultiLevelQueue, QueueCapacity};
 use weir_core::{ClassId, ClassSet, Record};
 
 use super::{Appended, Spool};

@@ -12,7 +12,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use weir_core::queue::PushError;
+use weir_core::queueing::queue::PushError;
 use weir_core::spool::{
     frame, Admit, Checkpoint, Eviction, Frame, GroupCommit, SegmentHeader, SegmentMeta,
 };

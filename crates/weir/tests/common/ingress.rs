@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 use weir::intake::Intake;
 use weir::metrics::Metrics;
 use weir_core::classify::{Classifier, Rule, Source, TopicFilter};
-use weir_core::queue::{MultiLevelQueue, QueueCapacity};
+use weir_core::queueing::queue::{MultiLevelQueue, QueueCapacity};
 use weir_core::{ClassId, ClassSet, NodeId, Record};
 
 /// The JANUS classes (`ClassSet::janus_default`, and the order every test

@@ -16,7 +16,7 @@ use tracing::{debug, debug_span, field, info_span, warn, Instrument, Span};
 use weir_proto::pb::ingress_server::Ingress;
 use weir_proto::pb::{PublishAck, PublishRequest};
 
-use weir_core::gate::StreamGate;
+use weir_core::security::gate::StreamGate;
 
 use crate::intake::{EnqueueError, Intake};
 use crate::security::{tls, Watched};

@@ -54,7 +54,7 @@
 //! wills are accepted and ignored for the same reason.
 //!
 //! # Who may connect and publish
-//! CONNECT is decided by `weir_core::gate` (password file, certificate
+//! CONNECT is decided by `weir_core::security::gate` (password file, certificate
 //! name, `allow_anonymous`) before any session is touched; a refusal is
 //! CONNACK "not authorized". Each PUBLISH is checked against the client's
 //! ACL before it is queued: refused, MQTT 5 gets reason 0x87 in its

@@ -17,7 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
-use weir_core::gate::{Admitted, Credentials, Gate, Refused};
+use weir_core::security::gate::{Admitted, Credentials, Gate, Refused};
 use weir_core::Record;
 
 use crate::clock::unix_micros;

@@ -71,9 +71,9 @@ use std::time::Duration;
 
 use crate::batching::{BatchLimits, BatchPlan};
 use crate::class::ClassId;
-use crate::queue::{ClassQueue, MultiLevelQueue};
+use crate::queueing::queue::{ClassQueue, MultiLevelQueue};
+use crate::queueing::token_bucket::{ClassBuckets, Take};
 use crate::record::Record;
-use crate::token_bucket::{ClassBuckets, Take};
 
 /// The share of a class's latency bound that riders may add to a
 /// transaction carrying one of its records.
@@ -449,7 +449,7 @@ struct Fill {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::queue::QueueCapacity;
+    use crate::queueing::queue::QueueCapacity;
     use bytes::Bytes;
 
     fn rec(class: u8, seq: u64) -> Record {

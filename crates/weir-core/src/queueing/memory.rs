@@ -17,7 +17,7 @@
 //!   bookkeeping ([`RECORD_MEMORY`]); when the sum does not fit, every
 //!   queue is scaled down by the same factor, keeping their proportions.
 
-use crate::queue::QueueCapacity;
+use crate::queueing::queue::QueueCapacity;
 use crate::record::{Record, RECORD_OVERHEAD};
 
 /// Share of the limit left unplanned.

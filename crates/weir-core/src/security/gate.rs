@@ -1,6 +1,6 @@
 //! Who may connect to the MQTT listener, and as whom: the decision at
-//! CONNECT, from the password file ([`crate::passwd`]), the ACL file
-//! ([`crate::acl`]), `allow_anonymous`, and a client certificate's name
+//! CONNECT, from the password file ([`crate::security::passwd`]), the ACL file
+//! ([`crate::security::acl`]), `allow_anonymous`, and a client certificate's name
 //! when a TLS listener uses it as the username. Sans-IO: the caller reads
 //! the files, terminates TLS and runs [`Gate::admit`] off the async
 //! runtime (a `$7$` check is thousands of HMAC rounds).
@@ -31,8 +31,8 @@ use std::collections::HashMap;
 
 use sha2::{Digest, Sha256};
 
-use crate::acl::{AclFile, ClientAcl};
-use crate::passwd::{read_lines, LineProblem, PasswordFile, Verdict};
+use crate::security::acl::{AclFile, ClientAcl};
+use crate::security::passwd::{read_lines, LineProblem, PasswordFile, Verdict};
 
 /// What a connecting client presents.
 #[derive(Debug, Clone, Copy, Default)]

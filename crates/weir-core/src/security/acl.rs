@@ -40,7 +40,7 @@
 use std::collections::HashMap;
 
 use crate::classify::TopicFilter;
-use crate::passwd::{read_lines, LineProblem};
+use crate::security::passwd::{read_lines, LineProblem};
 
 /// Characters an identifier substituted into a pattern must not contain.
 const PATTERN_UNSAFE: &[char] = &['+', '#', '/'];
