@@ -9,6 +9,7 @@
 # The load comes from weir-load on the host, through the port mapping.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/arch.sh
 
 version=$(target/release/weir --version | awk '{print $2}')
 image=localhost/weir:$version-amd64
@@ -28,15 +29,8 @@ chown 65532:65532 "$work/volume"
 echo "| image | size KiB | stripped binary KiB | ratio |"
 echo "|---|---|---|---|"
 for arch in amd64 arm64 armhf; do
-  tag=localhost/weir:$version-$arch
-  podman image exists "$tag" || continue
-  size=$(podman image inspect --format '{{.Size}}' "$tag")
-  case "$arch" in
-    amd64) bin=target/release/weir ;;
-    arm64) bin=target/aarch64-unknown-linux-gnu/release/weir ;;
-    armhf) bin=target/armv7-unknown-linux-gnueabihf/release/weir ;;
-  esac
-  binsize=$(stat -c %s "$bin")
+  podman image exists "localhost/weir:$version-$arch" || continue
+  read -r size binsize <<<"$(image_sizes "$version" "$arch")"
   echo "| $arch | $((size / 1024)) | $((binsize / 1024)) | $(awk "BEGIN{printf \"%.2f\", $size/$binsize}") |"
 done
 

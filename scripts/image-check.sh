@@ -13,6 +13,7 @@
 # podman that cannot run a container fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/arch.sh
 
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
   echo "image-check: skipped: needs root on Debian (podman, cross builds); docs/container.md"
@@ -94,21 +95,39 @@ metric() {
   curl -sf "http://127.0.0.1:$admin/metrics" | awk -v m="$1" '$1 == m || index($1, m "{") == 1 {s += $2} END {printf "%d\n", s}'
 }
 
+# Publishes records <prefix>-1..<n> with QoS 1 to `topic` from outside.
+publish() {
+  seq 1 "$1" | sed "s/^/$2-/" |
+    mosquitto_pub -h 127.0.0.1 -p "$mqtt" -q 1 -t "$3" -l ||
+    fail "mosquitto_pub could not publish the $2 records through the port mapping"
+}
+
+# Waits (up to `tries` x 50 ms) until `metric <name>` compares with
+# `value` as `op` ([ ] operators).
+until_metric() {
+  for _ in $(seq "$4"); do
+    [ "$(metric "$1")" "$2" "$3" ] && return 0
+    sleep 0.05
+  done
+  return 0
+}
+
+# podman stop: weir must drain and exit 0.
+stop_ok() {
+  podman stop -t 20 "$name" >/dev/null 2>>"$plog"
+  local code
+  code=$(podman inspect --format '{{.State.ExitCode}}' "$name")
+  [ "$code" = 0 ] || fail "podman stop $1: weir exited with $code, not 0"
+}
+
 # 1. The image as shipped: publish, health check, stop, read back.
 up=$(start)
 pid=$(podman inspect --format '{{.State.Pid}}' "$name")
 idle_rss=$(awk '/^VmRSS/ {print $2}' "/proc/$pid/status")
 podman healthcheck run "$name" >/dev/null 2>&1 || fail "the image's health check failed"
-seq 1 2000 | sed 's/^/shipped-/' |
-  mosquitto_pub -h 127.0.0.1 -p "$mqtt" -q 1 -t site/7/temperature -l ||
-  fail "mosquitto_pub could not publish through the port mapping"
-for _ in $(seq 200); do
-  [ "$(metric weir_records_accepted_total)" -ge 2000 ] && break
-  sleep 0.05
-done
-podman stop -t 20 "$name" >/dev/null 2>>"$plog"
-code=$(podman inspect --format '{{.State.ExitCode}}' "$name")
-[ "$code" = 0 ] || fail "podman stop: weir exited with $code, not 0"
+publish 2000 shipped site/7/temperature
+until_metric weir_records_accepted_total -ge 2000 200
+stop_ok "of the shipped image"
 podman logs "$name" 2>&1 | grep -q "shut down cleanly" || fail "no clean shutdown in the log"
 podman rm "$name" >/dev/null 2>>"$plog"
 got=$(delivered shipped)
@@ -123,26 +142,16 @@ sed -e 's|^kind = "file"|kind = "amqp"|' -e '/^\[egress\.file\]$/,/^$/d' "$work/
 printf '\n[egress.amqp]\nurl = "amqp://guest:guest@127.0.0.1:1/%%2f"\n' >>"$work/outage.toml"
 chmod 0644 "$work"/*.toml
 start -v "$work/outage.toml:/etc/weir/weir.toml:ro" >/dev/null
-seq 1 3000 | sed 's/^/spooled-/' |
-  mosquitto_pub -h 127.0.0.1 -p "$mqtt" -q 1 -t site/7/vibration -l ||
-  fail "mosquitto_pub could not publish to the spooling weir"
-for _ in $(seq 200); do
-  [ "$(metric weir_spool_records)" -ge 3000 ] && break
-  sleep 0.05
-done
+publish 3000 spooled site/7/vibration
+until_metric weir_spool_records -ge 3000 200
 spooled=$(metric weir_spool_records)
 [ "$spooled" -ge 3000 ] || fail "$spooled of 3000 records in the spool before the kill"
 podman kill "$name" >/dev/null 2>>"$plog"
 podman wait "$name" >/dev/null 2>>"$plog" || true
 podman rm "$name" >/dev/null 2>>"$plog"
 start -v "$work/spool.toml:/etc/weir/weir.toml:ro" >/dev/null
-for _ in $(seq 400); do
-  [ "$(metric weir_spool_records)" = 0 ] && break
-  sleep 0.05
-done
-podman stop -t 20 "$name" >/dev/null 2>>"$plog"
-code=$(podman inspect --format '{{.State.ExitCode}}' "$name")
-[ "$code" = 0 ] || fail "podman stop after the restart: weir exited with $code"
+until_metric weir_spool_records = 0 400
+stop_ok "after the restart"
 podman rm "$name" >/dev/null 2>>"$plog"
 got=$(delivered spooled)
 [ "$got" = 3000 ] || fail "$got of 3000 spooled records delivered after podman kill and a restart"
@@ -168,13 +177,7 @@ done
 
 # The size: at most 1.5 times the stripped binary.
 for arch in amd64 arm64 armhf; do
-  size=$(podman image inspect --format '{{.Size}}' "localhost/weir:$version-$arch")
-  case "$arch" in
-    amd64) bin=target/release/weir ;;
-    arm64) bin=target/aarch64-unknown-linux-gnu/release/weir ;;
-    armhf) bin=target/armv7-unknown-linux-gnueabihf/release/weir ;;
-  esac
-  binsize=$(stat -c %s "$bin")
+  read -r size binsize <<<"$(image_sizes "$version" "$arch")"
   [ $((size * 2)) -le $((binsize * 3)) ] || fail "$arch image $size bytes, over 1.5x the binary ($binsize)"
 done
 echo "image-check: passed"

@@ -25,11 +25,9 @@ cd "$(dirname "$0")/.."
 
 arches=("$@")
 [ ${#arches[@]} -gt 0 ] || arches=(amd64 arm64 armhf)
+source scripts/arch.sh
 for a in "${arches[@]}"; do
-  case "$a" in
-    amd64 | arm64 | armhf) ;;
-    *) echo "image: unknown architecture $a (amd64, arm64, armhf)" >&2; exit 2 ;;
-  esac
+  target_of "$a" >/dev/null
 done
 
 if ! command -v podman >/dev/null; then
@@ -78,29 +76,6 @@ test "$(grep -c '^allow_anonymous = true' "$out/weir.toml")" = 2 || {
   exit 1
 }
 
-# Where each architecture's C library is on this (amd64 Debian) host.
-libdir_of() {
-  case "$1" in
-    amd64) echo /lib/x86_64-linux-gnu ;;
-    arm64) echo /usr/aarch64-linux-gnu/lib ;;
-    armhf) echo /usr/arm-linux-gnueabihf/lib ;;
-  esac
-}
-triplet_of() {
-  case "$1" in
-    amd64) echo x86_64-linux-gnu ;;
-    arm64) echo aarch64-linux-gnu ;;
-    armhf) echo arm-linux-gnueabihf ;;
-  esac
-}
-platform_of() {
-  case "$1" in
-    amd64) echo linux/amd64 ;;
-    arm64) echo linux/arm64 ;;
-    armhf) echo linux/arm/v7 ;;
-  esac
-}
-
 # Copies the shared libraries `elf` needs (and theirs) from `from` into
 # `into`.
 copy_needed() {
@@ -123,11 +98,7 @@ for arch in "${arches[@]}"; do
   mkdir -p "$ctx/rootfs/usr/bin" "$ctx/rootfs/etc/weir" "$ctx/rootfs/etc/ssl/certs" \
     "$ctx/data/spool" "$ctx/data/out"
   # The binary the package holds (scripts/package.sh built it there).
-  case "$arch" in
-    amd64) bin=target/release/weir ;;
-    arm64) bin=target/aarch64-unknown-linux-gnu/release/weir ;;
-    armhf) bin=target/armv7-unknown-linux-gnueabihf/release/weir ;;
-  esac
+  bin=$(bin_of "$arch")
   install -m 0755 "$bin" "$ctx/rootfs/usr/bin/weir"
   install -m 0644 "$out/weir.toml" "$ctx/rootfs/etc/weir/weir.toml"
   install -m 0644 /etc/ssl/certs/ca-certificates.crt "$ctx/rootfs/etc/ssl/certs/"
@@ -156,8 +127,7 @@ for arch in "${arches[@]}"; do
     -f contrib/container/Containerfile -t "$tag" "$ctx" >/dev/null
   rm -f "$out/weir_${version}_${arch}.tar"
   podman save --quiet --format docker-archive -o "$out/weir_${version}_${arch}.tar" "$tag"
-  size=$(podman image inspect --format '{{.Size}}' "$tag")
-  binsize=$(stat -c %s "$bin")
+  read -r size binsize <<<"$(image_sizes "$version" "$arch")"
   echo "image: $tag: $((size / 1024)) KiB, the binary $((binsize / 1024)) KiB ($(awk "BEGIN{printf \"%.2f\", $size/$binsize}")x)"
   images+=("$tag")
 done

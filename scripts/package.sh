@@ -20,14 +20,7 @@ cd "$(dirname "$0")/.."
 arches=("$@")
 [ ${#arches[@]} -gt 0 ] || arches=(amd64 arm64 armhf)
 
-target_of() {
-  case "$1" in
-    amd64) echo x86_64-unknown-linux-gnu ;;
-    arm64) echo aarch64-unknown-linux-gnu ;;
-    armhf) echo armv7-unknown-linux-gnueabihf ;;
-    *) echo "unknown architecture $1 (amd64, arm64, armhf)" >&2; exit 2 ;;
-  esac
-}
+source scripts/arch.sh
 
 need_apt=()
 for a in "${arches[@]}"; do
@@ -78,12 +71,7 @@ if [ ${#cross[@]} -gt 0 ]; then
 fi
 
 for arch in "${arches[@]}"; do
-  target=$(target_of "$arch")
-  if [ "$arch" = amd64 ]; then
-    bin=$host
-  else
-    bin=target/$target/release/weir
-  fi
+  bin=$(bin_of "$arch")
   root=$out/weir_${version}_${arch}
   rm -rf "$root"
   install -D -m 0755 "$bin" "$root/usr/bin/weir"
