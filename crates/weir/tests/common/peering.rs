@@ -43,16 +43,45 @@ pub fn payload(stream: &str, i: usize) -> String {
 }
 
 /// Free loopback ports: each node must know the others' before any starts.
-/// (A port may in principle be taken between this and the node binding it;
-/// the node then fails to start, naming the port.)
+///
+/// They are taken below the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`), which the kernel hands out for
+/// `bind(:0)` and outgoing connections: a port chosen here and bound a
+/// moment later by a weir cannot meanwhile be given to another test's
+/// listener on port 0 or to a client's connection, as one picked with
+/// `bind(:0)` could. Ports are distinct within the test binary (a counter
+/// from a start that depends on the process id) and each is checked
+/// bindable, which skips the brokers' ports while they run; the well-known
+/// ports of the brokers and of weir's defaults are never chosen.
 pub fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
+    const WELL_KNOWN: [u16; 11] = [
+        1883, 4369, 5671, 5672, 8883, 9092, 9093, 9464, 15672, 25672, 50051,
+    ];
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low = ephemeral_low().clamp(2048, 32768);
+    let span = low - 1024;
+    let start = std::process::id() * 127 % span;
+    let mut ports = Vec::with_capacity(n);
+    for _ in 0..span {
+        if ports.len() == n {
+            break;
+        }
+        let port = (1024 + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span) as u16;
+        if !WELL_KNOWN.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            ports.push(port);
+        }
+    }
+    assert_eq!(ports.len(), n, "no {n} free loopback ports below {low}");
+    ports
+}
+
+/// The first port of the kernel's ephemeral range (32768 if unreadable).
+fn ephemeral_low() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768)
 }
 
 /// Where one node listens besides its peer port.

@@ -96,9 +96,15 @@ fn catches_sigterm(pid: u32) -> bool {
 /// it outright instead of shutting it down. Panics if it exits first.
 pub fn wait_until_catching_sigterm(child: &mut Child) {
     let give_up = Instant::now() + PATIENCE;
+    // Where its stderr goes, if a file: shown if it exits before it is up.
+    let log = std::fs::read_link(format!("/proc/{}/fd/2", child.id())).ok();
     while !catches_sigterm(child.id()) {
         if let Some(status) = child.try_wait().unwrap() {
-            panic!("weir exited with {status} before it was up");
+            let said = log
+                .as_ref()
+                .and_then(|path| std::fs::read_to_string(path).ok())
+                .unwrap_or_default();
+            panic!("weir exited with {status} before it was up:\n{said}");
         }
         assert!(
             Instant::now() < give_up,
