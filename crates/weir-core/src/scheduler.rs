@@ -192,6 +192,19 @@ impl OutBatch {
     pub fn bytes(&self) -> usize {
         self.records.iter().map(Record::size).sum()
     }
+
+    /// Drops the records' keys and payloads once the batch is encoded:
+    /// until its confirmation the body holds them, and what the
+    /// confirmation needs of each record is its class, origin, sequence
+    /// number, ingress time and spool index. Holding both would double the
+    /// memory of the batches in flight (and keep the receive buffers the
+    /// payloads were cut from alive).
+    pub fn keep_receipts(&mut self) {
+        for r in &mut self.records {
+            r.key = bytes::Bytes::new();
+            r.payload = bytes::Bytes::new();
+        }
+    }
 }
 
 /// One confirmed transaction, as the egress reports it.

@@ -33,8 +33,8 @@ pub fn resolve(setting: MemoryLimit) -> Option<Limit> {
 }
 
 /// The budget for `cfg` under `limit`: the egress's batches in flight are
-/// planned at their largest (a window of the largest batches, each held as
-/// records, encoded and compressed).
+/// planned at their largest (the pipe full, [`COPIES_IN_FLIGHT`] bytes
+/// for each of its wire bytes).
 pub fn plan(cfg: &Config, limit: Option<&Limit>) -> Plan {
     weir_core::queueing::memory::plan(
         limit.map(|l| l.bytes),
@@ -48,9 +48,12 @@ pub fn capacities(cfg: &Config, limit: Option<&Limit>) -> Vec<QueueCapacity> {
     plan(cfg, limit).queues
 }
 
-/// Memory per byte of a batch in flight: its records, its encoded body and
-/// its compressed body.
-const COPIES_IN_FLIGHT: u64 = 3;
+/// Memory per wire byte of a batch in flight: its body, and its records'
+/// receipts (what a confirmation needs of each record, without its key and
+/// payload: `OutBatch::keep_receipts`, 112 bytes a record, under half of a
+/// 256 B record), which together with the second body of the batch being
+/// compressed stay under two copies.
+const COPIES_IN_FLIGHT: u64 = 2;
 
 /// Most wire bytes the egress keeps unconfirmed without a memory limit
 /// (the pipe follows the bandwidth-delay product below it,
