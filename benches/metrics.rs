@@ -34,7 +34,10 @@ fn latency(c: &mut Criterion) {
     let classes = ClassSet::janus_default();
     let metrics = Metrics::new(&classes);
     let now = 1_800_000_000_000_000;
-    let records = batch(1024, now);
+    let records: Vec<weir_core::Receipt> = batch(1024, now)
+        .iter()
+        .map(weir_core::Receipt::from)
+        .collect();
     let mut g = c.benchmark_group("metrics");
     g.throughput(Throughput::Elements(records.len() as u64));
     g.bench_function("latency_per_batch_of_1024", |b| {

@@ -146,7 +146,7 @@ fn append_commit(c: &mut Criterion) {
                     });
                     let mut taken = Vec::with_capacity(group);
                     while let Some(r) = queues.pop_strict_priority() {
-                        taken.push(r);
+                        taken.push(weir_core::Receipt::from(&r));
                     }
                     spool.release(&taken);
                 }

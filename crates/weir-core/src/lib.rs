@@ -65,4 +65,4 @@ pub mod sim;
 pub mod spool;
 
 pub use class::{ClassId, ClassSet, ClassSetError, LatencyClass};
-pub use record::{NodeId, Record};
+pub use record::{NodeId, Receipt, Record};

@@ -42,7 +42,7 @@ use crate::link_estimate::LinkEstimate;
 use crate::peer::{BandwidthState, OwnRate};
 use crate::queueing::drain::{rider_budget, Drain, Drainer};
 use crate::queueing::queue::{MultiLevelQueue, QueueCapacity};
-use crate::record::Record;
+use crate::record::{Receipt, Record};
 
 use planner::Planner;
 
@@ -193,17 +193,10 @@ impl OutBatch {
         self.records.iter().map(Record::size).sum()
     }
 
-    /// Drops the records' keys and payloads once the batch is encoded:
-    /// until its confirmation the body holds them, and what the
-    /// confirmation needs of each record is its class, origin, sequence
-    /// number, ingress time and spool index. Holding both would double the
-    /// memory of the batches in flight (and keep the receive buffers the
-    /// payloads were cut from alive).
-    pub fn keep_receipts(&mut self) {
-        for r in &mut self.records {
-            r.key = bytes::Bytes::new();
-            r.payload = bytes::Bytes::new();
-        }
+    /// The receipts of its records ([`Receipt`]): what the egress keeps
+    /// of the batch once it is encoded, until it is confirmed.
+    pub fn receipts(&self) -> Vec<Receipt> {
+        self.records.iter().map(Receipt::from).collect()
     }
 }
 

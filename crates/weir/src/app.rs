@@ -838,7 +838,7 @@ pub struct Shutdown {
 struct SpoolRelease(Arc<Spool>);
 
 impl egress::DeliveryObserver for SpoolRelease {
-    fn delivered(&self, records: &[weir_core::Record]) {
+    fn delivered(&self, records: &[weir_core::Receipt]) {
         self.0.release(records);
     }
 }

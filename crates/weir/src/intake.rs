@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use weir_core::classify::Classifier;
 use weir_core::queueing::queue::{MultiLevelQueue, PushError};
-use weir_core::{ClassId, ClassSet, NodeId, Record};
+use weir_core::{ClassId, ClassSet, NodeId, Receipt, Record};
 
 use crate::clock::unix_micros;
 use crate::handoff::Arrivals;
@@ -175,7 +175,7 @@ impl Intake {
 
     /// These records were delivered (egress confirmed, or a peer delivered
     /// them): their spool space may be reclaimed.
-    pub fn release(&self, records: &[Record]) {
+    pub fn release(&self, records: &[Receipt]) {
         if let Some(spool) = &self.spool {
             spool.release(records);
         }

@@ -50,8 +50,8 @@ pub fn capacities(cfg: &Config, limit: Option<&Limit>) -> Vec<QueueCapacity> {
 
 /// Memory per wire byte of a batch in flight: its body, and its records'
 /// receipts (what a confirmation needs of each record, without its key and
-/// payload: `OutBatch::keep_receipts`, 112 bytes a record, under half of a
-/// 256 B record), which together with the second body of the batch being
+/// payload: `weir_core::Receipt`, 48 bytes a record, a fifth of a 256 B
+/// record), which together with the second body of the batch being
 /// compressed stay under two copies.
 const COPIES_IN_FLIGHT: u64 = 2;
 

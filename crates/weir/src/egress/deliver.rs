@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use weir_core::delivery::{Delivery, DeliveryParams, Event, Offer};
 use weir_core::link_estimate::LinkEstimate;
 use weir_core::scheduler::{Delivered, OutBatch};
-use weir_core::{ClassSet, NodeId};
+use weir_core::{ClassSet, NodeId, Receipt};
 
 use super::batch::encode;
 use super::batch::EncodedBatch;
@@ -75,7 +75,8 @@ pub struct EgressContext {
 
 /// A batch encoded and compressed, ready to send (again).
 struct Prepared {
-    batch: OutBatch,
+    /// What the confirmation needs of its records.
+    receipts: Vec<Receipt>,
     encoded: EncodedBatch,
     /// Its size before compression.
     raw_bytes: usize,
@@ -286,7 +287,7 @@ impl Io {
     /// `estimate`); the batch back if the deadline passed meanwhile.
     async fn prepare(
         &mut self,
-        mut batch: OutBatch,
+        batch: OutBatch,
         estimate: LinkEstimate,
     ) -> Result<Prepared, OutBatch> {
         let m = &self.ctx.metrics;
@@ -313,9 +314,8 @@ impl Io {
         } else {
             m.encoded(weir_core::compression::Codec::None);
         }
-        batch.keep_receipts();
         Ok(Prepared {
-            batch,
+            receipts: batch.receipts(),
             encoded,
             raw_bytes,
             runs,
@@ -340,19 +340,19 @@ impl Io {
     fn lost(&self, core: &Delivery<Prepared>, batches: &mut mpsc::Receiver<OutBatch>) {
         let m = &self.ctx.metrics;
         let mut records = 0u64;
-        let mut count = |b: &OutBatch| {
-            for r in &b.records {
-                m.undelivered(r.class, 1);
+        let mut count = |classes: &mut dyn Iterator<Item = weir_core::ClassId>| {
+            for class in classes {
+                m.undelivered(class, 1);
                 records += 1;
             }
         };
         let mut batches_left = 0;
         for p in core.unconfirmed() {
-            count(&p.batch);
+            count(&mut p.receipts.iter().map(|r| r.class));
             batches_left += 1;
         }
         while let Ok(b) = batches.try_recv() {
-            count(&b);
+            count(&mut b.records.iter().map(|r| r.class));
             batches_left += 1;
         }
         if batches_left > 0 {
@@ -369,10 +369,10 @@ impl Io {
         let m = &self.ctx.metrics;
         let encoded = &done.encoded;
         for o in &self.ctx.observers {
-            o.delivered(&done.batch.records);
+            o.delivered(&done.receipts);
         }
         m.latency
-            .delivered(&done.batch.records, crate::clock::unix_micros());
+            .delivered(&done.receipts, crate::clock::unix_micros());
         m.batches_confirmed.inc();
         m.egress_bytes.inc_by(encoded.body.len() as u64);
         m.egress_raw_bytes.inc_by(done.raw_bytes as u64);

@@ -4,7 +4,7 @@
 use std::future::Future;
 
 use futures::future::BoxFuture;
-use weir_core::Record;
+use weir_core::Receipt;
 
 use super::batch::EncodedBatch;
 
@@ -76,5 +76,5 @@ pub trait Sink: Send + 'static {
 /// return at once (no waiting, no I/O).
 pub trait DeliveryObserver: std::fmt::Debug + Send + Sync {
     /// The destination has durably accepted these records.
-    fn delivered(&self, records: &[Record]);
+    fn delivered(&self, records: &[Receipt]);
 }

@@ -17,7 +17,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
-use weir_core::{ClassId, ClassSet, Record};
+use weir_core::{ClassId, ClassSet, Receipt};
 
 use super::labels::ClassLabel;
 
@@ -217,7 +217,7 @@ impl LatencyMetrics {
 
     /// Records confirmed at wall-clock `now_us`: their latency from
     /// ingress, and whether it passed their class's bound.
-    pub fn delivered(&self, records: &[Record], now_us: u64) {
+    pub fn delivered(&self, records: &[Receipt], now_us: u64) {
         let classes = self.names.len();
         let mut counts = vec![[0u64; LATENCY_BUCKETS.len() + 1]; classes];
         let mut sums = vec![0u64; classes];
@@ -301,17 +301,14 @@ impl LatencyMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
     use std::time::Duration;
 
-    fn record(class: u8, ingress_us: u64) -> Record {
-        Record {
-            key: Bytes::new(),
+    fn record(class: u8, ingress_us: u64) -> Receipt {
+        Receipt {
             class: ClassId(class),
             origin: 1,
             seq: 0,
             ingress_us,
-            payload: Bytes::new(),
             spool: None,
         }
     }

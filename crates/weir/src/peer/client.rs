@@ -18,7 +18,7 @@ use tracing::{debug, info, warn};
 use weir_core::janus::Grant;
 use weir_core::peer::{decide, first_asks, offers_in, InFlight, Refusals, MAX_SPILL_STEPS};
 use weir_core::queueing::token_bucket::Take;
-use weir_core::{ClassId, NodeId, Record};
+use weir_core::{ClassId, NodeId, Receipt, Record};
 use weir_proto::pb::peer_client::PeerClient;
 use weir_proto::pb::{ForwardAck, ForwardRequest, HeartbeatRequest, RefusalReason, ReserveRequest};
 
@@ -590,7 +590,7 @@ impl Pump {
                 }
                 forgotten.push(key);
                 // Delivered by the peer: this node's spool copy may go.
-                node.ingress.release(std::slice::from_ref(&r));
+                node.ingress.release(&[Receipt::from(&r)]);
             }
         }
         let mut via = 0;

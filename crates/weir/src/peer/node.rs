@@ -21,9 +21,9 @@ use weir_core::janus::scheme::Scheme;
 use weir_core::janus::{BandwidthTuple, Grant};
 use weir_core::peer::gossip::{self, Relayed};
 use weir_core::peer::{
-    key_of, Advert, BandwidthState, Custody, Leases, Observed, PeerView, RecordKey, Reservations,
+    Advert, BandwidthState, Custody, Leases, Observed, PeerView, RecordKey, Reservations,
 };
-use weir_core::{ClassId, NodeId, Record};
+use weir_core::{ClassId, NodeId, Receipt, Record};
 use weir_proto::pb;
 
 use crate::config::{Adverts, PeerConfig, PeeringConfig};
@@ -221,8 +221,8 @@ impl Deliveries {
 }
 
 impl DeliveryObserver for Deliveries {
-    fn delivered(&self, records: &[Record]) {
-        self.delivered_keys(records.iter().map(key_of));
+    fn delivered(&self, records: &[Receipt]) {
+        self.delivered_keys(records.iter().map(|r| (r.origin, r.seq)));
     }
 }
 

@@ -78,7 +78,7 @@ impl TestNode {
             loop {
                 let q = ingress.queues().class(LT);
                 let batch: Vec<Record> = std::iter::from_fn(|| q.pop()).take(per_tick).collect();
-                deliveries.delivered(&batch);
+                deliveries.delivered(&receipts(&batch));
                 all.extend(batch);
                 // Cancel safety: both branches only wait.
                 tokio::select! {
@@ -443,7 +443,7 @@ async fn the_provider_answers_grants_admits_and_refuses() {
     let second = first.split_off(1);
     let own = node.ingress.grpc_record("bulk", Bytes::from_static(b"own"));
     first.push(own);
-    node.deliveries.delivered(&first);
+    node.deliveries.delivered(&receipts(&first));
     let (next, mut acks) = tokio::time::timeout(PATIENCE, &mut pending)
         .await
         .expect("acknowledged")
@@ -451,8 +451,8 @@ async fn the_provider_answers_grants_admits_and_refuses() {
     let ack = next.unwrap().unwrap();
     assert_eq!(ids(&ack.delivered), vec![5000]);
     assert!(ack.accepted.is_empty() && ack.queued.is_empty() && ack.refused.is_empty());
-    node.deliveries.delivered(&second);
-    node.deliveries.delivered(&second);
+    node.deliveries.delivered(&receipts(&second));
+    node.deliveries.delivered(&receipts(&second));
     let ack = acks.message().await.unwrap().unwrap();
     assert_eq!(ids(&ack.delivered), vec![5001], "acknowledged once");
     assert!(
@@ -598,7 +598,7 @@ async fn a_stopping_provider_acknowledges_what_it_holds_before_it_ends_the_strea
     // only then does the stream end, as a shutdown.
     let held = node.queued(LT);
     assert_eq!(held.len(), 2);
-    node.deliveries.delivered(&held);
+    node.deliveries.delivered(&receipts(&held));
     let (next, mut acks) = tokio::time::timeout(PATIENCE, &mut pending)
         .await
         .expect("acknowledged")
@@ -1075,4 +1075,9 @@ async fn heartbeats_to_every_peer_do_not_relay() {
     assert_eq!(seen, vec![2], "node 1 heard 3 without gossip");
     assert_eq!(nodes[2].handle.status().alive, vec![2]);
     stop_all(nodes).await;
+}
+
+/// What the egress tells its observers of `records` once confirmed.
+fn receipts(records: &[Record]) -> Vec<weir_core::Receipt> {
+    records.iter().map(weir_core::Receipt::from).collect()
 }

@@ -43,7 +43,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use weir_core::queueing::queue::MultiLevelQueue;
 use weir_core::spool::{frame, Admit};
-use weir_core::{ClassId, ClassSet, Record};
+use weir_core::{ClassId, ClassSet, Receipt, Record};
 
 use crate::config::{ClassDurability, SpoolConfig};
 use crate::metrics::{DropReason, Metrics};
@@ -373,7 +373,7 @@ impl Spool {
 
     /// The egress confirmed these records, or a peer delivered them: their
     /// space may be reclaimed.
-    pub fn release(&self, records: &[Record]) {
+    pub fn release(&self, records: &[Receipt]) {
         let mut any = false;
         for r in records {
             let (Some(index), Some(slot)) = (r.spool, self.shared.slot(r.class)) else {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use weir_core::queueing::queue::{MultiLevelQueue, QueueCapacity};
-use weir_core::{ClassId, ClassSet, Record};
+use weir_core::{ClassId, ClassSet, Receipt, Record};
 
 use super::{Appended, Spool};
 use crate::config::{ClassDurability, Durability, OnFull, SpoolConfig, SyncMode};
@@ -112,7 +112,8 @@ fn a_backlog_read_back_across_segment_switches_loses_nothing() {
                 }
                 seen.extend(batch.iter().map(|r| r.seq));
                 wrong_keys += batch.iter().filter(|r| r.key != key_of(r.seq)).count() as u64;
-                spool.release(&batch);
+                let receipts: Vec<Receipt> = batch.iter().map(Receipt::from).collect();
+                spool.release(&receipts);
                 spool.notify_space();
             }
             (seen, wrong_keys)

@@ -37,7 +37,7 @@ impl Sink for Scripted {
 struct Releases(Mutex<Vec<u64>>);
 
 impl DeliveryObserver for Releases {
-    fn delivered(&self, records: &[Record]) {
+    fn delivered(&self, records: &[weir_core::Receipt]) {
         self.0.lock().unwrap().push(records[0].seq);
     }
 }
