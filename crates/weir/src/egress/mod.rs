@@ -19,7 +19,7 @@
 //! - `sink.rs`: the [`Sink`] trait, [`SinkError`] and [`DeliveryObserver`].
 //! - `deliver.rs`: the delivery loop [`run`] and its [`EgressContext`].
 //! - `compress.rs`: the per-batch codec choice, off the reactor.
-//! - `amqp.rs`, `file.rs`: the sinks; `link.rs`: the emulated uplink;
+//! - `amqp/`, `file.rs`: the sinks; `link.rs`: the emulated uplink;
 //!   `probe.rs`: `weir probe-link`.
 
 pub mod amqp;
