@@ -77,9 +77,7 @@ pub async fn run(
     heart: crate::systemd::Heartbeat,
 ) {
     let queues = Arc::clone(intake.queues());
-    let metrics = Arc::clone(intake.metrics());
     let epoch = Instant::now();
-    let now = || epoch.elapsed();
     let prior = *feedback.link.borrow_and_update();
     let mut core = Scheduler::new(
         params,
@@ -88,49 +86,132 @@ pub async fn run(
         prior,
         intake.foreign_bytes(),
         first_batch_seq,
-        now(),
+        epoch.elapsed(),
     );
     core.publish_peer_state(feedback.peer.is_some());
-    let at = |t: Duration| epoch + t;
+    let mut d = Driver {
+        core,
+        feedback,
+        metrics: Arc::clone(intake.metrics()),
+        intake,
+        epoch,
+        abort,
+    };
+    d.publish();
     let mut stopping = false;
     let mut link_free = false;
-
-    publish(&mut core, &feedback, &metrics);
     loop {
         heart.beat();
         if !link_free {
-            // Cancel safety: `acquire` is cancel safe; a permit is only
-            // consumed (forgotten) once held.
-            tokio::select! {
-                // Waiting for the link (an outage) is alive, not stuck.
-                _ = tokio::time::sleep(crate::systemd::BEAT_EVERY) => continue,
-                Some(r) = feedback.reconfigure.recv() => {
-                    reconfigure(&mut core, now(), r);
-                    publish(&mut core, &feedback, &metrics);
-                    continue;
-                }
-                permit = ready.acquire() => match permit {
-                    Ok(p) => {
-                        p.forget();
-                        link_free = true;
-                    }
-                    Err(_) => return,
-                },
-                _ = abort.cancelled() => {
-                    report_abandoned(&intake, &[], &mut core);
-                    return;
-                }
+            match d.wait_for_link(&ready).await {
+                Some(free) => link_free = free,
+                None => return,
+            }
+            if !link_free {
+                continue;
             }
         }
+        d.take_feedback();
+        // The urgent lane's permit (the egress's window is full) carries a
+        // batch of the most urgent class alone.
+        let urgent_only = ready.urgent_only();
+        let now = d.now();
+        let poll = match urgent_only {
+            true => d.core.poll_urgent_batch(now, unix_micros(), &queues),
+            false => d.core.poll_batch(now, unix_micros(), &queues),
+        };
+        let go_on = match poll {
+            Poll::Batch(batch) => {
+                link_free = false;
+                d.hand_over(batch, batches.as_ref(), &out)
+            }
+            Poll::Wait(until) => d.wait(until, urgent_only, &ready).await,
+            Poll::Gather(until) => d.gather(until).await,
+            // Only the most urgent class was looked at under the urgent
+            // lane's permit: the others may still hold records.
+            Poll::Empty if stopping && !urgent_only => {
+                tracing::info!("queues drained");
+                false
+            }
+            Poll::Empty => d.idle(urgent_only, &ready, &stop, &mut stopping).await,
+        };
+        if !go_on {
+            return;
+        }
+        stopping |= stop.is_cancelled();
+    }
+}
+
+/// The scheduler task's state between wake-ups: the core and what it is
+/// fed from.
+struct Driver {
+    core: Scheduler,
+    feedback: Feedback,
+    intake: Arc<Intake>,
+    metrics: Arc<crate::metrics::Metrics>,
+    epoch: Instant,
+    abort: CancellationToken,
+}
+
+impl Driver {
+    /// Time on the core's clock.
+    fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    fn at(&self, t: Duration) -> Instant {
+        self.epoch + t
+    }
+
+    fn publish(&mut self) {
+        publish(&mut self.core, &self.feedback, &self.metrics);
+    }
+
+    /// The deadline passed: what is held and queued is undelivered.
+    fn abandon(&mut self, in_hand: &[weir_core::Record]) {
+        report_abandoned(&self.intake, in_hand, &mut self.core);
+    }
+
+    /// Waits for the egress's permit: `Some(true)` once held, `Some(false)`
+    /// to loop again (a heartbeat is due, a reload was applied), `None` to
+    /// end (the egress is gone, or the deadline passed).
+    async fn wait_for_link(&mut self, ready: &LinkReady) -> Option<bool> {
+        // Cancel safety: `acquire` is cancel safe; a permit is only
+        // consumed (forgotten) once held.
+        tokio::select! {
+            // Waiting for the link (an outage) is alive, not stuck.
+            _ = tokio::time::sleep(crate::systemd::BEAT_EVERY) => Some(false),
+            Some(r) = self.feedback.reconfigure.recv() => {
+                reconfigure(&mut self.core, self.epoch.elapsed(), r);
+                self.publish();
+                Some(false)
+            }
+            permit = ready.acquire() => {
+                let p = permit.ok()?;
+                p.forget();
+                Some(true)
+            }
+            _ = self.abort.cancelled() => {
+                self.abandon(&[]);
+                None
+            }
+        }
+    }
+
+    /// Feeds the core what the egress, peering and reloads reported since
+    /// the last step, and steps its window.
+    fn take_feedback(&mut self) {
+        let now = self.now();
+        let (core, feedback) = (&mut self.core, &mut self.feedback);
         while let Ok(d) = feedback.delivered.try_recv() {
             core.handle_delivered(d);
         }
         while let Ok(r) = feedback.reconfigure.try_recv() {
-            reconfigure(&mut core, now(), r);
+            reconfigure(core, now, r);
         }
         if let Some(port) = feedback.peer.as_mut() {
             while let Ok(grant) = port.shifts.try_recv() {
-                core.handle_grant(now(), &grant);
+                core.handle_grant(now, &grant);
             }
         }
         if feedback.link.has_changed().unwrap_or(false) {
@@ -139,90 +220,103 @@ pub async fn run(
         if feedback.batch_bytes.has_changed().unwrap_or(false) {
             core.handle_pipe_batch(*feedback.batch_bytes.borrow_and_update());
         }
-        if core.window_due(now()) {
-            core.handle_spooled(&intake.spooled_behind());
+        if core.window_due(now) {
+            core.handle_spooled(&self.intake.spooled_behind());
         }
-        core.poll_window(now(), &queues, intake.foreign_bytes());
-        publish(&mut core, &feedback, &metrics);
+        core.poll_window(now, self.intake.queues(), self.intake.foreign_bytes());
+        self.publish();
+    }
 
-        // The urgent lane's permit (the egress's window is full) carries a
-        // batch of the most urgent class alone.
-        let urgent_only = ready.urgent_only();
-        let poll = match urgent_only {
-            true => core.poll_urgent_batch(now(), unix_micros(), &queues),
-            false => core.poll_batch(now(), unix_micros(), &queues),
-        };
-        match poll {
-            Poll::Batch(batch) => {
-                intake.notify_space();
-                link_free = false;
-                if let Some(lease) = &batches {
-                    lease.cover(batch.seq + 1);
-                }
-                // The egress announced it is waiting, so the channel has room.
-                if let Err(e) = out.try_send(batch) {
-                    let b = match e {
-                        mpsc::error::TrySendError::Full(b)
-                        | mpsc::error::TrySendError::Closed(b) => b,
-                    };
-                    report_abandoned(&intake, &b.records, &mut core);
-                    return;
-                }
-            }
-            Poll::Wait(until) => {
-                // Cancel safety: all branches only wait.
-                tokio::select! {
-                    _ = tokio::time::sleep_until(at(until)) => {}
-                    _ = intake.arrived(), if !urgent_only => {}
-                    _ = intake.urgent_arrived(), if urgent_only => {}
-                    _ = ready.widened(), if urgent_only => {}
-                    Some(r) = feedback.reconfigure.recv() => reconfigure(&mut core, now(), r),
-                    _ = abort.cancelled() => {
-                        report_abandoned(&intake, &[], &mut core);
-                        return;
-                    }
-                }
-            }
-            Poll::Gather(until) => {
-                // Arrivals do not wake the gather: a full batch's worth
-                // arriving within it waits out the rest (at most a gather,
-                // 2 ms by default), where waking per arrival would cost more
-                // than the gather saves. Cancel safety: all branches only
-                // wait.
-                tokio::select! {
-                    _ = tokio::time::sleep_until(at(until)) => {}
-                    Some(r) = feedback.reconfigure.recv() => reconfigure(&mut core, now(), r),
-                    _ = abort.cancelled() => {
-                        report_abandoned(&intake, &[], &mut core);
-                        return;
-                    }
-                }
-            }
-            Poll::Empty => {
-                // Only the most urgent class was looked at under the urgent
-                // lane's permit: the others may still hold records.
-                if stopping && !urgent_only {
-                    tracing::info!("queues drained");
-                    return;
-                }
-                // Cancel safety: all branches only wait.
-                // Under the urgent lane's permit only records of the most
-                // urgent class can go: other arrivals need not wake it.
-                tokio::select! {
-                    _ = intake.arrived(), if !urgent_only => {}
-                    _ = intake.urgent_arrived(), if urgent_only => {}
-                    _ = ready.widened(), if urgent_only => {}
-                    _ = tokio::time::sleep_until(at(core.poll_timeout())) => {}
-                    Some(r) = feedback.reconfigure.recv() => reconfigure(&mut core, now(), r),
-                    _ = stop.cancelled(), if !stopping => {
-                        stopping = true;
-                    }
-                    _ = abort.cancelled() => return,
-                }
+    /// Hands `batch` to the egress; false if the egress is gone.
+    fn hand_over(
+        &mut self,
+        batch: OutBatch,
+        lease: Option<&crate::spool::SequenceLease>,
+        out: &mpsc::Sender<OutBatch>,
+    ) -> bool {
+        self.intake.notify_space();
+        if let Some(lease) = lease {
+            lease.cover(batch.seq + 1);
+        }
+        // The egress announced it is waiting, so the channel has room.
+        match out.try_send(batch) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(b) | mpsc::error::TrySendError::Closed(b)) => {
+                self.abandon(&b.records);
+                false
             }
         }
-        if !stopping && stop.is_cancelled() {
-            stopping = true;
+    }
+
+    /// Waits for tokens until `until`, or for an arrival that may change
+    /// the plan; false once the deadline passed.
+    async fn wait(&mut self, until: Duration, urgent_only: bool, ready: &LinkReady) -> bool {
+        let at = self.at(until);
+        // Cancel safety: all branches only wait.
+        tokio::select! {
+            _ = tokio::time::sleep_until(at) => true,
+            _ = self.intake.arrived(), if !urgent_only => true,
+            _ = self.intake.urgent_arrived(), if urgent_only => true,
+            _ = ready.widened(), if urgent_only => true,
+            Some(r) = self.feedback.reconfigure.recv() => {
+                reconfigure(&mut self.core, self.epoch.elapsed(), r);
+                true
+            }
+            _ = self.abort.cancelled() => {
+                self.abandon(&[]);
+                false
+            }
+        }
+    }
+
+    /// Gathers until `until`: arrivals do not wake it. A full batch's worth
+    /// arriving within it waits out the rest (at most a gather, 2 ms by
+    /// default), where waking per arrival would cost more than the gather
+    /// saves. False once the deadline passed.
+    async fn gather(&mut self, until: Duration) -> bool {
+        let at = self.at(until);
+        // Cancel safety: all branches only wait.
+        tokio::select! {
+            _ = tokio::time::sleep_until(at) => true,
+            Some(r) = self.feedback.reconfigure.recv() => {
+                reconfigure(&mut self.core, self.epoch.elapsed(), r);
+                true
+            }
+            _ = self.abort.cancelled() => {
+                self.abandon(&[]);
+                false
+            }
+        }
+    }
+
+    /// Nothing to send: waits for an arrival, the core's next timer, a
+    /// reload or shutdown (`stopping` set once `stop` fires). Under the
+    /// urgent lane's permit only records of the most urgent class can go,
+    /// so other arrivals need not wake it. False once the deadline passed.
+    async fn idle(
+        &mut self,
+        urgent_only: bool,
+        ready: &LinkReady,
+        stop: &CancellationToken,
+        stopping: &mut bool,
+    ) -> bool {
+        let at = self.at(self.core.poll_timeout());
+        let not_stopping = !*stopping;
+        // Cancel safety: all branches only wait.
+        tokio::select! {
+            _ = self.intake.arrived(), if !urgent_only => true,
+            _ = self.intake.urgent_arrived(), if urgent_only => true,
+            _ = ready.widened(), if urgent_only => true,
+            _ = tokio::time::sleep_until(at) => true,
+            Some(r) = self.feedback.reconfigure.recv() => {
+                reconfigure(&mut self.core, self.epoch.elapsed(), r);
+                true
+            }
+            _ = stop.cancelled(), if not_stopping => {
+                *stopping = true;
+                true
+            }
+            _ = self.abort.cancelled() => false,
         }
     }
 }
