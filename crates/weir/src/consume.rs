@@ -211,6 +211,14 @@ impl Output {
         }
     }
 
+    /// Bytes of a file output, written or not yet flushed.
+    fn len(&self) -> Option<u64> {
+        match self {
+            Output::Stdout(_) => None,
+            Output::File { len, .. } => Some(*len),
+        }
+    }
+
     /// Flushes (and for a file, syncs); the committed length.
     fn commit(&mut self) -> std::io::Result<Option<u64>> {
         match self {
@@ -233,6 +241,32 @@ fn load_state(path: &Path) -> anyhow::Result<Option<State>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e).with_context(|| format!("reading the state {}", path.display())),
     }
+}
+
+/// Opens the output (truncated to `committed`, what the state says was
+/// committed). On a first run with `--state` (`fresh`: no state file yet)
+/// the state is written before anything is read, naming the output's
+/// length as committed: without it, a crash after the first commit synced
+/// the output but before its state was written would leave lines in the
+/// output that no state accounts for, and their messages, never
+/// acknowledged, would be handed on again.
+fn open_output(
+    output: Option<&Path>,
+    state: Option<&Path>,
+    committed: Option<u64>,
+    fresh: bool,
+) -> anyhow::Result<Output> {
+    let out = Output::open(output, committed)?;
+    if let (true, Some(path)) = (fresh, state) {
+        let begun = State {
+            output_len: out.len(),
+            stream_offset: None,
+            report: ConsumeReport::default(),
+            origins: Vec::new(),
+        };
+        store_state(path, &begun)?;
+    }
+    Ok(out)
 }
 
 /// Writes the state file by rename, synced.
@@ -267,6 +301,7 @@ pub async fn run(opts: ConsumeOptions, stop: CancellationToken) -> anyhow::Resul
     if stored.is_some() && opts.output.is_none() && opts.state.is_some() {
         eprintln!("weir consume: resuming to stdout: lines written after the last commit before a crash may repeat; use --output for exactly once");
     }
+    let fresh = stored.is_none();
     let mut dedupe = Dedupe::new(opts.window);
     let mut totals = ConsumeReport::default();
     let mut stream_offset = None;
@@ -288,7 +323,12 @@ pub async fn run(opts: ConsumeOptions, stop: CancellationToken) -> anyhow::Resul
         stream_offset = s.stream_offset;
         committed_len = s.output_len;
     }
-    let output = Output::open(opts.output.as_deref(), committed_len)?;
+    let output = open_output(
+        opts.output.as_deref(),
+        opts.state.as_deref(),
+        committed_len,
+        fresh,
+    )?;
 
     let shown = crate::egress::amqp::redacted_url(&opts.url);
     let conn = Connection::connect(&opts.url, ConnectionProperties::default())
@@ -531,6 +571,27 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), b"committed\n");
         let err = Output::open(Some(&path), Some(100)).err().expect("refused");
         assert!(err.to_string().contains("was changed or replaced"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_crash_before_the_first_state_drops_what_that_run_wrote() {
+        let dir = std::env::temp_dir().join(format!("weir-consume-first-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (path, state) = (dir.join("out.jsonl"), dir.join("state.json"));
+        // What the file held before weir consume was pointed at it stays.
+        std::fs::write(&path, b"earlier\n").unwrap();
+        let mut out = open_output(Some(&path), Some(&state), None, true).unwrap();
+        out.write_line(b"read").unwrap();
+        // The first commit syncs the output; the process dies before it
+        // writes the state.
+        out.commit().unwrap();
+        drop(out);
+        let stored = load_state(&state).unwrap().expect("written before reading");
+        assert_eq!(stored.output_len, Some(8));
+        let out = open_output(Some(&path), Some(&state), stored.output_len, false).unwrap();
+        drop(out);
+        assert_eq!(std::fs::read(&path).unwrap(), b"earlier\n");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
