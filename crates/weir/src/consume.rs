@@ -294,98 +294,18 @@ fn sync_dir_of(path: &Path) -> std::io::Result<()> {
 /// `max_records` are handed on; commits what it read, and returns what it
 /// did in this run.
 pub async fn run(opts: ConsumeOptions, stop: CancellationToken) -> anyhow::Result<ConsumeReport> {
-    let stored = match &opts.state {
-        Some(p) => load_state(p)?,
-        None => None,
-    };
-    if stored.is_some() && opts.output.is_none() && opts.state.is_some() {
-        eprintln!("weir consume: resuming to stdout: lines written after the last commit before a crash may repeat; use --output for exactly once");
-    }
-    let fresh = stored.is_none();
-    let mut dedupe = Dedupe::new(opts.window);
-    let mut totals = ConsumeReport::default();
-    let mut stream_offset = None;
-    let mut committed_len = None;
-    if let Some(s) = stored {
-        dedupe.restore(
-            s.origins.into_iter().map(|o| {
-                (
-                    o.origin,
-                    OriginSeen {
-                        floor: o.floor,
-                        ranges: o.ranges.into_iter().map(|[a, b]| (a, b)).collect(),
-                    },
-                )
-            }),
-            DedupeCounts::default(),
-        );
-        totals = s.report;
-        stream_offset = s.stream_offset;
-        committed_len = s.output_len;
-    }
-    let output = open_output(
-        opts.output.as_deref(),
-        opts.state.as_deref(),
-        committed_len,
-        fresh,
-    )?;
-
+    let mut c = Commits::restore(&opts)?;
     let shown = crate::egress::amqp::redacted_url(&opts.url);
     let conn = Connection::connect(&opts.url, ConnectionProperties::default())
         .await
         .with_context(|| format!("connecting to {shown}"))?;
     let channel = conn.create_channel().await?;
-    channel
-        .basic_qos(opts.prefetch.max(1), BasicQosOptions::default())
-        .await?;
-    let mut args = FieldTable::default();
-    if opts.stream {
-        let start = match (stream_offset, opts.offset) {
-            (Some(o), _) => AMQPValue::LongLongInt(o.saturating_add(1) as i64),
-            (None, StartOffset::First) => AMQPValue::LongString("first".into()),
-            (None, StartOffset::Last) => AMQPValue::LongString("last".into()),
-            (None, StartOffset::Next) => AMQPValue::LongString("next".into()),
-            (None, StartOffset::At(o)) => AMQPValue::LongLongInt(o as i64),
-        };
-        args.insert("x-stream-offset".into(), start);
-    }
-    let mut consumer = channel
-        .basic_consume(
-            opts.queue.as_str().into(),
-            format!("weir consume {}", std::process::id()).into(),
-            BasicConsumeOptions::default(),
-            args,
-        )
-        .await
-        .with_context(|| {
-            format!(
-                "consuming from `{}` on {shown}{}",
-                opts.queue,
-                if opts.stream {
-                    " (a stream)"
-                } else {
-                    " (for a stream, pass --stream)"
-                }
-            )
-        })?;
-
-    let mut c = Commits {
-        output,
-        dedupe,
-        totals,
-        run: ConsumeReport::default(),
-        stream_offset,
-        pending: None,
-        pending_count: 0,
-        state: opts.state.clone(),
-    };
+    let mut consumer = subscribe(&channel, &opts, c.stream_offset, &shown).await?;
     let commit_every = usize::from(opts.prefetch.max(2) / 2);
     let mut idle_since = tokio::time::Instant::now();
-    let engine = base64::engine::general_purpose::STANDARD;
     let mut line = Vec::with_capacity(512);
     loop {
-        let limit_reached = opts.max_records.is_some_and(|m| c.run.records >= m);
-        if limit_reached {
+        if opts.max_records.is_some_and(|m| c.run.records >= m) {
             break;
         }
         let next = tokio::select! {
@@ -408,78 +328,7 @@ pub async fn run(opts: ConsumeOptions, stop: CancellationToken) -> anyhow::Resul
             Ok(Some(d)) => d.context("receiving")?,
         };
         idle_since = tokio::time::Instant::now();
-        c.run.messages += 1;
-        let offset = crate::egress::amqp::header_u64(&delivery.properties, "x-stream-offset");
-        let encoding = delivery
-            .properties
-            .content_encoding()
-            .as_ref()
-            .map(|s| s.to_string())
-            .unwrap_or_default();
-        let tag = delivery.delivery_tag;
-        let batch = match weir_proto::decode_batch(&delivery.data, &encoding, opts.max_size) {
-            Ok(b) => b,
-            Err(e) => {
-                c.run.undecodable += 1;
-                eprintln!(
-                    "weir consume: message {tag} is not a weir batch ({e}); {}",
-                    if opts.stream {
-                        "skipped"
-                    } else {
-                        "rejected (to the dead-letter exchange, if the queue has one)"
-                    }
-                );
-                if opts.stream {
-                    c.pending = Some(tag);
-                    c.pending_count += 1;
-                } else {
-                    // Ack what came before it first: a reject is not
-                    // "multiple".
-                    c.commit(&channel).await?;
-                    channel
-                        .basic_reject(tag, BasicRejectOptions { requeue: false })
-                        .await?;
-                }
-                if offset.is_some() {
-                    c.stream_offset = offset;
-                }
-                continue;
-            }
-        };
-        for r in &batch.records {
-            match c.dedupe.admit(r.origin, r.seq) {
-                Verdict::Duplicate => {
-                    c.run.duplicates += 1;
-                    continue;
-                }
-                Verdict::Unverified => c.run.unverified += 1,
-                Verdict::New => {}
-            }
-            c.run.records += 1;
-            let payload = match opts.payload {
-                PayloadFormat::Base64 => engine.encode(&r.payload).into(),
-                PayloadFormat::Text => String::from_utf8_lossy(&r.payload),
-            };
-            line.clear();
-            serde_json::to_writer(
-                &mut line,
-                &Line {
-                    origin: r.origin,
-                    seq: r.seq,
-                    class: &r.class,
-                    key: std::borrow::Cow::Borrowed(r.key.as_str()),
-                    ingress_us: r.ingress_us,
-                    node: batch.node,
-                    payload,
-                },
-            )?;
-            c.output.write_line(&line).context("writing the output")?;
-        }
-        if offset.is_some() {
-            c.stream_offset = offset;
-        }
-        c.pending = Some(tag);
-        c.pending_count += 1;
+        c.take(&channel, &delivery, &opts, &mut line).await?;
         if c.pending_count >= commit_every {
             c.commit(&channel).await?;
         }
@@ -487,6 +336,50 @@ pub async fn run(opts: ConsumeOptions, stop: CancellationToken) -> anyhow::Resul
     c.commit(&channel).await?;
     let _ = conn.close(200, "weir consume done".into()).await;
     Ok(c.run)
+}
+
+/// Consumes `opts.queue` on `channel` (a stream from just past
+/// `stream_offset` when resuming, else from `opts.offset`), at most
+/// `opts.prefetch` messages unacknowledged.
+async fn subscribe(
+    channel: &lapin::Channel,
+    opts: &ConsumeOptions,
+    stream_offset: Option<u64>,
+    shown: &str,
+) -> anyhow::Result<lapin::Consumer> {
+    channel
+        .basic_qos(opts.prefetch.max(1), BasicQosOptions::default())
+        .await?;
+    let mut args = FieldTable::default();
+    if opts.stream {
+        let start = match (stream_offset, opts.offset) {
+            (Some(o), _) => AMQPValue::LongLongInt(o.saturating_add(1) as i64),
+            (None, StartOffset::First) => AMQPValue::LongString("first".into()),
+            (None, StartOffset::Last) => AMQPValue::LongString("last".into()),
+            (None, StartOffset::Next) => AMQPValue::LongString("next".into()),
+            (None, StartOffset::At(o)) => AMQPValue::LongLongInt(o as i64),
+        };
+        args.insert("x-stream-offset".into(), start);
+    }
+    channel
+        .basic_consume(
+            opts.queue.as_str().into(),
+            format!("weir consume {}", std::process::id()).into(),
+            BasicConsumeOptions::default(),
+            args,
+        )
+        .await
+        .with_context(|| {
+            format!(
+                "consuming from `{}` on {shown}{}",
+                opts.queue,
+                if opts.stream {
+                    " (a stream)"
+                } else {
+                    " (for a stream, pass --stream)"
+                }
+            )
+        })
 }
 
 /// What is read and not yet committed, and how to commit it.
@@ -505,6 +398,149 @@ struct Commits {
 }
 
 impl Commits {
+    /// Where the last run stopped (`opts.state`), or a fresh start: the
+    /// origins seen, the totals, the stream offset, and the output cut back
+    /// to what was committed.
+    fn restore(opts: &ConsumeOptions) -> anyhow::Result<Commits> {
+        let stored = match &opts.state {
+            Some(p) => load_state(p)?,
+            None => None,
+        };
+        if stored.is_some() && opts.output.is_none() {
+            eprintln!("weir consume: resuming to stdout: lines written after the last commit before a crash may repeat; use --output for exactly once");
+        }
+        let fresh = stored.is_none();
+        let mut dedupe = Dedupe::new(opts.window);
+        let mut totals = ConsumeReport::default();
+        let (mut stream_offset, mut committed_len) = (None, None);
+        if let Some(s) = stored {
+            dedupe.restore(
+                s.origins.into_iter().map(|o| {
+                    (
+                        o.origin,
+                        OriginSeen {
+                            floor: o.floor,
+                            ranges: o.ranges.into_iter().map(|[a, b]| (a, b)).collect(),
+                        },
+                    )
+                }),
+                DedupeCounts::default(),
+            );
+            totals = s.report;
+            stream_offset = s.stream_offset;
+            committed_len = s.output_len;
+        }
+        Ok(Commits {
+            output: open_output(
+                opts.output.as_deref(),
+                opts.state.as_deref(),
+                committed_len,
+                fresh,
+            )?,
+            dedupe,
+            totals,
+            run: ConsumeReport::default(),
+            stream_offset,
+            pending: None,
+            pending_count: 0,
+            state: opts.state.clone(),
+        })
+    }
+
+    /// One message: its batch's records not seen before written as lines
+    /// (`line` is the buffer for one), or, if it holds no weir batch, the
+    /// message rejected (skipped on a stream). It is acknowledged at the
+    /// next commit.
+    async fn take(
+        &mut self,
+        channel: &lapin::Channel,
+        delivery: &lapin::message::Delivery,
+        opts: &ConsumeOptions,
+        line: &mut Vec<u8>,
+    ) -> anyhow::Result<()> {
+        self.run.messages += 1;
+        let offset = crate::egress::amqp::header_u64(&delivery.properties, "x-stream-offset");
+        let encoding = delivery
+            .properties
+            .content_encoding()
+            .as_ref()
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+        let tag = delivery.delivery_tag;
+        match weir_proto::decode_batch(&delivery.data, &encoding, opts.max_size) {
+            Ok(batch) => self.write_records(&batch, opts.payload, line)?,
+            Err(e) => {
+                self.run.undecodable += 1;
+                eprintln!(
+                    "weir consume: message {tag} is not a weir batch ({e}); {}",
+                    if opts.stream {
+                        "skipped"
+                    } else {
+                        "rejected (to the dead-letter exchange, if the queue has one)"
+                    }
+                );
+                if !opts.stream {
+                    // Ack what came before it first: a reject is not
+                    // "multiple".
+                    self.commit(channel).await?;
+                    channel
+                        .basic_reject(tag, BasicRejectOptions { requeue: false })
+                        .await?;
+                    if offset.is_some() {
+                        self.stream_offset = offset;
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        if offset.is_some() {
+            self.stream_offset = offset;
+        }
+        self.pending = Some(tag);
+        self.pending_count += 1;
+        Ok(())
+    }
+
+    /// Writes a line for each record of `batch` not seen before.
+    fn write_records(
+        &mut self,
+        batch: &weir_proto::pb::Batch,
+        format: PayloadFormat,
+        line: &mut Vec<u8>,
+    ) -> anyhow::Result<()> {
+        let engine = base64::engine::general_purpose::STANDARD;
+        for r in &batch.records {
+            match self.dedupe.admit(r.origin, r.seq) {
+                Verdict::Duplicate => {
+                    self.run.duplicates += 1;
+                    continue;
+                }
+                Verdict::Unverified => self.run.unverified += 1,
+                Verdict::New => {}
+            }
+            self.run.records += 1;
+            let payload = match format {
+                PayloadFormat::Base64 => engine.encode(&r.payload).into(),
+                PayloadFormat::Text => String::from_utf8_lossy(&r.payload),
+            };
+            line.clear();
+            serde_json::to_writer(
+                &mut *line,
+                &Line {
+                    origin: r.origin,
+                    seq: r.seq,
+                    class: &r.class,
+                    key: std::borrow::Cow::Borrowed(r.key.as_str()),
+                    ingress_us: r.ingress_us,
+                    node: batch.node,
+                    payload,
+                },
+            )?;
+            self.output.write_line(line).context("writing the output")?;
+        }
+        Ok(())
+    }
+
     /// Output, then state, then acknowledgements: a crash between two
     /// steps re-reads messages, never loses or repeats a record.
     async fn commit(&mut self, channel: &lapin::Channel) -> anyhow::Result<()> {
