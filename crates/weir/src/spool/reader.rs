@@ -198,40 +198,53 @@ fn step(shared: &Shared, slot: &ClassSlot, open: &mut Option<Open>) -> std::io::
             }
         }
         if frames.is_empty() {
-            let known = lock(&slot.state).log.known_damage(cursor.segment, offset);
-            let skip_to = match known {
-                // Found and counted by start-up's scan.
-                Some(end) => end.min(limit),
-                None => {
-                    // Damage written after start-up's scan: find the next
-                    // intact frame in the rest of the segment.
-                    let rest =
-                        Bytes::from(files::read_at(&o.file, offset, (limit - offset) as usize)?);
-                    let keys = lock(&slot.state)
-                        .log
-                        .keys(cursor.segment)
-                        .cloned()
-                        .unwrap_or_default();
-                    let skip_to = match Scan::with_keys(&o.header, rest, 0, keys).next() {
-                        Some(Scanned::Corrupt { end, .. }) => offset + end as u64,
-                        _ => limit,
-                    };
-                    shared.metrics.spool.corrupt(slot.id);
-                    tracing::error!(class = %slot.name, segment = cursor.segment, offset, skipped_to = skip_to, "corrupt frames in the spool skipped while reading back");
-                    skip_to
-                }
-            };
-            let mut st = lock(&slot.state);
-            if st.behind == Some(cursor) {
-                st.behind = Some(Cursor {
-                    segment: cursor.segment,
-                    offset: skip_to,
-                });
-            }
-            return Ok(Step::Again);
+            return skip_damage(shared, slot, o, cursor, offset, limit);
         }
         Ok(push(shared, slot, cursor, offset, frames))
     }
+}
+
+/// No whole frame at `offset`: damage. Moves the cursor past it: to the end
+/// start-up's scan found for it (counted there), or, for damage written
+/// since, to the next intact frame (counted and logged here).
+fn skip_damage(
+    shared: &Shared,
+    slot: &ClassSlot,
+    o: &Open,
+    cursor: Cursor,
+    offset: u64,
+    limit: u64,
+) -> std::io::Result<Step> {
+    let known = lock(&slot.state).log.known_damage(cursor.segment, offset);
+    let skip_to = match known {
+        // Found and counted by start-up's scan.
+        Some(end) => end.min(limit),
+        None => {
+            // Damage written after start-up's scan: find the next
+            // intact frame in the rest of the segment.
+            let rest = Bytes::from(files::read_at(&o.file, offset, (limit - offset) as usize)?);
+            let keys = lock(&slot.state)
+                .log
+                .keys(cursor.segment)
+                .cloned()
+                .unwrap_or_default();
+            let skip_to = match Scan::with_keys(&o.header, rest, 0, keys).next() {
+                Some(Scanned::Corrupt { end, .. }) => offset + end as u64,
+                _ => limit,
+            };
+            shared.metrics.spool.corrupt(slot.id);
+            tracing::error!(class = %slot.name, segment = cursor.segment, offset, skipped_to = skip_to, "corrupt frames in the spool skipped while reading back");
+            skip_to
+        }
+    };
+    let mut st = lock(&slot.state);
+    if st.behind == Some(cursor) {
+        st.behind = Some(Cursor {
+            segment: cursor.segment,
+            offset: skip_to,
+        });
+    }
+    Ok(Step::Again)
 }
 
 /// Every whole frame at the start of `chunk`, with how it carries its key
