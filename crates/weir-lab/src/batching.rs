@@ -357,67 +357,130 @@ pub async fn run_job(job: Job, closing: &mut Closing) -> JobRun {
     let n = job.records as usize;
     let (tx, mut rx) = mpsc::channel::<Arrival>(n.max(1));
     let epoch = Instant::now();
-    // The sensor side: records at a fixed interval, whatever the relay does
-    // (the channel holds the whole job, so it never blocks).
-    let producer = tokio::spawn(async move {
-        for k in 0..n {
-            tokio::time::sleep_until(epoch + job.interval * k as u32).await;
-            let a = Arrival {
-                bytes: job.record_bytes,
-                at: Instant::now(),
-            };
-            if tx.send(a).await.is_err() {
-                return;
-            }
-        }
-    });
-
-    let mut pending: VecDeque<Arrival> = VecDeque::with_capacity(n);
-    let mut arrivals = Vec::with_capacity(n);
-    let mut transactions = Vec::new();
-    let mut plans = Vec::new();
-    let mut open = true;
-    let mut last_done = epoch;
-    let note = |closing: &mut Closing, a: &Arrival| {
-        if let Closing::Online(o) = closing {
-            o.arrived(a.at, a.bytes);
-        }
+    let producer = tokio::spawn(produce(job, tx, epoch));
+    let mut relay = Relaying {
+        closing,
+        epoch,
+        pending: VecDeque::with_capacity(n),
+        arrivals: Vec::with_capacity(n),
+        transactions: Vec::new(),
+        plans: Vec::new(),
+        open: true,
+        last_done: epoch,
     };
     loop {
         // Everything that arrived while the link was busy joins the queue.
+        relay.take_arrived(&mut rx);
+        if relay.pending.is_empty() {
+            if !relay.open {
+                break;
+            }
+            let a = rx.recv().await;
+            relay.received(a);
+            continue;
+        }
+        let (take, deadline) = relay.decide(Instant::now());
+        match take {
+            Some(k) => relay.send(k, &job.link).await,
+            None => {
+                // Wait for the next record or for the oldest one's deadline.
+                let wake = async {
+                    match deadline {
+                        Some(d) => tokio::time::sleep_until(d).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                // Cancel safety: `recv` is cancel safe; the sleep only waits.
+                tokio::select! {
+                    a = rx.recv(), if relay.open => relay.received(a),
+                    _ = wake => {}
+                }
+            }
+        }
+    }
+    // The producer has sent everything once the channel is closed.
+    let _ = producer.await;
+    JobRun {
+        wall: relay.last_done - epoch,
+        transactions: relay.transactions,
+        arrivals: relay.arrivals,
+        plans: relay.plans,
+    }
+}
+
+/// The sensor side: `job`'s records at a fixed interval from `epoch`,
+/// whatever the relay does (the channel holds the whole job, so it never
+/// blocks).
+async fn produce(job: Job, tx: mpsc::Sender<Arrival>, epoch: Instant) {
+    for k in 0..job.records as usize {
+        tokio::time::sleep_until(epoch + job.interval * k as u32).await;
+        let a = Arrival {
+            bytes: job.record_bytes,
+            at: Instant::now(),
+        };
+        if tx.send(a).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The relay side of a job as it runs: the records queued, whether more
+/// may come, and what was measured so far.
+struct Relaying<'c> {
+    closing: &'c mut Closing,
+    /// The job's start.
+    epoch: Instant,
+    pending: VecDeque<Arrival>,
+    arrivals: Vec<Duration>,
+    transactions: Vec<Transaction>,
+    plans: Vec<PlannedBatch>,
+    /// The producer may still send.
+    open: bool,
+    /// When the last transaction completed.
+    last_done: Instant,
+}
+
+impl Relaying<'_> {
+    /// Queues a record (an online planner counts it).
+    fn arrived(&mut self, a: Arrival) {
+        if let Closing::Online(o) = self.closing {
+            o.arrived(a.at, a.bytes);
+        }
+        self.arrivals.push(a.at - self.epoch);
+        self.pending.push_back(a);
+    }
+
+    /// Queues what a receive returned; `None` (the channel closed) closes
+    /// the job.
+    fn received(&mut self, a: Option<Arrival>) {
+        match a {
+            Some(a) => self.arrived(a),
+            None => self.open = false,
+        }
+    }
+
+    /// Queues every record already in the channel, noting if it closed.
+    fn take_arrived(&mut self, rx: &mut mpsc::Receiver<Arrival>) {
         loop {
             match rx.try_recv() {
-                Ok(a) => {
-                    note(closing, &a);
-                    arrivals.push(a.at - epoch);
-                    pending.push_back(a);
-                }
+                Ok(a) => self.arrived(a),
                 Err(mpsc::error::TryRecvError::Empty) => break,
                 Err(mpsc::error::TryRecvError::Disconnected) => {
-                    open = false;
+                    self.open = false;
                     break;
                 }
             }
         }
-        if pending.is_empty() {
-            if !open {
-                break;
-            }
-            match rx.recv().await {
-                Some(a) => {
-                    note(closing, &a);
-                    arrivals.push(a.at - epoch);
-                    pending.push_back(a);
-                }
-                None => open = false,
-            }
-            continue;
-        }
-        let now = Instant::now();
-        let (take, deadline) = match closing {
+    }
+
+    /// Whether to close a batch at `now` (of how many records), and else
+    /// when to look again (`None`: at the next record).
+    fn decide(&mut self, now: Instant) -> (Option<usize>, Option<Instant>) {
+        let pending = &self.pending;
+        match &mut *self.closing {
             Closing::Sizes(sizes) => {
-                let s = sizes[transactions.len() % sizes.len()].max(1) as usize;
-                let ready = pending.len() >= s || !open;
+                let s = sizes[self.transactions.len() % sizes.len()].max(1) as usize;
+                let ready = pending.len() >= s || !self.open;
                 (ready.then(|| s.min(pending.len())), None)
             }
             Closing::Online(o) => {
@@ -431,7 +494,7 @@ pub async fn run_job(job: Job, closing: &mut Closing) -> JobRun {
                 let close = plan.should_close(age, pending.len() as u32, queued);
                 let mut k = 0;
                 let mut bytes = 0u64;
-                for a in &pending {
+                for a in pending {
                     if k > 0 && bytes + a.bytes > plan.max_bytes {
                         break;
                     }
@@ -439,8 +502,8 @@ pub async fn run_job(job: Job, closing: &mut Closing) -> JobRun {
                     bytes += a.bytes;
                 }
                 if close {
-                    plans.push(PlannedBatch {
-                        at: now - epoch,
+                    self.plans.push(PlannedBatch {
+                        at: now - self.epoch,
                         plan,
                         sent: k as u32,
                     });
@@ -450,57 +513,28 @@ pub async fn run_job(job: Job, closing: &mut Closing) -> JobRun {
                     (pending[0].at + plan.max_wait).min(o.window_end.unwrap_or(now + PLAN_WINDOW));
                 (close.then_some(k), Some(wake))
             }
-        };
-        match take {
-            Some(k) => {
-                let bytes: u64 = pending.drain(..k).map(|a| a.bytes).sum();
-                let start = Instant::now();
-                job.link.transact(bytes).await;
-                last_done = Instant::now();
-                let elapsed = last_done - start;
-                if let Closing::Online(o) = closing {
-                    // The windows that ended on the way are re-planned at
-                    // the next decision, once their arrivals are read, with
-                    // this transaction already in the fits (weir re-plans
-                    // them on time, before it: a transaction earlier).
-                    o.observe(k as u32, bytes, elapsed);
-                }
-                transactions.push(Transaction {
-                    records: k as u32,
-                    bytes,
-                    elapsed,
-                });
-            }
-            None => {
-                // Wait for the next record or for the oldest one's deadline.
-                let wake = async {
-                    match deadline {
-                        Some(d) => tokio::time::sleep_until(d).await,
-                        None => std::future::pending().await,
-                    }
-                };
-                // Cancel safety: `recv` is cancel safe; the sleep only waits.
-                tokio::select! {
-                    a = rx.recv(), if open => match a {
-                        Some(a) => {
-                            note(closing, &a);
-                            arrivals.push(a.at - epoch);
-                            pending.push_back(a);
-                        }
-                        None => open = false,
-                    },
-                    _ = wake => {}
-                }
-            }
         }
     }
-    // The producer has sent everything once the channel is closed.
-    let _ = producer.await;
-    JobRun {
-        wall: last_done - epoch,
-        transactions,
-        arrivals,
-        plans,
+
+    /// Sends the `k` oldest records over `link` as one transaction.
+    async fn send(&mut self, k: usize, link: &Link) {
+        let bytes: u64 = self.pending.drain(..k).map(|a| a.bytes).sum();
+        let start = Instant::now();
+        link.transact(bytes).await;
+        self.last_done = Instant::now();
+        let elapsed = self.last_done - start;
+        if let Closing::Online(o) = self.closing {
+            // The windows that ended on the way are re-planned at
+            // the next decision, once their arrivals are read, with
+            // this transaction already in the fits (weir re-plans
+            // them on time, before it: a transaction earlier).
+            o.observe(k as u32, bytes, elapsed);
+        }
+        self.transactions.push(Transaction {
+            records: k as u32,
+            bytes,
+            elapsed,
+        });
     }
 }
 
@@ -596,346 +630,476 @@ pub async fn run(args: &Args) -> anyhow::Result<(String, serde_json::Value, Stri
         }
     }
     let results = run_all(runs, args.jobs, &bar).await?;
+    let (planned_first, planned, learned) = run_planned(args, job, bound, &bar).await?;
+    let relay = if args.no_relay {
+        None
+    } else {
+        Some(run_relay(job, bound, repeat, &bar).await?)
+    };
+    bar.finish_and_clear();
 
-    // Phase 2: weir's plan, online: one planner, job after job with a
-    // quiet pause between; the first on weir's priors.
+    let measured = Measured {
+        results,
+        planned_first,
+        planned,
+        learned,
+        relay,
+    };
+    let r = Report::new(args, job, &sizes, &measured);
+    let text = r.text();
+    let json = r.json();
+    let svg = report::line_chart_svg(&r.chart())?;
+    Ok((text, json, svg))
+}
+
+/// Phase 2: weir's plan, online: one planner, job after job with a quiet
+/// pause between; the first on weir's priors. The first job's run, the
+/// later ones' and the planner as it ended.
+async fn run_planned(
+    args: &Args,
+    job: Job,
+    bound: Duration,
+    bar: &indicatif::ProgressBar,
+) -> anyhow::Result<(JobRun, Vec<JobRun>, Box<Online>)> {
     let mut closing = Closing::Online(Box::new(Online::new(bound, args.class_rank)?));
     bar.set_message("weir's plan");
     let planned_first = run_job(job, &mut closing).await;
     bar.inc(1);
     let mut planned = Vec::new();
-    for _ in 0..repeat {
+    for _ in 0..args.repeat as usize {
         tokio::time::sleep(RELAY_PAUSE).await;
         planned.push(run_job(job, &mut closing).await);
         bar.inc(1);
     }
-    let Closing::Online(learned) = &closing else {
+    let Closing::Online(learned) = closing else {
         unreachable!("built as Online above")
     };
+    Ok((planned_first, planned, learned))
+}
 
-    // Phase 3: the same job through weir's relay: a first job on its
-    // priors, then `repeat` more once it has learned from its own traffic.
-    let relay = if args.no_relay {
-        None
-    } else {
-        bar.set_message("weir's relay");
-        let r = relay::Relay::start(&std::env::temp_dir(), &job.link, bound).await?;
-        let first = r
-            .run_job(job.records, job.record_bytes, job.interval)
-            .await?;
+/// Phase 3: the same job through weir's relay: a first job on its priors,
+/// then `repeat` more once it has learned from its own traffic.
+async fn run_relay(
+    job: Job,
+    bound: Duration,
+    repeat: usize,
+    bar: &indicatif::ProgressBar,
+) -> anyhow::Result<(relay::RelayRun, Vec<relay::RelayRun>)> {
+    bar.set_message("weir's relay");
+    let r = relay::Relay::start(&std::env::temp_dir(), &job.link, bound).await?;
+    let first = r
+        .run_job(job.records, job.record_bytes, job.interval)
+        .await?;
+    bar.inc(1);
+    let mut later = Vec::new();
+    for _ in 0..repeat {
+        tokio::time::sleep(RELAY_PAUSE).await;
+        later.push(
+            r.run_job(job.records, job.record_bytes, job.interval)
+                .await?,
+        );
         bar.inc(1);
-        let mut later = Vec::new();
-        for _ in 0..repeat {
-            tokio::time::sleep(RELAY_PAUSE).await;
-            later.push(
-                r.run_job(job.records, job.record_bytes, job.interval)
-                    .await?,
-            );
-            bar.inc(1);
-        }
-        r.stop().await?;
-        Some((first, later))
-    };
-    bar.finish_and_clear();
+    }
+    r.stop().await?;
+    Ok((first, later))
+}
 
-    let fifs_runs = walls(&results, "fifs");
-    let fifs_ms = report::mean(&fifs_runs);
-    let fifs_tx = results
-        .iter()
-        .find(|(l, _)| l == "fifs")
-        .map_or(0, |(_, r)| r.transactions.len());
-    let chosen_runs: Vec<f64> = planned.iter().map(|r| report::ms(r.wall)).collect();
-    let chosen_ms = report::mean(&chosen_runs);
-    let first_ms = report::ms(planned_first.wall);
-    let chosen_batches: Vec<Vec<u32>> = planned.iter().map(JobRun::batch_sizes).collect();
-    let series: Vec<(u32, Vec<f64>, f64)> = sizes
-        .iter()
-        .map(|&s| {
-            let runs = walls(&results, &format!("size {s}"));
-            let m = report::mean(&runs);
-            (s, runs, m)
-        })
-        .collect();
-    let (best_batch, best_ms) = series
-        .iter()
-        .map(|(s, _, m)| (*s, *m))
-        .min_by(|a, b| a.1.total_cmp(&b.1))
-        .unwrap_or((1, fifs_ms));
-    let speedup = fifs_ms / chosen_ms;
-    let paper_job = job.records == PAPER_JOB_RECORDS;
-    let vs_paper = |ms: f64| {
-        if paper_job {
+/// What the three phases measured.
+struct Measured {
+    /// Phase 1: FIFS and the fixed buffers, labelled.
+    results: Vec<(String, JobRun)>,
+    /// Phase 2: weir's plan, the first job and the later ones, and the
+    /// planner as it ended.
+    planned_first: JobRun,
+    planned: Vec<JobRun>,
+    learned: Box<Online>,
+    /// Phase 3: the relay's first job and the later ones, unless
+    /// `--no-relay`.
+    relay: Option<(relay::RelayRun, Vec<relay::RelayRun>)>,
+}
+
+/// The report's figures, from what was measured.
+struct Report<'a> {
+    args: &'a Args,
+    job: Job,
+    sizes: &'a [u32],
+    m: &'a Measured,
+    repeat: usize,
+    fifs_runs: Vec<f64>,
+    fifs_ms: f64,
+    fifs_tx: usize,
+    chosen_runs: Vec<f64>,
+    chosen_ms: f64,
+    first_ms: f64,
+    chosen_batches: Vec<Vec<u32>>,
+    /// Per fixed size: the size, its runs' wall-clocks and their mean, ms.
+    series: Vec<(u32, Vec<f64>, f64)>,
+    best_batch: u32,
+    best_ms: f64,
+    speedup: f64,
+    /// Whether the job is the paper's (its numbers are shown only then).
+    paper_job: bool,
+    /// The plan behind the last job's largest batch.
+    settled: BatchPlan,
+    chosen_batch: u32,
+    link: LinkEstimate,
+    upload: LatencyLine,
+    /// The relay's first job, the later jobs' mean and their runs, ms.
+    relay_ms: Option<(f64, f64, Vec<f64>)>,
+}
+
+impl<'a> Report<'a> {
+    fn new(args: &'a Args, job: Job, sizes: &'a [u32], m: &'a Measured) -> Report<'a> {
+        let results = &m.results;
+        let fifs_runs = walls(results, "fifs");
+        let fifs_ms = report::mean(&fifs_runs);
+        let fifs_tx = results
+            .iter()
+            .find(|(l, _)| l == "fifs")
+            .map_or(0, |(_, r)| r.transactions.len());
+        let chosen_runs: Vec<f64> = m.planned.iter().map(|r| report::ms(r.wall)).collect();
+        let chosen_ms = report::mean(&chosen_runs);
+        let first_ms = report::ms(m.planned_first.wall);
+        let chosen_batches: Vec<Vec<u32>> = m.planned.iter().map(JobRun::batch_sizes).collect();
+        let series: Vec<(u32, Vec<f64>, f64)> = sizes
+            .iter()
+            .map(|&s| {
+                let runs = walls(results, &format!("size {s}"));
+                let m = report::mean(&runs);
+                (s, runs, m)
+            })
+            .collect();
+        let (best_batch, best_ms) = series
+            .iter()
+            .map(|(s, _, m)| (*s, *m))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .unwrap_or((1, fifs_ms));
+        let speedup = fifs_ms / chosen_ms;
+        // The plan behind the last job's largest batch: what the model settled on.
+        let last = m.planned.last().unwrap_or(&m.planned_first);
+        let settled = last
+            .plans
+            .iter()
+            .max_by_key(|p| p.sent)
+            .map_or_else(|| m.learned.plan(), |p| p.plan);
+        let mean_record_bytes = job.record_bytes as f64;
+        let relay_ms = m.relay.as_ref().map(|(first, later)| {
+            let runs: Vec<f64> = later.iter().map(|r| report::ms(r.wall)).collect();
+            (report::ms(first.wall), report::mean(&runs), runs)
+        });
+        Report {
+            args,
+            job,
+            sizes,
+            m,
+            repeat: args.repeat as usize,
+            fifs_runs,
+            fifs_ms,
+            fifs_tx,
+            chosen_runs,
+            chosen_ms,
+            first_ms,
+            chosen_batches,
+            series,
+            best_batch,
+            best_ms,
+            speedup,
+            paper_job: job.records == PAPER_JOB_RECORDS,
+            settled,
+            chosen_batch: settled.target_records,
+            link: m.learned.link(),
+            upload: m.learned.upload_line(mean_record_bytes),
+            relay_ms,
+        }
+    }
+
+    /// A wall-clock against the paper's FIFS, on the paper's job only.
+    fn vs_paper(&self, ms: f64) -> String {
+        if self.paper_job {
             format!("{:.2}x", PAPER_FIFS_MS / ms)
         } else {
             "-".into()
         }
-    };
-    // The plan behind the last job's largest batch: what the model settled on.
-    let last = planned.last().unwrap_or(&planned_first);
-    let settled = last
-        .plans
-        .iter()
-        .max_by_key(|p| p.sent)
-        .map_or_else(|| learned.plan(), |p| p.plan);
-    let chosen_batch = settled.target_records;
-    let link = learned.link();
-    let mean_record_bytes = job.record_bytes as f64;
-    let upload = learned.upload_line(mean_record_bytes);
+    }
 
-    // The table.
-    let mut t = Table::new([
-        "run",
-        "batch",
-        "transactions",
-        "wall ms",
-        "vs FIFS",
-        "vs paper's FIFS",
-    ]);
-    t.row([
-        "FIFS (one record per transaction, serial)".to_string(),
-        "1".into(),
-        fifs_tx.to_string(),
-        format!("{fifs_ms:.0}"),
-        "1.00x".into(),
-        vs_paper(fifs_ms),
-    ]);
-    for (s, _, m) in &series {
-        t.row([
-            format!(
-                "fixed buffer{}",
-                if *s == best_batch { " (best)" } else { "" }
-            ),
-            s.to_string(),
-            job.records.div_ceil(*s).to_string(),
-            format!("{m:.0}"),
-            format!("{:.2}x", fifs_ms / m),
-            vs_paper(*m),
-        ]);
-    }
-    t.row([
-        "weir's plan, online, first job (priors)".to_string(),
-        "-".into(),
-        planned_first.transactions.len().to_string(),
-        format!("{first_ms:.0}"),
-        format!("{:.2}x", fifs_ms / first_ms),
-        vs_paper(first_ms),
-    ]);
-    t.row([
-        "weir's plan, online (later jobs)".to_string(),
-        format!("{chosen_batch} planned"),
-        planned
-            .first()
-            .map_or(0, |r| r.transactions.len())
-            .to_string(),
-        format!("{chosen_ms:.0}"),
-        format!("{speedup:.2}x"),
-        vs_paper(chosen_ms),
-    ]);
-    let relay_ms = relay.as_ref().map(|(first, later)| {
-        let runs: Vec<f64> = later.iter().map(|r| report::ms(r.wall)).collect();
-        (report::ms(first.wall), report::mean(&runs), runs)
-    });
-    if let (Some((first, later)), Some((relay_first_ms, ms, _))) = (&relay, &relay_ms) {
-        t.row([
-            "relay, first job (weir's priors)".to_string(),
-            "-".into(),
-            first.batches.len().to_string(),
-            format!("{relay_first_ms:.0}"),
-            format!("{:.2}x", fifs_ms / relay_first_ms),
-            vs_paper(*relay_first_ms),
+    /// The table of runs.
+    fn table(&self) -> Table {
+        let (job, m, fifs_ms) = (self.job, self.m, self.fifs_ms);
+        let mut t = Table::new([
+            "run",
+            "batch",
+            "transactions",
+            "wall ms",
+            "vs FIFS",
+            "vs paper's FIFS",
         ]);
         t.row([
-            "relay (weir's scheduler)".to_string(),
-            "-".into(),
-            later.first().map_or(0, |r| r.batches.len()).to_string(),
-            format!("{ms:.0}"),
-            format!("{:.2}x", fifs_ms / ms),
-            vs_paper(*ms),
-        ]);
-    }
-    if paper_job {
-        t.row([
-            "paper: FIFS (asynchronous uploads, measured)".to_string(),
+            "FIFS (one record per transaction, serial)".to_string(),
             "1".into(),
-            "50".into(),
-            format!("{PAPER_FIFS_MS:.0}"),
-            "-".into(),
+            self.fifs_tx.to_string(),
+            format!("{fifs_ms:.0}"),
             "1.00x".into(),
+            self.vs_paper(fifs_ms),
+        ]);
+        for (s, _, m) in &self.series {
+            t.row([
+                format!(
+                    "fixed buffer{}",
+                    if *s == self.best_batch { " (best)" } else { "" }
+                ),
+                s.to_string(),
+                job.records.div_ceil(*s).to_string(),
+                format!("{m:.0}"),
+                format!("{:.2}x", fifs_ms / m),
+                self.vs_paper(*m),
+            ]);
+        }
+        let first_ms = self.first_ms;
+        t.row([
+            "weir's plan, online, first job (priors)".to_string(),
+            "-".into(),
+            m.planned_first.transactions.len().to_string(),
+            format!("{first_ms:.0}"),
+            format!("{:.2}x", fifs_ms / first_ms),
+            self.vs_paper(first_ms),
         ]);
         t.row([
-            "paper: buffered (serial, measured)".to_string(),
-            PAPER_BATCH.to_string(),
-            "1".into(),
-            format!("{PAPER_BATCHED_MS:.0}"),
-            "-".into(),
-            format!("{PAPER_SPEEDUP:.2}x"),
+            "weir's plan, online (later jobs)".to_string(),
+            format!("{} planned", self.chosen_batch),
+            m.planned
+                .first()
+                .map_or(0, |r| r.transactions.len())
+                .to_string(),
+            format!("{:.0}", self.chosen_ms),
+            format!("{:.2}x", self.speedup),
+            self.vs_paper(self.chosen_ms),
         ]);
+        if let (Some((first, later)), Some((relay_first_ms, ms, _))) = (&m.relay, &self.relay_ms) {
+            t.row([
+                "relay, first job (weir's priors)".to_string(),
+                "-".into(),
+                first.batches.len().to_string(),
+                format!("{relay_first_ms:.0}"),
+                format!("{:.2}x", fifs_ms / relay_first_ms),
+                self.vs_paper(*relay_first_ms),
+            ]);
+            t.row([
+                "relay (weir's scheduler)".to_string(),
+                "-".into(),
+                later.first().map_or(0, |r| r.batches.len()).to_string(),
+                format!("{ms:.0}"),
+                format!("{:.2}x", fifs_ms / ms),
+                self.vs_paper(*ms),
+            ]);
+        }
+        if self.paper_job {
+            t.row([
+                "paper: FIFS (asynchronous uploads, measured)".to_string(),
+                "1".into(),
+                "50".into(),
+                format!("{PAPER_FIFS_MS:.0}"),
+                "-".into(),
+                "1.00x".into(),
+            ]);
+            t.row([
+                "paper: buffered (serial, measured)".to_string(),
+                PAPER_BATCH.to_string(),
+                "1".into(),
+                format!("{PAPER_BATCHED_MS:.0}"),
+                "-".into(),
+                format!("{PAPER_SPEEDUP:.2}x"),
+            ]);
+        }
+        t
     }
-    let mut text = format!(
-        "batching: {} records of {} B every {:.1} ms; link T_cc {:.2} ms, {:.0} B/s ({:.4} ms per record); {} run(s) each\n\n",
-        job.records,
-        job.record_bytes,
-        job.interval.as_secs_f64() * 1e3,
-        job.link.per_transaction.as_secs_f64() * 1e3,
-        job.link.bytes_per_sec,
-        job.record_bytes as f64 / job.link.bytes_per_sec * 1e3,
-        repeat,
-    );
-    text.push_str(&t.render());
-    text.push_str(&format!(
-        "\nweir's plan, online (re-planned every {:.0} ms from the window's arrivals): link fit {:.0} B/s, T_sc {:.1} ms \
-         (prior {:.0} B/s, {:.0} ms); L_up(s) = {:.2} ms * s + {:.1} ms; bound {} ms\n\
-         settled plan: {}, target {} records, max_wait {:.1} ms\n\
-         planned / sent, first job: {:?}\n\
-         planned / sent, later jobs: {:?}\n\
-         speedup {:.2}x over the serial FIFS (goal >= {PAPER_SPEEDUP}x: {}); best fixed size {} at {:.0} ms; weir's plan within {:.1}% of it\n",
-        report::ms(PLAN_WINDOW),
-        link.bytes_per_sec,
-        link.per_transaction.as_secs_f64() * 1e3,
-        WEIR_PRIOR.bytes_per_sec,
-        WEIR_PRIOR.per_transaction.as_secs_f64() * 1e3,
-        upload.per_unit * 1e3,
-        upload.fixed * 1e3,
-        args.bound_ms,
-        reason_text(settled.reason),
-        settled.target_records,
-        settled.max_wait.as_secs_f64() * 1e3,
-        planned_vs_sent(&planned_first),
-        planned.iter().map(planned_vs_sent).collect::<Vec<_>>(),
-        speedup,
-        if speedup >= PAPER_SPEEDUP { "met" } else { "NOT met" },
-        best_batch,
-        best_ms,
-        (chosen_ms / best_ms - 1.0) * 100.0,
-    ));
 
-    if let (Some((first, later)), Some((relay_first_ms, ms, _))) = (&relay, &relay_ms) {
-        text.push_str(&format!(
-            "relay (weir's App, file egress behind the same link): first job {relay_first_ms:.0} ms in batches {:?}; \
-             later jobs {ms:.0} ms ({:.2}x FIFS) in batches {:?}\n",
-            first.batches,
-            fifs_ms / ms,
-            later.first().map(|r| r.batches.clone()).unwrap_or_default(),
-        ));
-    }
-    let relay_json = match (&relay, &relay_ms) {
-        (Some((first, later)), Some((relay_first_ms, ms, runs))) => json!({
-            "first_ms": relay_first_ms,
-            "first_batches": first.batches,
-            "ms": report::round(*ms, 1),
-            "runs_ms": runs,
-            "batches": later.iter().map(|r| r.batches.clone()).collect::<Vec<_>>(),
-            "speedup": report::round(fifs_ms / ms, 3),
-            "pause_between_jobs_ms": report::ms(RELAY_PAUSE),
-        }),
-        _ => serde_json::Value::Null,
-    };
-    let json = json!({
-        "experiment": "batching",
-        "params": {
-            "records": job.records,
-            "record_bytes": job.record_bytes,
-            "interval_ms": report::ms(job.interval),
-            "link": job.link.summary(),
-            "per_record_ms": report::round(job.record_bytes as f64 / job.link.bytes_per_sec * 1e3, 4),
-            "latency_bound_ms": args.bound_ms,
-            "class_rank": args.class_rank,
-            "repeat": repeat,
-            "sizes": sizes,
-            "plan_window_ms": report::ms(PLAN_WINDOW),
-            "pause_between_jobs_ms": report::ms(RELAY_PAUSE),
-            "prior": LinkSummary::from(WEIR_PRIOR),
-        },
-        "fifs_ms": report::round(fifs_ms, 1),
-        "fifs_runs_ms": fifs_runs,
-        "series": series.iter().map(|(s, runs, m)| json!({
-            "batch": s,
-            "ms": report::round(*m, 1),
-            "runs_ms": runs,
-            "speedup": report::round(fifs_ms / m, 3),
-        })).collect::<Vec<_>>(),
-        "model": {
-            "link_estimate": LinkSummary::from(link),
-            "upload_line": {
-                "per_record_ms": report::round(upload.per_unit * 1e3, 3),
-                "fixed_ms": report::round(upload.fixed * 1e3, 1),
-            },
-            "plan": plan_json(&settled),
-        },
-        "planned_vs_sent": {
-            "first_job": closes_json(&planned_first),
-            "later_jobs": planned.iter().map(closes_json).collect::<Vec<_>>(),
-        },
-        "chosen_batch": chosen_batch,
-        "chosen_batches": chosen_batches,
-        "chosen_first_ms": report::round(first_ms, 1),
-        "chosen_ms": report::round(chosen_ms, 1),
-        "chosen_runs_ms": chosen_runs,
-        "best_batch": best_batch,
-        "best_ms": report::round(best_ms, 1),
-        "speedup": report::round(speedup, 3),
-        "speedup_vs_paper_fifs": paper_job.then(|| report::round(PAPER_FIFS_MS / chosen_ms, 3)),
-        "best_speedup": report::round(fifs_ms / best_ms, 3),
-        "relay": relay_json,
-        "paper": {
-            "fifs_ms": PAPER_FIFS_MS,
-            "batched_ms": PAPER_BATCHED_MS,
-            "batch": PAPER_BATCH,
-            "speedup": PAPER_SPEEDUP,
-            "eq3_intercept_ms": PAPER_EQ3_INTERCEPT_MS,
-            "eq3_slope_ms": PAPER_EQ3_SLOPE_MS,
-        },
-        "goal": { "speedup_at_least": PAPER_SPEEDUP, "met": speedup >= PAPER_SPEEDUP },
-    });
-
-    let mut chart = LineChart {
-        title: format!(
-            "{}-record job: wall-clock vs batch size (T_cc {:.0} ms, record every {:.0} ms)",
+    /// The text for stdout: the job, the table, the plan and the relay.
+    fn text(&self) -> String {
+        let (job, m, settled, upload) = (self.job, self.m, self.settled, self.upload);
+        let mut text = format!(
+            "batching: {} records of {} B every {:.1} ms; link T_cc {:.2} ms, {:.0} B/s ({:.4} ms per record); {} run(s) each\n\n",
             job.records,
+            job.record_bytes,
+            job.interval.as_secs_f64() * 1e3,
             job.link.per_transaction.as_secs_f64() * 1e3,
-            job.interval.as_secs_f64() * 1e3
-        ),
-        x_label: "records per transaction".into(),
-        y_label: "wall-clock of the job, ms".into(),
-        series: vec![Series {
-            name: "fixed buffer (Fig. 10)".into(),
-            points: series.iter().map(|(s, _, m)| (*s as f64, *m)).collect(),
-        }],
-        hlines: vec![HLine {
-            name: format!("FIFS, serial {fifs_ms:.0} ms"),
-            y: fifs_ms,
-            paper: false,
-        }],
-        marks: vec![Mark {
-            label: format!("weir's plan, online: {chosen_ms:.0} ms ({speedup:.1}x)"),
-            x: chosen_batch as f64,
-            y: chosen_ms,
-            paper: false,
-        }],
-    };
-    if let Some((_, ms, _)) = &relay_ms {
-        chart.hlines.push(HLine {
-            name: format!("weir's relay {ms:.0} ms ({:.1}x)", fifs_ms / ms),
-            y: *ms,
-            paper: false,
-        });
+            job.link.bytes_per_sec,
+            job.record_bytes as f64 / job.link.bytes_per_sec * 1e3,
+            self.repeat,
+        );
+        text.push_str(&self.table().render());
+        text.push_str(&format!(
+            "\nweir's plan, online (re-planned every {:.0} ms from the window's arrivals): link fit {:.0} B/s, T_sc {:.1} ms \
+             (prior {:.0} B/s, {:.0} ms); L_up(s) = {:.2} ms * s + {:.1} ms; bound {} ms\n\
+             settled plan: {}, target {} records, max_wait {:.1} ms\n\
+             planned / sent, first job: {:?}\n\
+             planned / sent, later jobs: {:?}\n\
+             speedup {:.2}x over the serial FIFS (goal >= {PAPER_SPEEDUP}x: {}); best fixed size {} at {:.0} ms; weir's plan within {:.1}% of it\n",
+            report::ms(PLAN_WINDOW),
+            self.link.bytes_per_sec,
+            self.link.per_transaction.as_secs_f64() * 1e3,
+            WEIR_PRIOR.bytes_per_sec,
+            WEIR_PRIOR.per_transaction.as_secs_f64() * 1e3,
+            upload.per_unit * 1e3,
+            upload.fixed * 1e3,
+            self.args.bound_ms,
+            reason_text(settled.reason),
+            settled.target_records,
+            settled.max_wait.as_secs_f64() * 1e3,
+            planned_vs_sent(&m.planned_first),
+            m.planned.iter().map(planned_vs_sent).collect::<Vec<_>>(),
+            self.speedup,
+            if self.speedup >= PAPER_SPEEDUP { "met" } else { "NOT met" },
+            self.best_batch,
+            self.best_ms,
+            (self.chosen_ms / self.best_ms - 1.0) * 100.0,
+        ));
+        if let (Some((first, later)), Some((relay_first_ms, ms, _))) = (&m.relay, &self.relay_ms) {
+            text.push_str(&format!(
+                "relay (weir's App, file egress behind the same link): first job {relay_first_ms:.0} ms in batches {:?}; \
+                 later jobs {ms:.0} ms ({:.2}x FIFS) in batches {:?}\n",
+                first.batches,
+                self.fifs_ms / ms,
+                later.first().map(|r| r.batches.clone()).unwrap_or_default(),
+            ));
+        }
+        text
     }
-    // The paper's numbers belong on the plot of the paper's job only.
-    if paper_job {
-        chart.hlines.push(HLine {
-            name: format!("paper FIFS (asynchronous) {PAPER_FIFS_MS:.0} ms"),
-            y: PAPER_FIFS_MS,
-            paper: true,
-        });
-        chart.marks.push(Mark {
-            label: format!("paper: {PAPER_BATCHED_MS:.0} ms ({PAPER_SPEEDUP}x)"),
-            x: PAPER_BATCH as f64,
-            y: PAPER_BATCHED_MS,
-            paper: true,
-        });
+
+    /// The relay's part of the JSON (null without the relay).
+    fn relay_json(&self) -> serde_json::Value {
+        match (&self.m.relay, &self.relay_ms) {
+            (Some((first, later)), Some((relay_first_ms, ms, runs))) => json!({
+                "first_ms": relay_first_ms,
+                "first_batches": first.batches,
+                "ms": report::round(*ms, 1),
+                "runs_ms": runs,
+                "batches": later.iter().map(|r| r.batches.clone()).collect::<Vec<_>>(),
+                "speedup": report::round(self.fifs_ms / ms, 3),
+                "pause_between_jobs_ms": report::ms(RELAY_PAUSE),
+            }),
+            _ => serde_json::Value::Null,
+        }
     }
-    let svg = report::line_chart_svg(&chart)?;
-    Ok((text, json, svg))
+
+    /// The JSON.
+    fn json(&self) -> serde_json::Value {
+        let (args, job, m, fifs_ms) = (self.args, self.job, self.m, self.fifs_ms);
+        let (upload, speedup, chosen_ms) = (self.upload, self.speedup, self.chosen_ms);
+        json!({
+            "experiment": "batching",
+            "params": {
+                "records": job.records,
+                "record_bytes": job.record_bytes,
+                "interval_ms": report::ms(job.interval),
+                "link": job.link.summary(),
+                "per_record_ms": report::round(job.record_bytes as f64 / job.link.bytes_per_sec * 1e3, 4),
+                "latency_bound_ms": args.bound_ms,
+                "class_rank": args.class_rank,
+                "repeat": self.repeat,
+                "sizes": self.sizes,
+                "plan_window_ms": report::ms(PLAN_WINDOW),
+                "pause_between_jobs_ms": report::ms(RELAY_PAUSE),
+                "prior": LinkSummary::from(WEIR_PRIOR),
+            },
+            "fifs_ms": report::round(fifs_ms, 1),
+            "fifs_runs_ms": self.fifs_runs,
+            "series": self.series.iter().map(|(s, runs, m)| json!({
+                "batch": s,
+                "ms": report::round(*m, 1),
+                "runs_ms": runs,
+                "speedup": report::round(fifs_ms / m, 3),
+            })).collect::<Vec<_>>(),
+            "model": {
+                "link_estimate": LinkSummary::from(self.link),
+                "upload_line": {
+                    "per_record_ms": report::round(upload.per_unit * 1e3, 3),
+                    "fixed_ms": report::round(upload.fixed * 1e3, 1),
+                },
+                "plan": plan_json(&self.settled),
+            },
+            "planned_vs_sent": {
+                "first_job": closes_json(&m.planned_first),
+                "later_jobs": m.planned.iter().map(closes_json).collect::<Vec<_>>(),
+            },
+            "chosen_batch": self.chosen_batch,
+            "chosen_batches": self.chosen_batches,
+            "chosen_first_ms": report::round(self.first_ms, 1),
+            "chosen_ms": report::round(chosen_ms, 1),
+            "chosen_runs_ms": self.chosen_runs,
+            "best_batch": self.best_batch,
+            "best_ms": report::round(self.best_ms, 1),
+            "speedup": report::round(speedup, 3),
+            "speedup_vs_paper_fifs": self.paper_job.then(|| report::round(PAPER_FIFS_MS / chosen_ms, 3)),
+            "best_speedup": report::round(fifs_ms / self.best_ms, 3),
+            "relay": self.relay_json(),
+            "paper": {
+                "fifs_ms": PAPER_FIFS_MS,
+                "batched_ms": PAPER_BATCHED_MS,
+                "batch": PAPER_BATCH,
+                "speedup": PAPER_SPEEDUP,
+                "eq3_intercept_ms": PAPER_EQ3_INTERCEPT_MS,
+                "eq3_slope_ms": PAPER_EQ3_SLOPE_MS,
+            },
+            "goal": { "speedup_at_least": PAPER_SPEEDUP, "met": speedup >= PAPER_SPEEDUP },
+        })
+    }
+
+    /// The plot: wall-clock against batch size.
+    fn chart(&self) -> LineChart {
+        let (job, fifs_ms, chosen_ms, speedup) =
+            (self.job, self.fifs_ms, self.chosen_ms, self.speedup);
+        let mut chart = LineChart {
+            title: format!(
+                "{}-record job: wall-clock vs batch size (T_cc {:.0} ms, record every {:.0} ms)",
+                job.records,
+                job.link.per_transaction.as_secs_f64() * 1e3,
+                job.interval.as_secs_f64() * 1e3
+            ),
+            x_label: "records per transaction".into(),
+            y_label: "wall-clock of the job, ms".into(),
+            series: vec![Series {
+                name: "fixed buffer (Fig. 10)".into(),
+                points: self
+                    .series
+                    .iter()
+                    .map(|(s, _, m)| (*s as f64, *m))
+                    .collect(),
+            }],
+            hlines: vec![HLine {
+                name: format!("FIFS, serial {fifs_ms:.0} ms"),
+                y: fifs_ms,
+                paper: false,
+            }],
+            marks: vec![Mark {
+                label: format!("weir's plan, online: {chosen_ms:.0} ms ({speedup:.1}x)"),
+                x: self.chosen_batch as f64,
+                y: chosen_ms,
+                paper: false,
+            }],
+        };
+        if let Some((_, ms, _)) = &self.relay_ms {
+            chart.hlines.push(HLine {
+                name: format!("weir's relay {ms:.0} ms ({:.1}x)", fifs_ms / ms),
+                y: *ms,
+                paper: false,
+            });
+        }
+        // The paper's numbers belong on the plot of the paper's job only.
+        if self.paper_job {
+            chart.hlines.push(HLine {
+                name: format!("paper FIFS (asynchronous) {PAPER_FIFS_MS:.0} ms"),
+                y: PAPER_FIFS_MS,
+                paper: true,
+            });
+            chart.marks.push(Mark {
+                label: format!("paper: {PAPER_BATCHED_MS:.0} ms ({PAPER_SPEEDUP}x)"),
+                x: PAPER_BATCH as f64,
+                y: PAPER_BATCHED_MS,
+                paper: true,
+            });
+        }
+        chart
+    }
 }
 
 #[cfg(test)]
