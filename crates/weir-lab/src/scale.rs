@@ -194,37 +194,10 @@ fn state_of(a: &Args, busy: bool) -> BandwidthState {
     }
 }
 
+/// Simulates `n` nodes under `mode` for `--seconds`: the row and the
+/// share of spare used each period.
 fn simulate(a: &Args, n: usize, mode: Mode) -> Outcome {
-    let period = Duration::from_millis(a.period_ms);
-    let dead_after = match mode {
-        Mode::AllToAll => Duration::from_millis(500),
-        Mode::Gossip => Duration::from_millis(a.gossip_dead_after_ms),
-    };
-    let config = ReservationConfig {
-        lease: Duration::from_secs(1),
-        pacing: Pacing {
-            burst: Duration::from_millis(100),
-            min_burst: 4096.0,
-        },
-    };
-    let busy_count = ((n as f64) * a.busy_share).round() as usize;
-    let mut nodes: Vec<Node> = (0..n)
-        .map(|i| Node {
-            view: PeerView::new(dead_after),
-            reservations: Reservations::new(i as NodeId + 1, config),
-            leases: Vec::new(),
-            refusals: Refusals::default(),
-            busy: i < busy_count,
-            alive: true,
-            advert: Advert::default(),
-        })
-        .collect();
-    let (state_bytes, relayed_bytes, reserve_bytes) = message_sizes();
-    let framing = MEASURED_HEARTBEAT_BYTES - state_bytes;
-    let ids: Vec<NodeId> = (1..=n as NodeId).collect();
-    let mut sent_bytes = 0.0f64;
-    let mut reserve_sent = 0.0f64;
-    let (mut asked_total, mut granted_total) = (0.0f64, 0.0f64);
+    let mut sim = Sim::new(a, n, mode);
     let mut used = Vec::new();
     let mut view_converged: Option<Duration> = None;
     let mut matched: [Option<Duration>; 3] = [None; 3];
@@ -233,30 +206,172 @@ fn simulate(a: &Args, n: usize, mode: Mode) -> Outcome {
         Duration::from_secs(10),
         Duration::from_secs(20),
     ];
-    let gossip_every = Duration::from_millis(a.gossip_every_ms.max(1));
     let end = Duration::from_secs(a.seconds);
     let mut killed: Option<usize> = None;
     let mut t = Duration::ZERO;
     let mut k = 0u64;
     while t < end {
         if t == events[1] {
-            for node in nodes.iter_mut() {
-                node.busy = !node.busy;
-            }
+            sim.swap_roles();
         }
         if t == events[2] {
-            // The provider holding the most reservations dies.
-            let victim = (0..n)
-                .filter(|&i| nodes[i].alive && !nodes[i].busy)
-                .max_by_key(|&i| (nodes[i].reservations.len(), usize::MAX - i));
-            if let Some(v) = victim {
-                nodes[v].alive = false;
+            if let Some(v) = sim.kill_provider() {
                 killed = Some(v);
             }
         }
-        // Each live node's advert this period.
-        let states: Vec<BandwidthState> = nodes.iter().map(|x| state_of(a, x.busy)).collect();
-        for (i, node) in nodes.iter_mut().enumerate() {
+        let states = sim.advertise(k);
+        sim.disseminate(t);
+        if view_converged.is_none() && views_complete(&sim.nodes, t) {
+            view_converged = Some(t);
+        }
+        let used_now = sim.match_round(&states, t);
+        let share = sim.share_used(&states, used_now);
+        used.push((t.as_secs_f64(), share * 100.0));
+        for (e, at) in events.iter().enumerate() {
+            if t >= *at && matched[e].is_none() && share >= MATCHED {
+                let next = events.get(e + 1).copied().unwrap_or(end);
+                if t < next {
+                    matched[e] = Some(t - *at);
+                }
+            }
+        }
+        t += sim.period;
+        k += 1;
+    }
+    let secs = end.as_secs_f64();
+    let per_node = sim.sent_bytes / n as f64 / secs;
+    let reserve_per_node = sim.reserve_sent / n as f64 / secs;
+    let steady: Vec<f64> = used
+        .iter()
+        .filter(|(s, _)| (5.0..10.0).contains(s))
+        .map(|p| p.1)
+        .collect();
+    let ms = |d: Option<Duration>| d.map(|d| d.as_millis() as f64);
+    let row = json!({
+        "nodes": n,
+        "dissemination": mode.name(),
+        "busy": sim.busy_count,
+        "period_ms": a.period_ms,
+        "fanout": (mode == Mode::Gossip).then_some(a.fanout),
+        "gossip_every_ms": (mode == Mode::Gossip).then_some(a.gossip_every_ms),
+        "dead_after_ms": sim.dead_after.as_millis() as u64,
+        "advert_bytes_per_node_per_s": round(per_node, 0),
+        "advert_share_of_4g_pct": round(100.0 * per_node / 2_250_000.0, 2),
+        "reserve_bytes_per_node_per_s": round(reserve_per_node, 0),
+        "views_complete_ms": ms(view_converged),
+        "matched_after_start_ms": ms(matched[0]),
+        "matched_after_swap_ms": ms(matched[1]),
+        "matched_after_failure_ms": ms(matched[2]),
+        "killed_node": killed.map(|v| v + 1),
+        "spare_used_steady_pct": round(steady.iter().sum::<f64>() / steady.len().max(1) as f64, 1),
+        "asked_granted_pct": round(100.0 * sim.granted_total / sim.asked_total.max(1e-9), 1),
+    });
+    Outcome { row, used }
+}
+
+/// One cluster being simulated: its nodes, what its messages cost and
+/// what they added up to.
+struct Sim<'a> {
+    a: &'a Args,
+    n: usize,
+    mode: Mode,
+    /// The heartbeat period: one step of the simulation.
+    period: Duration,
+    dead_after: Duration,
+    config: ReservationConfig,
+    busy_count: usize,
+    nodes: Vec<Node>,
+    ids: Vec<NodeId>,
+    gossip_every: Duration,
+    /// Encoded bytes of one gossiped entry and of a Reserve call's
+    /// messages, and a heartbeat's framing beyond its state.
+    relayed_bytes: f64,
+    reserve_bytes: f64,
+    framing: f64,
+    /// Advert bytes sent (heartbeats or gossip), Reserve bytes sent.
+    sent_bytes: f64,
+    reserve_sent: f64,
+    /// Rates asked for and granted, summed.
+    asked_total: f64,
+    granted_total: f64,
+}
+
+impl<'a> Sim<'a> {
+    /// `n` nodes, the first `busy_share` of them busy, none reserving yet.
+    fn new(a: &'a Args, n: usize, mode: Mode) -> Sim<'a> {
+        let period = Duration::from_millis(a.period_ms);
+        let dead_after = match mode {
+            Mode::AllToAll => Duration::from_millis(500),
+            Mode::Gossip => Duration::from_millis(a.gossip_dead_after_ms),
+        };
+        let config = ReservationConfig {
+            lease: Duration::from_secs(1),
+            pacing: Pacing {
+                burst: Duration::from_millis(100),
+                min_burst: 4096.0,
+            },
+        };
+        let busy_count = ((n as f64) * a.busy_share).round() as usize;
+        let nodes: Vec<Node> = (0..n)
+            .map(|i| Node {
+                view: PeerView::new(dead_after),
+                reservations: Reservations::new(i as NodeId + 1, config),
+                leases: Vec::new(),
+                refusals: Refusals::default(),
+                busy: i < busy_count,
+                alive: true,
+                advert: Advert::default(),
+            })
+            .collect();
+        let (state_bytes, relayed_bytes, reserve_bytes) = message_sizes();
+        Sim {
+            a,
+            n,
+            mode,
+            period,
+            dead_after,
+            config,
+            busy_count,
+            nodes,
+            ids: (1..=n as NodeId).collect(),
+            gossip_every: Duration::from_millis(a.gossip_every_ms.max(1)),
+            relayed_bytes,
+            reserve_bytes,
+            framing: MEASURED_HEARTBEAT_BYTES - state_bytes,
+            sent_bytes: 0.0,
+            reserve_sent: 0.0,
+            asked_total: 0.0,
+            granted_total: 0.0,
+        }
+    }
+
+    /// Busy nodes become idle and idle ones busy.
+    fn swap_roles(&mut self) {
+        for node in self.nodes.iter_mut() {
+            node.busy = !node.busy;
+        }
+    }
+
+    /// The provider holding the most reservations dies; which, if any.
+    fn kill_provider(&mut self) -> Option<usize> {
+        let nodes = &mut self.nodes;
+        let victim = (0..self.n)
+            .filter(|&i| nodes[i].alive && !nodes[i].busy)
+            .max_by_key(|&i| (nodes[i].reservations.len(), usize::MAX - i));
+        if let Some(v) = victim {
+            nodes[v].alive = false;
+        }
+        victim
+    }
+
+    /// Each live node's advert for period `k`; every node's state.
+    fn advertise(&mut self, k: u64) -> Vec<BandwidthState> {
+        let states: Vec<BandwidthState> = self
+            .nodes
+            .iter()
+            .map(|x| state_of(self.a, x.busy))
+            .collect();
+        for (i, node) in self.nodes.iter_mut().enumerate() {
             if !node.alive {
                 continue;
             }
@@ -271,176 +386,171 @@ fn simulate(a: &Args, n: usize, mode: Mode) -> Outcome {
                 requesting_since_us: if node.busy { 1 } else { 0 },
             };
         }
-        // Dissemination.
-        match mode {
-            Mode::AllToAll => {
-                for i in 0..n {
-                    if !nodes[i].alive {
-                        continue;
-                    }
-                    let advert = nodes[i].advert.clone();
-                    for (j, other) in nodes.iter_mut().enumerate() {
-                        if j != i && other.alive {
-                            other.view.observe(i as NodeId + 1, advert.clone(), t);
-                        }
-                    }
-                    sent_bytes += (n - 1) as f64 * MEASURED_HEARTBEAT_BYTES;
-                }
-            }
+        states
+    }
+
+    /// Dissemination at `t`: a heartbeat to every peer, or a gossip round
+    /// when one is due.
+    fn disseminate(&mut self, t: Duration) {
+        match self.mode {
+            Mode::AllToAll => self.heartbeats(t),
             Mode::Gossip => {
-                if t.as_millis().is_multiple_of(gossip_every.as_millis()) {
-                    for i in 0..n {
-                        if !nodes[i].alive {
-                            continue;
-                        }
-                        let period = (t.as_millis() / gossip_every.as_millis()) as u64;
-                        let me = i as NodeId + 1;
-                        for j in gossip::partners(me, period ^ (a.seed << 48), &ids, a.fanout) {
-                            let j = j as usize - 1;
-                            // Push: i's table to j; pull: j's table back
-                            // (a dead j does not answer: i's request still
-                            // went out).
-                            let table_i = gossip::table(&nodes[i].view, t, j as NodeId + 1);
-                            sent_bytes +=
-                                MEASURED_HEARTBEAT_BYTES + table_i.len() as f64 * relayed_bytes;
-                            if !nodes[j].alive {
-                                continue;
-                            }
-                            let table_j = gossip::table(&nodes[j].view, t, me);
-                            sent_bytes +=
-                                MEASURED_HEARTBEAT_BYTES + table_j.len() as f64 * relayed_bytes;
-                            // Each side's own advert first-hand, the
-                            // tables as relayed (weir's service and client
-                            // do the same).
-                            let (own_i, own_j) = (nodes[i].advert.clone(), nodes[j].advert.clone());
-                            nodes[j].view.observe(me, own_i, t);
-                            nodes[i].view.observe(j as NodeId + 1, own_j, t);
-                            merge(&mut nodes[j], j, i, table_i, t);
-                            merge(&mut nodes[i], i, j, table_j, t);
-                        }
-                    }
+                if t.as_millis().is_multiple_of(self.gossip_every.as_millis()) {
+                    self.gossip(t);
                 }
             }
         }
-        if view_converged.is_none() && views_complete(&nodes, t) {
-            view_converged = Some(t);
-        }
-        // The round: every live receiver matches on its view and asks.
-        let mut used_now = 0.0;
+    }
+
+    /// Every live node's advert to every other live node.
+    fn heartbeats(&mut self, t: Duration) {
+        let n = self.n;
+        let nodes = &mut self.nodes;
         for i in 0..n {
-            if !nodes[i].alive || !nodes[i].busy {
+            if !nodes[i].alive {
                 continue;
             }
+            let advert = nodes[i].advert.clone();
+            for (j, other) in nodes.iter_mut().enumerate() {
+                if j != i && other.alive {
+                    other.view.observe(i as NodeId + 1, advert.clone(), t);
+                }
+            }
+            self.sent_bytes += (n - 1) as f64 * MEASURED_HEARTBEAT_BYTES;
+        }
+    }
+
+    /// A gossip round: every live node exchanges tables with its partners.
+    fn gossip(&mut self, t: Duration) {
+        let (a, relayed_bytes) = (self.a, self.relayed_bytes);
+        let nodes = &mut self.nodes;
+        for i in 0..self.n {
+            if !nodes[i].alive {
+                continue;
+            }
+            let period = (t.as_millis() / self.gossip_every.as_millis()) as u64;
             let me = i as NodeId + 1;
-            let own = nodes[i].advert.clone();
-            let grants = decide(Strategy::Pmrfs, me, &own, &nodes[i].view, t);
-            let held: Vec<(NodeId, ClassId, f64)> =
-                nodes[i].leases.iter().map(|&(p, r)| (p, LT, r)).collect();
-            let first = first_asks(&grants, &held);
-            let mut answered: Vec<(Grant, f64)> = Vec::new();
-            for ask in &first {
-                let got = reserve(&mut nodes, &states, ask, t, config.lease);
-                reserve_sent += 2.0 * (framing + reserve_bytes);
-                asked_total += ask.amount;
-                granted_total += got;
-                answered.push((*ask, got));
-            }
-            let offers = offers_in(&nodes[i].view, me, t);
-            // The spill-over weir's client runs (weir_core::peer::Spill):
-            // steps past every provider that refused this round, and
-            // providers that gave nothing lately asked last.
-            let mut spill = nodes[i].refusals.spill(&answered, t);
-            for _ in 0..MAX_SPILL_STEPS {
-                let asks = spill.asks(&offers);
-                if asks.is_empty() {
-                    break;
+            for j in gossip::partners(me, period ^ (a.seed << 48), &self.ids, a.fanout) {
+                let j = j as usize - 1;
+                // Push: i's table to j; pull: j's table back
+                // (a dead j does not answer: i's request still
+                // went out).
+                let table_i = gossip::table(&nodes[i].view, t, j as NodeId + 1);
+                self.sent_bytes += MEASURED_HEARTBEAT_BYTES + table_i.len() as f64 * relayed_bytes;
+                if !nodes[j].alive {
+                    continue;
                 }
-                let mut step = Vec::new();
-                for ask in asks {
-                    let got = reserve(&mut nodes, &states, &ask, t, config.lease);
-                    reserve_sent += 2.0 * (framing + reserve_bytes);
-                    asked_total += ask.amount;
-                    granted_total += got;
-                    step.push((ask, got));
-                    match answered
-                        .iter_mut()
-                        .find(|(a, _)| a.provider == ask.provider)
-                    {
-                        Some(entry) => *entry = (ask, got),
-                        None => answered.push((ask, got)),
-                    }
-                }
-                spill.answered(&step);
+                let table_j = gossip::table(&nodes[j].view, t, me);
+                self.sent_bytes += MEASURED_HEARTBEAT_BYTES + table_j.len() as f64 * relayed_bytes;
+                // Each side's own advert first-hand, the
+                // tables as relayed (weir's service and client
+                // do the same).
+                let (own_i, own_j) = (nodes[i].advert.clone(), nodes[j].advert.clone());
+                nodes[j].view.observe(me, own_i, t);
+                nodes[i].view.observe(j as NodeId + 1, own_j, t);
+                merge(&mut nodes[j], j, i, table_i, t);
+                merge(&mut nodes[i], i, j, table_j, t);
             }
-            nodes[i].refusals.remember(&spill, t, period);
-            nodes[i].leases = answered
-                .iter()
-                .filter(|(_, got)| *got > 0.0)
-                .map(|(a, got)| (a.provider, *got))
-                .collect();
+        }
+    }
+
+    /// The round: every live receiver matches on its view and asks; the
+    /// rate used of what the receivers lack.
+    fn match_round(&mut self, states: &[BandwidthState], t: Duration) -> f64 {
+        let mut used_now = 0.0;
+        for i in 0..self.n {
+            if !self.nodes[i].alive || !self.nodes[i].busy {
+                continue;
+            }
+            self.receiver_round(i, states, t);
             let shortage = -states[i].tuple.0[2].min(0.0);
-            used_now += nodes[i]
+            used_now += self.nodes[i]
                 .leases
                 .iter()
                 .map(|l| l.1)
                 .sum::<f64>()
                 .min(shortage);
         }
-        let shortage: f64 = (0..n)
+        used_now
+    }
+
+    /// Receiver `i`'s round: it asks the providers its match picks, then
+    /// spills over, and keeps the leases granted.
+    fn receiver_round(&mut self, i: usize, states: &[BandwidthState], t: Duration) {
+        let me = i as NodeId + 1;
+        let own = self.nodes[i].advert.clone();
+        let grants = decide(Strategy::Pmrfs, me, &own, &self.nodes[i].view, t);
+        let held: Vec<(NodeId, ClassId, f64)> = self.nodes[i]
+            .leases
+            .iter()
+            .map(|&(p, r)| (p, LT, r))
+            .collect();
+        let first = first_asks(&grants, &held);
+        let mut answered: Vec<(Grant, f64)> = Vec::new();
+        for ask in &first {
+            let got = self.ask(states, ask, t);
+            answered.push((*ask, got));
+        }
+        let offers = offers_in(&self.nodes[i].view, me, t);
+        // The spill-over weir's client runs (weir_core::peer::Spill):
+        // steps past every provider that refused this round, and
+        // providers that gave nothing lately asked last.
+        let mut spill = self.nodes[i].refusals.spill(&answered, t);
+        for _ in 0..MAX_SPILL_STEPS {
+            let asks = spill.asks(&offers);
+            if asks.is_empty() {
+                break;
+            }
+            let mut step = Vec::new();
+            for ask in asks {
+                let got = self.ask(states, &ask, t);
+                step.push((ask, got));
+                match answered
+                    .iter_mut()
+                    .find(|(a, _)| a.provider == ask.provider)
+                {
+                    Some(entry) => *entry = (ask, got),
+                    None => answered.push((ask, got)),
+                }
+            }
+            spill.answered(&step);
+        }
+        self.nodes[i].refusals.remember(&spill, t, self.period);
+        self.nodes[i].leases = answered
+            .iter()
+            .filter(|(_, got)| *got > 0.0)
+            .map(|(a, got)| (a.provider, *got))
+            .collect();
+    }
+
+    /// One Reserve call: the provider's answer to `ask`, counted.
+    fn ask(&mut self, states: &[BandwidthState], ask: &Grant, t: Duration) -> f64 {
+        let got = reserve(&mut self.nodes, states, ask, t, self.config.lease);
+        self.reserve_sent += 2.0 * (self.framing + self.reserve_bytes);
+        self.asked_total += ask.amount;
+        self.granted_total += got;
+        got
+    }
+
+    /// `used_now` as a share of what could be used: the live receivers'
+    /// shortage or the live providers' spare, the smaller (1 if none).
+    fn share_used(&self, states: &[BandwidthState], used_now: f64) -> f64 {
+        let nodes = &self.nodes;
+        let shortage: f64 = (0..self.n)
             .filter(|&i| nodes[i].alive && nodes[i].busy)
             .map(|i| -states[i].tuple.0[2].min(0.0))
             .sum();
-        let spare: f64 = (0..n)
+        let spare: f64 = (0..self.n)
             .filter(|&i| nodes[i].alive && !nodes[i].busy)
             .map(|i| lendable(&states[i], 0.0))
             .sum();
         let possible = shortage.min(spare);
-        let share = if possible > 0.0 {
+        if possible > 0.0 {
             used_now / possible
         } else {
             1.0
-        };
-        used.push((t.as_secs_f64(), share * 100.0));
-        for (e, at) in events.iter().enumerate() {
-            if t >= *at && matched[e].is_none() && share >= MATCHED {
-                let next = events.get(e + 1).copied().unwrap_or(end);
-                if t < next {
-                    matched[e] = Some(t - *at);
-                }
-            }
         }
-        t += period;
-        k += 1;
     }
-    let secs = end.as_secs_f64();
-    let per_node = sent_bytes / n as f64 / secs;
-    let reserve_per_node = reserve_sent / n as f64 / secs;
-    let steady: Vec<f64> = used
-        .iter()
-        .filter(|(s, _)| (5.0..10.0).contains(s))
-        .map(|p| p.1)
-        .collect();
-    let ms = |d: Option<Duration>| d.map(|d| d.as_millis() as f64);
-    let row = json!({
-        "nodes": n,
-        "dissemination": mode.name(),
-        "busy": busy_count,
-        "period_ms": a.period_ms,
-        "fanout": (mode == Mode::Gossip).then_some(a.fanout),
-        "gossip_every_ms": (mode == Mode::Gossip).then_some(a.gossip_every_ms),
-        "dead_after_ms": dead_after.as_millis() as u64,
-        "advert_bytes_per_node_per_s": round(per_node, 0),
-        "advert_share_of_4g_pct": round(100.0 * per_node / 2_250_000.0, 2),
-        "reserve_bytes_per_node_per_s": round(reserve_per_node, 0),
-        "views_complete_ms": ms(view_converged),
-        "matched_after_start_ms": ms(matched[0]),
-        "matched_after_swap_ms": ms(matched[1]),
-        "matched_after_failure_ms": ms(matched[2]),
-        "killed_node": killed.map(|v| v + 1),
-        "spare_used_steady_pct": round(steady.iter().sum::<f64>() / steady.len().max(1) as f64, 1),
-        "asked_granted_pct": round(100.0 * granted_total / asked_total.max(1e-9), 1),
-    });
-    Outcome { row, used }
 }
 
 /// Node `i` takes in the table partner `from` sent, as weir's
