@@ -436,81 +436,20 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
     let n = a.grid.nodes.max(1);
     let ports = free_ports(n)?;
     let dirs: Vec<PathBuf> = (1..=n).map(|i| base.join(format!("node-{i}"))).collect();
-    let mut apps = Vec::new();
-    for (i, dir) in dirs.iter().enumerate() {
-        let text = config_text(i + 1, &ports, dir, cell, a)?;
-        let cfg = weir::config::parse(&text, "weir-lab janus config")
-            .map_err(|e| anyhow::anyhow!("the lab's janus config is invalid: {e}"))?;
-        apps.push(
-            App::start(cfg)
-                .await
-                .with_context(|| format!("cannot start node {}", i + 1))?,
-        );
-    }
-    // Heartbeats go round before the load starts, as on a running testbed.
-    let deadline = Instant::now() + PEER_WAIT;
-    while apps.iter().any(|app| {
-        app.peering
-            .as_ref()
-            .is_some_and(|p| p.status().alive.len() + 1 < n)
-    }) {
-        anyhow::ensure!(Instant::now() < deadline, "the nodes never saw each other");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let busy_rates = [
-        a.grid.busy_rates.first().copied().unwrap_or(30),
-        a.grid.busy_rates.get(1).copied().unwrap_or(300),
-        cell.lt_rate,
-    ];
+    let apps = start_nodes(a, cell, &ports, &dirs).await?;
+    let busy_rates = busy_rates(a, cell);
     let payload = Bytes::from(vec![0x5a; cell.record_bytes]);
     let a_seconds = a.grid.warmup + a.grid.seconds;
     let start_wall = unix_us(SystemTime::now());
     let epoch = Instant::now();
-    let gens: Vec<_> = apps
-        .iter()
-        .enumerate()
-        .map(|(i, app)| {
-            let rates = if i < a.grid.busy {
-                busy_rates
-            } else {
-                [a.grid.idle_rate; 3]
-            };
-            tokio::spawn(generate(
-                Arc::clone(&app.ingress),
-                Load { rates },
-                epoch,
-                a.grid.warmup + a.grid.seconds,
-                payload.clone(),
-            ))
-        })
-        .collect();
+    let gens = spawn_generators(a, &apps, busy_rates, epoch, &payload);
     // Each node's uplink as it sees it, every 250 ms through the load:
     // the egress's latest estimate and C_out in force.
     let metrics: Vec<_> = apps
         .iter()
         .map(|app| Arc::clone(app.ingress.metrics()))
         .collect();
-    let sampler = tokio::spawn(async move {
-        let mut series = vec![Vec::new(); metrics.len()];
-        let mut tick = tokio::time::interval(UPLINK_SAMPLE);
-        loop {
-            tick.tick().await;
-            let t = epoch.elapsed().as_secs_f64();
-            for (m, s) in metrics.iter().zip(series.iter_mut()) {
-                let u = m.uplink();
-                s.push(json!({
-                    "t": round(t, 2),
-                    "estimate_bps": round(u.estimate.bytes_per_sec, 0),
-                    "t_sc_ms": round(u.estimate.per_transaction.as_secs_f64() * 1e3, 2),
-                    "c_out_bps": round(u.c_out(), 0),
-                    "rates_bps": u.rates.iter().map(|r| round(*r, 0)).collect::<Vec<_>>(),
-                }));
-            }
-            if t >= a_seconds {
-                return series;
-            }
-        }
-    });
+    let sampler = tokio::spawn(sample_uplinks(metrics, epoch, a_seconds));
     let mut offered = Vec::new();
     for g in gens {
         offered.push(g.await.context("a generator panicked")?);
@@ -521,17 +460,7 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
         start_wall + ((a.grid.warmup + a.grid.seconds) * 1e6) as u64,
     );
     let accepted: u64 = offered.iter().flat_map(|o| o.accepted).sum();
-    let drain_start = Instant::now();
-    let drain_deadline = drain_start + Duration::from_secs_f64(a.drain);
-    let mut drained = false;
-    while Instant::now() < drain_deadline {
-        if apps.iter().map(forwarded).sum::<u64>() >= accepted {
-            drained = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let drain_ms = drain_start.elapsed().as_secs_f64() * 1e3;
+    let (drained, drain_ms) = drain(&apps, accepted, a.drain).await;
     let redirected: u64 = apps
         .iter()
         .map(|app| app.ingress.metrics().peer.redirected_in_total())
@@ -576,28 +505,7 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
         offered.iter().map(|o| o.rates().1),
         uplink_bps / wire_per_record,
     );
-    let input: Vec<Value> = offered
-        .iter()
-        .enumerate()
-        .zip(uplinks)
-        .map(|((i, o), uplink)| {
-            let target: u32 = if i < a.grid.busy {
-                busy_rates.iter().sum()
-            } else {
-                a.grid.idle_rate * 3
-            };
-            let (accepted_rps, offered_rps) = o.rates();
-            json!({
-                "node": i + 1,
-                "busy": i < a.grid.busy,
-                "target_rps": target,
-                "accepted_rps": round(accepted_rps, 1),
-                "offered_rps": round(offered_rps, 1),
-                "load_secs": round(o.elapsed.as_secs_f64(), 3),
-                "uplink": uplink,
-            })
-        })
-        .collect();
+    let input = input_rows(a, busy_rates, &offered, uplinks);
     Ok(json!({
         "scheme": cell.scheme,
         "network": cell.network,
@@ -624,6 +532,152 @@ async fn run_cell(a: &Args, cell: &Cell, base: &Path) -> anyhow::Result<Value> {
         "track_uplink": a.track_uplink,
         "uplink_bps": round(uplink_bps, 0),
     }))
+}
+
+/// Starts a node per directory in `dirs` (node i+1's ports from `ports`),
+/// and waits until they see each other: heartbeats go round before the
+/// load starts, as on a running testbed.
+async fn start_nodes(
+    a: &Args,
+    cell: &Cell,
+    ports: &[u16],
+    dirs: &[PathBuf],
+) -> anyhow::Result<Vec<App>> {
+    let n = dirs.len();
+    let mut apps = Vec::new();
+    for (i, dir) in dirs.iter().enumerate() {
+        let text = config_text(i + 1, ports, dir, cell, a)?;
+        let cfg = weir::config::parse(&text, "weir-lab janus config")
+            .map_err(|e| anyhow::anyhow!("the lab's janus config is invalid: {e}"))?;
+        apps.push(
+            App::start(cfg)
+                .await
+                .with_context(|| format!("cannot start node {}", i + 1))?,
+        );
+    }
+    let deadline = Instant::now() + PEER_WAIT;
+    while apps.iter().any(|app| {
+        app.peering
+            .as_ref()
+            .is_some_and(|p| p.status().alive.len() + 1 < n)
+    }) {
+        anyhow::ensure!(Instant::now() < deadline, "the nodes never saw each other");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(apps)
+}
+
+/// A busy node's rates per class, in [`CLASSES`] order.
+fn busy_rates(a: &Args, cell: &Cell) -> [u32; 3] {
+    [
+        a.grid.busy_rates.first().copied().unwrap_or(30),
+        a.grid.busy_rates.get(1).copied().unwrap_or(300),
+        cell.lt_rate,
+    ]
+}
+
+/// Starts each node's load from `epoch`: the busy ones at `busy_rates`,
+/// the others at the idle rate, records of `payload`.
+fn spawn_generators(
+    a: &Args,
+    apps: &[App],
+    busy_rates: [u32; 3],
+    epoch: Instant,
+    payload: &Bytes,
+) -> Vec<tokio::task::JoinHandle<Offered>> {
+    apps.iter()
+        .enumerate()
+        .map(|(i, app)| {
+            let rates = if i < a.grid.busy {
+                busy_rates
+            } else {
+                [a.grid.idle_rate; 3]
+            };
+            tokio::spawn(generate(
+                Arc::clone(&app.ingress),
+                Load { rates },
+                epoch,
+                a.grid.warmup + a.grid.seconds,
+                payload.clone(),
+            ))
+        })
+        .collect()
+}
+
+/// Samples each node's uplink every [`UPLINK_SAMPLE`] until `seconds`
+/// after `epoch`: a series per node.
+async fn sample_uplinks(
+    metrics: Vec<Arc<weir::metrics::Metrics>>,
+    epoch: Instant,
+    seconds: f64,
+) -> Vec<Vec<Value>> {
+    let mut series = vec![Vec::new(); metrics.len()];
+    let mut tick = tokio::time::interval(UPLINK_SAMPLE);
+    loop {
+        tick.tick().await;
+        let t = epoch.elapsed().as_secs_f64();
+        for (m, s) in metrics.iter().zip(series.iter_mut()) {
+            let u = m.uplink();
+            s.push(json!({
+                "t": round(t, 2),
+                "estimate_bps": round(u.estimate.bytes_per_sec, 0),
+                "t_sc_ms": round(u.estimate.per_transaction.as_secs_f64() * 1e3, 2),
+                "c_out_bps": round(u.c_out(), 0),
+                "rates_bps": u.rates.iter().map(|r| round(*r, 0)).collect::<Vec<_>>(),
+            }));
+        }
+        if t >= seconds {
+            return series;
+        }
+    }
+}
+
+/// Waits, for at most `drain` seconds, until the nodes have forwarded
+/// `accepted` records: whether they did, and the milliseconds waited.
+async fn drain(apps: &[App], accepted: u64, drain: f64) -> (bool, f64) {
+    let drain_start = Instant::now();
+    let drain_deadline = drain_start + Duration::from_secs_f64(drain);
+    let mut drained = false;
+    while Instant::now() < drain_deadline {
+        if apps.iter().map(forwarded).sum::<u64>() >= accepted {
+            drained = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (drained, drain_start.elapsed().as_secs_f64() * 1e3)
+}
+
+/// The row's `input`: per node, its target, accepted and offered rates
+/// and its uplink samples.
+fn input_rows(
+    a: &Args,
+    busy_rates: [u32; 3],
+    offered: &[Offered],
+    uplinks: Vec<Vec<Value>>,
+) -> Vec<Value> {
+    offered
+        .iter()
+        .enumerate()
+        .zip(uplinks)
+        .map(|((i, o), uplink)| {
+            let target: u32 = if i < a.grid.busy {
+                busy_rates.iter().sum()
+            } else {
+                a.grid.idle_rate * 3
+            };
+            let (accepted_rps, offered_rps) = o.rates();
+            json!({
+                "node": i + 1,
+                "busy": i < a.grid.busy,
+                "target_rps": target,
+                "accepted_rps": round(accepted_rps, 1),
+                "offered_rps": round(offered_rps, 1),
+                "load_secs": round(o.elapsed.as_secs_f64(), 3),
+                "uplink": uplink,
+            })
+        })
+        .collect()
 }
 
 /// Per class figures of a run, and its records delivered in the measured
