@@ -20,6 +20,7 @@ use crate::sample::{hwm_kib, rss_kib, Snapshot};
 use crate::shared::{unique, Counters, Env};
 use crate::stamp::{payload_kind, unix_us_at, STAMP};
 
+/// Runs weir under sustained load and reports its steady part.
 pub async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<ThroughputReport> {
     ensure!(a.size >= STAMP, "--size must be at least {STAMP} bytes");
     ensure!(
@@ -29,16 +30,7 @@ pub async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<Through
     ensure!(a.connections > 0, "--connections must be at least 1");
     let name = unique("tput");
     let topic_base = format!("{name}/{}", a.class.name());
-    // Over TLS: a PKI for the run and a TLS listener beside the plain one.
-    let tls = if a.tls {
-        let pki = Pki::create(&std::env::temp_dir().join(format!("{name}-pki")))?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        Some((pki, port))
-    } else {
-        None
-    };
+    let tls = tls_listener(a, &name)?;
     let mut weir_config = a.weir_config.clone();
     if let Some((pki, port)) = &tls {
         weir_config.set.extend(pki.weir_settings(*port));
@@ -78,32 +70,18 @@ pub async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<Through
     }
     let stop = CancellationToken::new();
     let started = Instant::now();
-    let publishers = tokio::spawn(run_publishers(loads, Arc::clone(&counters), stop.clone()));
+    let mut publishers = tokio::spawn(run_publishers(loads, Arc::clone(&counters), stop.clone()));
     let warmup_end = started + Duration::from_secs(a.warmup);
     let end = warmup_end + Duration::from_secs(a.seconds);
-    let mut samples = Vec::new();
-    let mut first: Option<Snapshot> = None;
-    let mut next = started;
-    loop {
-        next += SAMPLE_EVERY;
-        tokio::time::sleep_until(next.min(end)).await;
-        weir.check_alive()?;
-        counters.check_consumer()?;
-        if publishers.is_finished() {
-            publishers.await??;
-            bail!("the publishers stopped before the end of the run");
-        }
-        let now = Instant::now();
-        let (acked, consumed, _) = counters.get();
-        samples.push((now, acked, consumed, rss_kib(weir.pid).unwrap_or(0)));
-        if first.is_none() && now >= warmup_end {
-            first = Some(Snapshot::take(&weir, &counters).await?);
-            counters.measure(true);
-        }
-        if now >= end {
-            break;
-        }
-    }
+    let (samples, first) = sample_load(
+        &mut weir,
+        &counters,
+        &mut publishers,
+        started,
+        warmup_end,
+        end,
+    )
+    .await?;
     let last = Snapshot::take(&weir, &counters).await?;
     counters.measure(false);
     stop.cancel();
@@ -120,8 +98,93 @@ pub async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<Through
     }
 
     let first = first.context("the run ended before the warm-up did")?;
+    let m = Measured {
+        first,
+        last,
+        samples,
+        started,
+        consumed,
+        rss_start,
+        rss_idle,
+        hwm,
+    };
+    Ok(report(env, a, &counters, &m))
+}
+
+/// Over TLS (`--tls`): a PKI for the run and the port of a TLS listener
+/// beside the plain one.
+fn tls_listener(a: &ThroughputArgs, name: &str) -> anyhow::Result<Option<(Pki, u16)>> {
+    if a.tls {
+        let pki = Pki::create(&std::env::temp_dir().join(format!("{name}-pki")))?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        Ok(Some((pki, port)))
+    } else {
+        Ok(None)
+    }
+}
+
+/// One sample of the load: when, records acknowledged and consumed so
+/// far, weir's RSS (KiB).
+type Sample = (Instant, u64, u64, u64);
+
+/// Samples the load every [`SAMPLE_EVERY`] from `started` until `end`,
+/// checking that weir, the consumer and the publishers are still running;
+/// the samples, and the snapshot taken at `warmup_end` (from which on the
+/// counters measure).
+async fn sample_load(
+    weir: &mut Weir,
+    counters: &Counters,
+    publishers: &mut tokio::task::JoinHandle<anyhow::Result<()>>,
+    started: Instant,
+    warmup_end: Instant,
+    end: Instant,
+) -> anyhow::Result<(Vec<Sample>, Option<Snapshot>)> {
+    let mut samples = Vec::new();
+    let mut first: Option<Snapshot> = None;
+    let mut next = started;
+    loop {
+        next += SAMPLE_EVERY;
+        tokio::time::sleep_until(next.min(end)).await;
+        weir.check_alive()?;
+        counters.check_consumer()?;
+        if publishers.is_finished() {
+            publishers.await??;
+            bail!("the publishers stopped before the end of the run");
+        }
+        let now = Instant::now();
+        let (acked, consumed, _) = counters.get();
+        samples.push((now, acked, consumed, rss_kib(weir.pid).unwrap_or(0)));
+        if first.is_none() && now >= warmup_end {
+            first = Some(Snapshot::take(weir, counters).await?);
+            counters.measure(true);
+        }
+        if now >= end {
+            return Ok((samples, first));
+        }
+    }
+}
+
+/// What a run measured: the snapshots at the steady part's ends, the
+/// samples, what the consumer took and weir's memory.
+struct Measured {
+    first: Snapshot,
+    last: Snapshot,
+    samples: Vec<Sample>,
+    /// When the load started.
+    started: Instant,
+    consumed: crate::amqp::Consumed,
+    rss_start: u64,
+    rss_idle: u64,
+    hwm: u64,
+}
+
+/// The run's report, over its steady part.
+fn report(env: &Env, a: &ThroughputArgs, counters: &Counters, m: &Measured) -> ThroughputReport {
+    let (first, last, consumed) = (&m.first, &m.last, &m.consumed);
     let secs = last.at.duration_since(first.at).as_secs_f64();
-    let d = |f: fn(&Snapshot) -> u64| (f(&last) - f(&first)) as f64;
+    let d = |f: fn(&Snapshot) -> u64| (f(last) - f(first)) as f64;
     let records = d(|s| s.consumed);
     let batches = last.metrics.sum("weir_batches_confirmed_total")
         - first.metrics.sum("weir_batches_confirmed_total");
@@ -129,7 +192,8 @@ pub async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<Through
         - first.metrics.sum("weir_records_forwarded_total");
     let egress_bytes =
         last.metrics.sum("weir_egress_bytes_total") - first.metrics.sum("weir_egress_bytes_total");
-    let steady: Vec<u64> = samples
+    let steady: Vec<u64> = m
+        .samples
         .iter()
         .filter(|s| s.0 >= first.at && s.0 <= last.at)
         .map(|s| s.3)
@@ -142,19 +206,7 @@ pub async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<Through
         .filter(|s| s.send_us >= from_us && s.send_us < to_us)
         .map(|s| s.consumed_us.saturating_sub(s.send_us))
         .collect();
-    let timeline = samples
-        .windows(2)
-        .map(|w| {
-            let dt = w[1].0.duration_since(w[0].0).as_secs_f64().max(1e-9);
-            TimelinePoint {
-                t: w[1].0.duration_since(started).as_secs_f64(),
-                consumed_per_sec: (w[1].2 - w[0].2) as f64 / dt,
-                acked_per_sec: (w[1].1 - w[0].1) as f64 / dt,
-                weir_rss_kib: w[1].3,
-            }
-        })
-        .collect();
-    Ok(ThroughputReport {
+    ThroughputReport {
         kind: "throughput",
         machine: machine_info(),
         payload: payload_kind(),
@@ -195,20 +247,37 @@ pub async fn throughput(env: &Env, a: &ThroughputArgs) -> anyhow::Result<Through
             / secs,
         backpressured: (last.metrics.sum("weir_records_backpressured_total")
             - first.metrics.sum("weir_records_backpressured_total")) as u64,
-        weir_rss_start_kib: rss_start,
-        weir_rss_idle_kib: rss_idle,
+        weir_rss_start_kib: m.rss_start,
+        weir_rss_idle_kib: m.rss_idle,
         weir_rss_load_mean_kib: if steady.is_empty() {
             0
         } else {
             steady.iter().sum::<u64>() / steady.len() as u64
         },
         weir_rss_load_peak_kib: steady.iter().copied().max().unwrap_or(0),
-        weir_rss_hwm_kib: hwm,
-        cpu: CpuReport::between(&first, &last, records, env.clk_tck),
+        weir_rss_hwm_kib: m.hwm,
+        cpu: CpuReport::between(first, last, records, env.clk_tck),
         latency_under_load_ms: Percentiles::of(latencies),
         ack_latency_ms: Percentiles::of(counters.take_ack_latencies()),
         egress_cycle_ms: Percentiles::of(egress_cycles(&consumed.batches, from_us, to_us)),
         integrity: consumed.integrity(counters.acked.load(Ordering::Relaxed)),
-        timeline,
-    })
+        timeline: timeline(&m.samples, m.started),
+    }
+}
+
+/// Acknowledged and consumed records per second, and weir's RSS, between
+/// each sample and the one before.
+fn timeline(samples: &[Sample], started: Instant) -> Vec<TimelinePoint> {
+    samples
+        .windows(2)
+        .map(|w| {
+            let dt = w[1].0.duration_since(w[0].0).as_secs_f64().max(1e-9);
+            TimelinePoint {
+                t: w[1].0.duration_since(started).as_secs_f64(),
+                consumed_per_sec: (w[1].2 - w[0].2) as f64 / dt,
+                acked_per_sec: (w[1].1 - w[0].1) as f64 / dt,
+                weir_rss_kib: w[1].3,
+            }
+        })
+        .collect()
 }
