@@ -164,6 +164,8 @@ pub async fn contention(env: &Env, a: &ContentionArgs) -> anyhow::Result<Vec<Sce
     Ok(out)
 }
 
+/// Runs one scenario: weir offered `--overload` times its uplink with
+/// `busy_n` busy processes beside it; its figures over the measured part.
 async fn scenario(
     env: &Env,
     a: &ContentionArgs,
@@ -172,60 +174,14 @@ async fn scenario(
     busy_n: usize,
 ) -> anyhow::Result<Scenario> {
     let name = unique("busy");
-    let mut weir_args = a.weir_config.clone();
-    let mut set = vec![
-        format!("egress.link.bandwidth=\"{}\"", a.uplink),
-        format!("egress.link.delay=\"{}\"", a.delay),
-        format!("scheduler.uplink=\"{}\"", a.uplink),
-        // The burst stays a token bucket's, not the whole batch cap.
-        "scheduler.burst=\"64KiB\"".to_owned(),
-    ];
-    set.append(&mut weir_args.set);
-    weir_args.set = set;
-    let mut weir = Weir::start(env, &name, &weir_args).await?;
-    if let Some(cg) = &a.blkio_cgroup {
-        let procs = cg.join("cgroup.procs");
-        std::fs::write(&procs, weir.pid.to_string()).with_context(|| {
-            format!("--blkio-cgroup: cannot move weir into {}", procs.display())
-        })?;
-    }
+    let mut weir = start_weir(env, a, &name).await?;
     let counters = Arc::new(Counters::default());
     let consumer = crate::run::consume_weir(env, &weir, &counters).await?;
-    // Prime (weir connects to RabbitMQ on its first batch), then open the
-    // idle connections and measure memory before the load.
-    let prime = prime_load(weir.mqtt, &name, &format!("{name}/lt/prime"), a.size);
-    prime_weir(&mut weir, &counters, prime).await?;
-    let rss_before_idle = rss_kib(weir.pid).unwrap_or(0);
-    let idle = idle_connections(weir.mqtt, a.idle_connections, &name).await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let rss_idle = rss_kib(weir.pid).unwrap_or(0);
-    if a.idle_connections > 0 {
-        println!(
-            "contention: {} idle connections: weir RSS {} -> {} KiB ({:.1} KiB each)",
-            a.idle_connections,
-            rss_before_idle,
-            rss_idle,
-            rss_idle.saturating_sub(rss_before_idle) as f64 / a.idle_connections as f64
-        );
-    }
+    let (idle, rss_idle) = prime_and_idle(a, &mut weir, &counters, &name).await?;
 
     let mut hogs = busy(busy_n)?;
     let offered = a.overload * link_bytes_per_sec;
-    let loads: Vec<MqttLoad> = shares
-        .iter()
-        .filter(|(_, s)| **s > 0.0)
-        .map(|(class, share)| MqttLoad {
-            addr: weir.mqtt,
-            client_id: format!("{name}-{class}"),
-            topic: format!("{name}/{class}/t"),
-            size: a.size,
-            window: a.window,
-            rate: Some(offered * share / a.size as f64),
-            pacing: Pacing::Tick,
-            limit: None,
-            tls: None,
-        })
-        .collect();
+    let loads = class_loads(a, shares, offered, weir.mqtt, &name);
     let offered_rates: BTreeMap<String, f64> = shares
         .iter()
         .map(|(c, s)| (c.clone(), offered * s / a.size as f64))
@@ -257,12 +213,131 @@ async fn scenario(
     if let Some(path) = &a.samples {
         write_samples(path, busy_n, &name, &consumed.samples, from_us, to_us)?;
     }
-    let classes = CLASSES
+    let classes = class_figures(
+        &name,
+        &consumed.samples,
+        &offered_rates,
+        (&first, &last),
+        (from_us, to_us),
+        secs,
+    );
+    let d = |name: &str| last.metrics.sum(name) - first.metrics.sum(name);
+    let batches = d("weir_batches_confirmed_total");
+    let spool_appended_per_sec = d("weir_spool_appended_records_total") / secs;
+    let spool_syncs_per_sec = d("weir_spool_syncs_total") / secs;
+    Ok(Scenario {
+        kind: "contention",
+        busy: busy_n,
+        idle_connections: a.idle_connections,
+        classes,
+        weir_cores: (ticks1 - ticks0) as f64 / env.clk_tck / secs,
+        weir_rss_kib: rss,
+        weir_rss_idle_kib: rss_idle,
+        spool_appended_per_sec,
+        spool_syncs_per_sec,
+        batches_per_sec: batches / secs,
+        bytes_per_batch: if batches > 0.0 {
+            d("weir_egress_bytes_total") / batches
+        } else {
+            0.0
+        },
+        machine: machine_info(),
+        params: a.clone(),
+    })
+}
+
+/// Starts weir for a scenario, its link and scheduler set to `--uplink`
+/// (under `--blkio-cgroup`, if given).
+async fn start_weir(env: &Env, a: &ContentionArgs, name: &str) -> anyhow::Result<Weir> {
+    let mut weir_args = a.weir_config.clone();
+    let mut set = vec![
+        format!("egress.link.bandwidth=\"{}\"", a.uplink),
+        format!("egress.link.delay=\"{}\"", a.delay),
+        format!("scheduler.uplink=\"{}\"", a.uplink),
+        // The burst stays a token bucket's, not the whole batch cap.
+        "scheduler.burst=\"64KiB\"".to_owned(),
+    ];
+    set.append(&mut weir_args.set);
+    weir_args.set = set;
+    let weir = Weir::start(env, name, &weir_args).await?;
+    if let Some(cg) = &a.blkio_cgroup {
+        let procs = cg.join("cgroup.procs");
+        std::fs::write(&procs, weir.pid.to_string()).with_context(|| {
+            format!("--blkio-cgroup: cannot move weir into {}", procs.display())
+        })?;
+    }
+    Ok(weir)
+}
+
+/// Primes weir (it connects to RabbitMQ on its first batch), then opens
+/// the idle connections and measures memory before the load: the
+/// connections, and weir's RSS with them (KiB).
+async fn prime_and_idle(
+    a: &ContentionArgs,
+    weir: &mut Weir,
+    counters: &Arc<Counters>,
+    name: &str,
+) -> anyhow::Result<(Vec<tokio::net::TcpStream>, u64)> {
+    let prime = prime_load(weir.mqtt, name, &format!("{name}/lt/prime"), a.size);
+    prime_weir(weir, counters, prime).await?;
+    let rss_before_idle = rss_kib(weir.pid).unwrap_or(0);
+    let idle = idle_connections(weir.mqtt, a.idle_connections, name).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rss_idle = rss_kib(weir.pid).unwrap_or(0);
+    if a.idle_connections > 0 {
+        println!(
+            "contention: {} idle connections: weir RSS {} -> {} KiB ({:.1} KiB each)",
+            a.idle_connections,
+            rss_before_idle,
+            rss_idle,
+            rss_idle.saturating_sub(rss_before_idle) as f64 / a.idle_connections as f64
+        );
+    }
+    Ok((idle, rss_idle))
+}
+
+/// A publisher per class with a share of the load: `offered` bytes/s
+/// split by `shares`, to weir's MQTT listener at `addr`.
+fn class_loads(
+    a: &ContentionArgs,
+    shares: &BTreeMap<String, f64>,
+    offered: f64,
+    addr: std::net::SocketAddr,
+    name: &str,
+) -> Vec<MqttLoad> {
+    shares
+        .iter()
+        .filter(|(_, s)| **s > 0.0)
+        .map(|(class, share)| MqttLoad {
+            addr,
+            client_id: format!("{name}-{class}"),
+            topic: format!("{name}/{class}/t"),
+            size: a.size,
+            window: a.window,
+            rate: Some(offered * share / a.size as f64),
+            pacing: Pacing::Tick,
+            limit: None,
+            tls: None,
+        })
+        .collect()
+}
+
+/// Per class: what was offered, accepted and delivered over the measured
+/// part (the snapshots at its ends, `window` in Unix microseconds,
+/// `secs` long) and the records' latencies.
+fn class_figures(
+    name: &str,
+    samples: &[crate::amqp::Sample],
+    offered_rates: &BTreeMap<String, f64>,
+    (first, last): (&Snapshot, &Snapshot),
+    (from_us, to_us): (u64, u64),
+    secs: f64,
+) -> Vec<ClassFigures> {
+    CLASSES
         .iter()
         .map(|&(class, bound_ms)| {
             let prefix = format!("{name}/{class}/");
-            let mine: Vec<_> = consumed
-                .samples
+            let mine: Vec<_> = samples
                 .iter()
                 .filter(|s| s.send_us >= from_us && s.send_us < to_us)
                 .filter(|s| s.key.starts_with(&prefix))
@@ -294,30 +369,7 @@ async fn scenario(
                 weir_ms: Percentiles::of(weir_us),
             }
         })
-        .collect();
-    let d = |name: &str| last.metrics.sum(name) - first.metrics.sum(name);
-    let batches = d("weir_batches_confirmed_total");
-    let spool_appended_per_sec = d("weir_spool_appended_records_total") / secs;
-    let spool_syncs_per_sec = d("weir_spool_syncs_total") / secs;
-    Ok(Scenario {
-        kind: "contention",
-        busy: busy_n,
-        idle_connections: a.idle_connections,
-        classes,
-        weir_cores: (ticks1 - ticks0) as f64 / env.clk_tck / secs,
-        weir_rss_kib: rss,
-        weir_rss_idle_kib: rss_idle,
-        spool_appended_per_sec,
-        spool_syncs_per_sec,
-        batches_per_sec: batches / secs,
-        bytes_per_batch: if batches > 0.0 {
-            d("weir_egress_bytes_total") / batches
-        } else {
-            0.0
-        },
-        machine: machine_info(),
-        params: a.clone(),
-    })
+        .collect()
 }
 
 /// The measured records of one scenario as CSV (`--samples`).
