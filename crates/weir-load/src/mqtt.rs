@@ -165,9 +165,9 @@ pub async fn mqtt_connect<S: AsyncRead + AsyncWrite + Unpin>(
 /// Publishes on an established session until `stop` (or the limit), then
 /// drains the acknowledgements and disconnects.
 async fn pump<R, W>(
-    mut rd: R,
-    mut wr: W,
-    mut inbuf: BytesMut,
+    rd: R,
+    wr: W,
+    inbuf: BytesMut,
     load: MqttLoad,
     counters: Arc<Counters>,
     stop: CancellationToken,
@@ -176,92 +176,134 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut out = BytesMut::with_capacity(64 * 1024);
-    let window = Arc::new(Semaphore::new(load.window));
-    let done = CancellationToken::new();
-    // When each packet id was last written, microseconds since `base`: one
-    // clock read per write and per read, not per record.
-    let base = std::time::Instant::now();
-    let sent_at: Arc<Vec<AtomicU64>> =
-        Arc::new((0..=u16::MAX).map(|_| AtomicU64::new(0)).collect());
+    let session = Session {
+        window: Semaphore::new(load.window),
+        done: CancellationToken::new(),
+        base: std::time::Instant::now(),
+        sent_at: (0..=u16::MAX).map(|_| AtomicU64::new(0)).collect(),
+        counters,
+    };
+    let (r, w) = tokio::join!(session.read(rd, inbuf), session.write(wr, &load, &stop));
+    // The writer's failure is the cause; the reader's is usually its echo.
+    w.and(r)
+}
 
-    let reader = {
-        let (window, counters, done, sent_at) = (
-            Arc::clone(&window),
-            Arc::clone(&counters),
-            done.clone(),
-            Arc::clone(&sent_at),
-        );
-        async move {
-            let mut latencies = Vec::new();
-            let result = async {
-                loop {
-                    let mut acks = 0;
-                    let measuring = counters.measuring.load(Ordering::Relaxed);
-                    let now_us = base.elapsed().as_micros() as u64;
-                    loop {
-                        match v4::Packet::read(&mut inbuf, usize::MAX) {
-                            Ok(v4::Packet::PubAck(ack)) => {
-                                acks += 1;
-                                // One PUBACK in LATENCY_EVERY (by packet id,
-                                // so unbiased): long full-rate runs stay small.
-                                if measuring && ack.pkid % LATENCY_EVERY == 0 {
-                                    let at = sent_at[usize::from(ack.pkid)].load(Ordering::Relaxed);
-                                    latencies.push(now_us.saturating_sub(at));
-                                }
-                            }
-                            Ok(other) => bail!("unexpected packet from weir: {other:?}"),
-                            Err(mqttbytes::Error::InsufficientBytes(_)) => break,
-                            Err(e) => bail!("bad packet from weir: {e}"),
+/// What a session's reader and writer share.
+struct Session {
+    /// Publishes not yet acknowledged may take a permit each.
+    window: Semaphore,
+    /// Set by the writer before its DISCONNECT: the connection's close is
+    /// then the end, not an error.
+    done: CancellationToken,
+    /// When each packet id was last written, microseconds since `base`: one
+    /// clock read per write and per read, not per record.
+    base: std::time::Instant,
+    sent_at: Vec<AtomicU64>,
+    counters: Arc<Counters>,
+}
+
+impl Session {
+    /// Reads PUBACKs until the session is done, giving their permits back;
+    /// the acknowledgement latencies it sampled go to the counters however
+    /// it ends.
+    async fn read<R: AsyncRead + Unpin>(
+        &self,
+        mut rd: R,
+        mut inbuf: BytesMut,
+    ) -> anyhow::Result<()> {
+        let mut latencies = Vec::new();
+        let result = self.read_acks(&mut rd, &mut inbuf, &mut latencies).await;
+        self.counters
+            .ack_latency_us
+            .lock()
+            .expect("not poisoned")
+            .append(&mut latencies);
+        result
+    }
+
+    /// The reading loop of [`Session::read`].
+    async fn read_acks<R: AsyncRead + Unpin>(
+        &self,
+        rd: &mut R,
+        inbuf: &mut BytesMut,
+        latencies: &mut Vec<u64>,
+    ) -> anyhow::Result<()> {
+        loop {
+            let acks = self.take_acks(inbuf, latencies)?;
+            if acks > 0 {
+                self.counters
+                    .acked
+                    .fetch_add(acks as u64, Ordering::Relaxed);
+                self.window.add_permits(acks);
+            }
+            // Cancel safety: `read_buf` is cancel safe (nothing is
+            // read unless it returns); `done` only waits.
+            tokio::select! {
+                n = rd.read_buf(inbuf) => {
+                    if n? == 0 {
+                        // After our DISCONNECT weir closes: expected.
+                        if self.done.is_cancelled() {
+                            return Ok(());
                         }
-                    }
-                    if acks > 0 {
-                        counters.acked.fetch_add(acks as u64, Ordering::Relaxed);
-                        window.add_permits(acks);
-                    }
-                    // Cancel safety: `read_buf` is cancel safe (nothing is
-                    // read unless it returns); `done` only waits.
-                    tokio::select! {
-                        n = rd.read_buf(&mut inbuf) => {
-                            if n? == 0 {
-                                // After our DISCONNECT weir closes: expected.
-                                if done.is_cancelled() {
-                                    return Ok(());
-                                }
-                                bail!("weir closed the MQTT connection");
-                            }
-                        }
-                        _ = done.cancelled() => return Ok(()),
+                        bail!("weir closed the MQTT connection");
                     }
                 }
+                _ = self.done.cancelled() => return Ok(()),
             }
-            .await;
-            counters
-                .ack_latency_us
-                .lock()
-                .expect("not poisoned")
-                .append(&mut latencies);
-            result
         }
-    };
+    }
 
-    let writer = async {
+    /// Takes every whole packet in `inbuf`, all PUBACKs: how many, with a
+    /// sample of their latencies added to `latencies` while measuring.
+    fn take_acks(&self, inbuf: &mut BytesMut, latencies: &mut Vec<u64>) -> anyhow::Result<usize> {
+        let mut acks = 0;
+        let measuring = self.counters.measuring.load(Ordering::Relaxed);
+        let now_us = self.base.elapsed().as_micros() as u64;
+        loop {
+            match v4::Packet::read(inbuf, usize::MAX) {
+                Ok(v4::Packet::PubAck(ack)) => {
+                    acks += 1;
+                    // One PUBACK in LATENCY_EVERY (by packet id,
+                    // so unbiased): long full-rate runs stay small.
+                    if measuring && ack.pkid % LATENCY_EVERY == 0 {
+                        let at = self.sent_at[usize::from(ack.pkid)].load(Ordering::Relaxed);
+                        latencies.push(now_us.saturating_sub(at));
+                    }
+                }
+                Ok(other) => bail!("unexpected packet from weir: {other:?}"),
+                Err(mqttbytes::Error::InsufficientBytes(_)) => return Ok(acks),
+                Err(e) => bail!("bad packet from weir: {e}"),
+            }
+        }
+    }
+
+    /// Publishes `load` in bursts as the pacer and the window allow until
+    /// `stop` (or the limit), waits for every acknowledgement, then
+    /// disconnects.
+    async fn write<W: AsyncWrite + Unpin>(
+        &self,
+        mut wr: W,
+        load: &MqttLoad,
+        stop: &CancellationToken,
+    ) -> anyhow::Result<()> {
+        let mut out = BytesMut::with_capacity(64 * 1024);
+        let window = &self.window;
         let mut pacer = load.rate.map(|rate| Pacer::new(rate, load.pacing));
         let mut pkid: u16 = 0;
         let mut sent_here = 0u64;
         while let Some(n) = take_burst(
             pacer.as_ref(),
-            &window,
-            &stop,
+            window,
+            stop,
             load.limit.map(|l| l - sent_here),
         )
         .await?
         {
-            let now_us = base.elapsed().as_micros() as u64;
+            let now_us = self.base.elapsed().as_micros() as u64;
             for _ in 0..n {
                 pkid = if pkid == u16::MAX { 1 } else { pkid + 1 };
-                sent_at[usize::from(pkid)].store(now_us, Ordering::Relaxed);
-                let seq = counters.sent.fetch_add(1, Ordering::Relaxed);
+                self.sent_at[usize::from(pkid)].store(now_us, Ordering::Relaxed);
+                let seq = self.counters.sent.fetch_add(1, Ordering::Relaxed);
                 let publish = v4::Publish {
                     dup: false,
                     qos: QoS::AtLeastOnce,
@@ -286,13 +328,10 @@ where
             .forget();
         // Before DISCONNECT, so that the reader takes the close it causes
         // as the end, not as an error.
-        done.cancel();
+        self.done.cancel();
         v4::Packet::Disconnect.write(&mut out, usize::MAX)?;
         wr.write_all(&out).await?;
         wr.shutdown().await?;
         anyhow::Ok(())
-    };
-    let (r, w) = tokio::join!(reader, writer);
-    // The writer's failure is the cause; the reader's is usually its echo.
-    w.and(r)
+    }
 }
