@@ -749,6 +749,7 @@ struct Report<'a> {
 }
 
 impl<'a> Report<'a> {
+    /// The figures of what was measured of `job` (fixed `sizes`).
     fn new(args: &'a Args, job: Job, sizes: &'a [u32], m: &'a Measured) -> Report<'a> {
         let results = &m.results;
         let fifs_runs = walls(results, "fifs");

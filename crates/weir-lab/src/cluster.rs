@@ -1108,6 +1108,7 @@ impl<'a> CellRun<'a> {
         })
     }
 
+    /// Nodes in the cell.
     fn n(&self) -> usize {
         self.a.grid.nodes
     }

@@ -711,6 +711,7 @@ struct Verdict<'a> {
 }
 
 impl<'a> Verdict<'a> {
+    /// How `cond` came out.
     fn of(cond: &'a Condition) -> Verdict<'a> {
         let cands = &cond.cands;
         let oracle = cands
