@@ -1,3 +1,4 @@
+use super::payload::accel_csv;
 use super::*;
 use std::io::Read as _;
 
