@@ -1,6 +1,9 @@
+use super::config::{config_text, split_amqp};
+use super::node::{log_events, metric, metric_sum, snmp_value};
 use super::*;
-use crate::janus::ALL_SCHEMES;
+use crate::janus::{Cell, ALL_SCHEMES};
 use clap::Parser;
+use std::time::Duration;
 
 #[derive(Parser)]
 struct Cli {
