@@ -45,8 +45,8 @@ use std::path::Path;
 use anyhow::{ensure, Context};
 use serde_json::Value;
 
-use crate::janus::{self};
-use crate::report::{self};
+use crate::janus;
+use crate::report;
 
 mod args;
 mod cell;

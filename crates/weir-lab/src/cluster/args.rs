@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{ensure, Context};
 
-use crate::janus::{self};
+use crate::janus;
 
 /// Command line of `weir-lab cluster`.
 #[derive(Debug, Clone, clap::Args)]

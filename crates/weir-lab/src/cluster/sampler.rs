@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::node::{metric, metric_sum, scrape, tcp_retransmits};
 use super::testbed::{ns, uplink_bytes};
 use crate::janus::{nan0, CLASSES};
-use crate::netns::{self};
+use crate::netns;
 use crate::report::round;
 
 /// How often each node's uplink estimate is sampled.
