@@ -125,8 +125,9 @@ pub async fn run(
                 link_free = false;
                 d.hand_over(batch, batches.as_ref(), &out)
             }
-            Poll::Wait(until) => d.wait(until, urgent_only, &ready).await,
-            Poll::Gather(until) => d.gather(until).await,
+            Poll::Wait(until) if urgent_only => d.wait(until, Arrivals::Urgent, &ready).await,
+            Poll::Wait(until) => d.wait(until, Arrivals::Any, &ready).await,
+            Poll::Gather(until) => d.wait(until, Arrivals::None, &ready).await,
             // Only the most urgent class was looked at under the urgent
             // lane's permit: the others may still hold records.
             Poll::Empty if stopping && !urgent_only => {
@@ -140,6 +141,17 @@ pub async fn run(
         }
         stopping |= stop.is_cancelled();
     }
+}
+
+/// Which arrivals end a [`Driver::wait`] early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Arrivals {
+    /// Any record queued.
+    Any,
+    /// A record of the most urgent class, or the egress's window widening.
+    Urgent,
+    /// None.
+    None,
 }
 
 /// The scheduler task's state between wake-ups: the core and what it is
@@ -248,36 +260,22 @@ impl Driver {
         }
     }
 
-    /// Waits for tokens until `until`, or for an arrival that may change
-    /// the plan; false once the deadline passed.
-    async fn wait(&mut self, until: Duration, urgent_only: bool, ready: &LinkReady) -> bool {
+    /// Waits until `until` (tokens, or the end of a gather), a reload, or
+    /// the deadline (false once it passed). `arrivals` says which arrivals
+    /// wake it earlier: any, only the most urgent class's (`Urgent`, under
+    /// the urgent lane's permit, which also wakes when the window widens),
+    /// or none (a gather: a full batch's worth arriving within it waits out
+    /// the rest, at most a gather, 2 ms by default, where waking per arrival
+    /// would cost more than the gather saves).
+    async fn wait(&mut self, until: Duration, arrivals: Arrivals, ready: &LinkReady) -> bool {
         let at = self.at(until);
+        let (any, urgent) = (arrivals == Arrivals::Any, arrivals == Arrivals::Urgent);
         // Cancel safety: all branches only wait.
         tokio::select! {
             _ = tokio::time::sleep_until(at) => true,
-            _ = self.intake.arrived(), if !urgent_only => true,
-            _ = self.intake.urgent_arrived(), if urgent_only => true,
-            _ = ready.widened(), if urgent_only => true,
-            Some(r) = self.feedback.reconfigure.recv() => {
-                reconfigure(&mut self.core, self.epoch.elapsed(), r);
-                true
-            }
-            _ = self.abort.cancelled() => {
-                self.abandon(&[]);
-                false
-            }
-        }
-    }
-
-    /// Gathers until `until`: arrivals do not wake it. A full batch's worth
-    /// arriving within it waits out the rest (at most a gather, 2 ms by
-    /// default), where waking per arrival would cost more than the gather
-    /// saves. False once the deadline passed.
-    async fn gather(&mut self, until: Duration) -> bool {
-        let at = self.at(until);
-        // Cancel safety: all branches only wait.
-        tokio::select! {
-            _ = tokio::time::sleep_until(at) => true,
+            _ = self.intake.arrived(), if any => true,
+            _ = self.intake.urgent_arrived(), if urgent => true,
+            _ = ready.widened(), if urgent => true,
             Some(r) = self.feedback.reconfigure.recv() => {
                 reconfigure(&mut self.core, self.epoch.elapsed(), r);
                 true
