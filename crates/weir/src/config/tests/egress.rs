@@ -1,0 +1,195 @@
+//! The egress: broker addresses, AMQP endpoints, queue types, routing templates, batch caps and the window.
+
+use super::*;
+
+#[test]
+fn amqp_endpoints_queue_types_and_routing_templates() {
+    let ok = parse(
+        r#"
+[[class]]
+name = "ls"
+bound = "100ms"
+[[class]]
+name = "lt"
+bound = "1s"
+[egress]
+kind = "amqp"
+[egress.amqp]
+urls = ["amqp://a:b@rabbit-1:5672/%2f", "amqps://a:b@rabbit-2:5671/%2f"]
+url_order = "shuffle"
+exchange = "weir"
+exchange_type = "topic"
+queue = ""
+queue_type = "quorum"
+queue_arguments = { x-max-length-bytes = 1000000, x-delivery-limit = 5, x-overflow = "reject-publish" }
+routing_key = "weir.{node}.{class}"
+blocked_failover_after = "5s"
+"#,
+        "amqp",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let EgressSink::Amqp(a) = ok.egress.sink else {
+        panic!("amqp egress")
+    };
+    assert_eq!(a.urls.len(), 2);
+    assert_eq!(a.url_order, UrlOrder::Shuffle);
+    assert_eq!(a.queue_type, QueueType::Quorum);
+    assert_eq!(a.routing_key_for(7, "ls"), "weir.7.ls");
+    assert!(a.routing_key_is_template());
+    assert_eq!(a.blocked_failover_after, Duration::from_secs(5));
+    let args = a.declared_arguments();
+    assert_eq!(
+        args[0],
+        (
+            "x-queue-type".to_owned(),
+            QueueArgument::Str("quorum".into())
+        )
+    );
+    assert!(args.contains(&("x-delivery-limit".to_owned(), QueueArgument::Int(5))));
+    assert!(a.queue_settings().contains("queue_type = \"quorum\""));
+
+    // A classic queue is declared as weir always did, without x-queue-type.
+    let plain = parse("[egress]\nkind = \"amqp\"\n[egress.amqp]\n", "plain").unwrap();
+    let EgressSink::Amqp(p) = plain.egress.sink else {
+        panic!("amqp egress")
+    };
+    assert_eq!(p.urls, vec![crate::config::AMQP_URL.to_owned()]);
+    assert!(p.declared_arguments().is_empty());
+    // The urgent lane is on unless turned off.
+    assert!(p.urgent_lane);
+    let off = parse(
+        "[egress]\nkind = \"amqp\"\n[egress.amqp]\nurgent_lane = false\n",
+        "off",
+    )
+    .unwrap();
+    let EgressSink::Amqp(off) = off.egress.sink else {
+        panic!("amqp egress")
+    };
+    assert!(!off.urgent_lane);
+
+    let ps = problems(
+        r#"
+[egress]
+kind = "amqp"
+[egress.amqp]
+url = "amqp://x:secret@h/%2f"
+urls = ["amqp://x:secret@h/%2f"]
+queue_type = "mirrored"
+url_order = "random"
+queue_arguments = { x-queue-type = "quorum", x-nested = { a = 1 } }
+routing_key = "weir.{host}"
+"#,
+    );
+    assert_problem(&ps, "egress.amqp.urls", "not both");
+    assert_problem(&ps, "egress.amqp.queue_type", "\"mirrored\"");
+    assert_problem(&ps, "egress.amqp.url_order", "\"random\"");
+    assert_problem(
+        &ps,
+        "egress.amqp.queue_arguments.x-queue-type",
+        "queue_type",
+    );
+    assert_problem(&ps, "egress.amqp.queue_arguments.x-nested", "table");
+    assert_problem(
+        &ps,
+        "egress.amqp.routing_key",
+        "placeholders are {node} and {class}",
+    );
+    assert!(!ps.iter().any(|p| p.message.contains("secret")));
+
+    let ps = problems(
+        "[egress]\nkind = \"amqp\"\n[egress.amqp]\nurls = [\"http://h\"]\nexchange = \"\"\nqueue = \"\"\nrouting_key = \"{class}\"\n",
+    );
+    assert_problem(&ps, "egress.amqp.urls[0]", "must start with amqp://");
+    assert_problem(&ps, "egress.amqp.queue", "default exchange");
+    assert_problem(&ps, "egress.amqp.routing_key", "named exchange");
+    let long = "x".repeat(240);
+    let ps = problems(&format!(
+        "[egress]\nkind = \"amqp\"\n[egress.amqp]\nurls = []\nrouting_key = \"{long}.{{node}}\"\n"
+    ));
+    assert_problem(&ps, "egress.amqp.urls", "at least one");
+    assert_problem(&ps, "egress.amqp.routing_key", "renders up to");
+}
+
+#[test]
+fn batch_caps_and_the_window_may_be_left_to_weir() {
+    let c = parse(
+        r#"
+        [scheduler]
+        burst = "auto"
+        max_batch_records = "auto"
+        max_batch_bytes = "auto"
+        [egress]
+        kind = "amqp"
+        [egress.amqp]
+        url = "amqp://guest:guest@127.0.0.1:5672/%2f"
+        max_in_flight = "auto"
+        "#,
+        "auto.toml",
+    )
+    .unwrap();
+    assert_eq!(c.scheduler.burst_bytes, None);
+    assert_eq!(c.scheduler.max_batch_records, 65_536);
+    assert_eq!(c.scheduler.max_batch_bytes, 4 << 20);
+    match &c.egress.sink {
+        crate::config::EgressSink::Amqp(a) => assert_eq!(a.max_in_flight, 64),
+        other => panic!("{other:?}"),
+    }
+    let set = parse(
+        "[scheduler]\nburst = \"64KiB\"\nmax_batch_records = 1024\nmax_batch_bytes = \"64KiB\"\n",
+        "set.toml",
+    )
+    .unwrap();
+    assert_eq!(set.scheduler.burst_bytes, Some(65_536));
+    assert_eq!(set.scheduler.max_batch_records, 1024);
+    assert_eq!(set.scheduler.max_batch_bytes, 65_536);
+    let ps = problems(
+        r#"
+        [scheduler]
+        burst = "automatic"
+        max_batch_records = "many"
+        max_batch_bytes = "0"
+        [egress]
+        kind = "amqp"
+        [egress.amqp]
+        url = "amqp://guest:guest@127.0.0.1:5672/%2f"
+        max_in_flight = 0
+        "#,
+    );
+    assert_problem(&ps, "scheduler.burst", "\"auto\"");
+    assert_problem(&ps, "scheduler.max_batch_records", "whole number");
+    assert_problem(&ps, "scheduler.max_batch_bytes", "greater than zero");
+    assert_problem(&ps, "egress.amqp.max_in_flight", "out of range");
+}
+
+#[test]
+fn broker_addresses() {
+    let c = parse(
+        "[ingress.mqtt]\nmode = \"subscribe\"\nbroker = \"[::1]:1884\"\n",
+        "t",
+    )
+    .unwrap();
+    let Some(MqttIngress {
+        mode: MqttMode::Subscribe(sub),
+        ..
+    }) = c.ingress.mqtt
+    else {
+        panic!("subscribe mode expected");
+    };
+    assert_eq!(sub.broker.host, "::1");
+    assert_eq!(sub.broker.port, 1884);
+    assert_eq!(sub.broker.to_string(), "[::1]:1884");
+    assert_eq!(sub.client_id, "weir-1");
+    assert_eq!(sub.topics[0].as_str(), "#");
+
+    for bad in [
+        "broker",
+        ":1883",
+        "host:0",
+        "host:99999",
+        "::1:1883",
+        "a b:1",
+    ] {
+        let text = format!("[ingress.mqtt]\nmode = \"subscribe\"\nbroker = {bad:?}\n");
+        assert_problem(&problems(&text), "ingress.mqtt.broker", bad);
+    }
+}
