@@ -243,32 +243,6 @@ fn load_state(path: &Path) -> anyhow::Result<Option<State>> {
     }
 }
 
-/// Opens the output (truncated to `committed`, what the state says was
-/// committed). On a first run with `--state` (`fresh`: no state file yet)
-/// the state is written before anything is read, naming the output's
-/// length as committed: without it, a crash after the first commit synced
-/// the output but before its state was written would leave lines in the
-/// output that no state accounts for, and their messages, never
-/// acknowledged, would be handed on again.
-fn open_output(
-    output: Option<&Path>,
-    state: Option<&Path>,
-    committed: Option<u64>,
-    fresh: bool,
-) -> anyhow::Result<Output> {
-    let out = Output::open(output, committed)?;
-    if let (true, Some(path)) = (fresh, state) {
-        let begun = State {
-            output_len: out.len(),
-            stream_offset: None,
-            report: ConsumeReport::default(),
-            origins: Vec::new(),
-        };
-        store_state(path, &begun)?;
-    }
-    Ok(out)
-}
-
 /// Writes the state file by rename, synced.
 fn store_state(path: &Path, state: &State) -> anyhow::Result<()> {
     let tmp = path.with_extension("tmp");
@@ -409,8 +383,30 @@ impl Commits {
         if stored.is_some() && opts.output.is_none() {
             eprintln!("weir consume: resuming to stdout: lines written after the last commit before a crash may repeat; use --output for exactly once");
         }
+        Commits::start(
+            opts.output.as_deref(),
+            opts.state.clone(),
+            stored,
+            opts.window,
+        )
+    }
+
+    /// Picks up from `stored` (a state file's contents), or starts afresh:
+    /// the origins seen, the totals, the stream offset, and the output cut
+    /// back to what was committed. A first run with a state file (`state`
+    /// given, nothing `stored`) saves its state before anything is read,
+    /// with the output's length as committed: without it, a crash after
+    /// the first commit synced the output but before its state was written
+    /// would leave lines in the output that no state accounts for, and
+    /// their messages, never acknowledged, would be handed on again.
+    fn start(
+        output: Option<&Path>,
+        state: Option<PathBuf>,
+        stored: Option<State>,
+        window: usize,
+    ) -> anyhow::Result<Commits> {
         let fresh = stored.is_none();
-        let mut dedupe = Dedupe::new(opts.window);
+        let mut dedupe = Dedupe::new(window);
         let mut totals = ConsumeReport::default();
         let (mut stream_offset, mut committed_len) = (None, None);
         if let Some(s) = stored {
@@ -430,21 +426,20 @@ impl Commits {
             stream_offset = s.stream_offset;
             committed_len = s.output_len;
         }
-        Ok(Commits {
-            output: open_output(
-                opts.output.as_deref(),
-                opts.state.as_deref(),
-                committed_len,
-                fresh,
-            )?,
+        let c = Commits {
+            output: Output::open(output, committed_len)?,
             dedupe,
             totals,
             run: ConsumeReport::default(),
             stream_offset,
             pending: None,
             pending_count: 0,
-            state: opts.state.clone(),
-        })
+            state,
+        };
+        if fresh {
+            c.save(c.output.len())?;
+        }
+        Ok(c)
     }
 
     /// One message: its batch's records not seen before written as lines
@@ -548,31 +543,40 @@ impl Commits {
             return Ok(());
         };
         let len = self.output.commit().context("writing the output")?;
-        if let Some(path) = &self.state {
-            let mut report = self.totals;
-            add(&mut report, &self.run);
-            let state = State {
-                output_len: len,
-                stream_offset: self.stream_offset,
-                report,
-                origins: self
-                    .dedupe
-                    .origins()
-                    .map(|(origin, s)| StoredOrigin {
-                        origin,
-                        floor: s.floor,
-                        ranges: s.ranges.iter().map(|(&a, &b)| [a, b]).collect(),
-                    })
-                    .collect(),
-            };
-            store_state(path, &state)?;
-        }
+        self.save(len)?;
         channel
             .basic_ack(tag, BasicAckOptions { multiple: true })
             .await
             .context("acknowledging")?;
         self.pending_count = 0;
         Ok(())
+    }
+}
+
+impl Commits {
+    /// Writes the state file, if there is one, with `output_len` as the
+    /// output's committed length.
+    fn save(&self, output_len: Option<u64>) -> anyhow::Result<()> {
+        let Some(path) = &self.state else {
+            return Ok(());
+        };
+        let mut report = self.totals;
+        add(&mut report, &self.run);
+        let state = State {
+            output_len,
+            stream_offset: self.stream_offset,
+            report,
+            origins: self
+                .dedupe
+                .origins()
+                .map(|(origin, s)| StoredOrigin {
+                    origin,
+                    floor: s.floor,
+                    ranges: s.ranges.iter().map(|(&a, &b)| [a, b]).collect(),
+                })
+                .collect(),
+        };
+        store_state(path, &state)
     }
 }
 
@@ -617,16 +621,15 @@ mod tests {
         let (path, state) = (dir.join("out.jsonl"), dir.join("state.json"));
         // What the file held before weir consume was pointed at it stays.
         std::fs::write(&path, b"earlier\n").unwrap();
-        let mut out = open_output(Some(&path), Some(&state), None, true).unwrap();
-        out.write_line(b"read").unwrap();
+        let mut first = Commits::start(Some(&path), Some(state.clone()), None, 64).unwrap();
+        first.output.write_line(b"read").unwrap();
         // The first commit syncs the output; the process dies before it
         // writes the state.
-        out.commit().unwrap();
-        drop(out);
+        first.output.commit().unwrap();
+        drop(first);
         let stored = load_state(&state).unwrap().expect("written before reading");
         assert_eq!(stored.output_len, Some(8));
-        let out = open_output(Some(&path), Some(&state), stored.output_len, false).unwrap();
-        drop(out);
+        drop(Commits::start(Some(&path), Some(state), Some(stored), 64).unwrap());
         assert_eq!(std::fs::read(&path).unwrap(), b"earlier\n");
         std::fs::remove_dir_all(&dir).unwrap();
     }
