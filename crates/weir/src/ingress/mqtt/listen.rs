@@ -86,10 +86,12 @@ use crate::intake::Intake;
 use crate::security::{tls, MqttSecurity};
 
 use connection::{Connection, Settings};
+use state::State;
 
 mod codec;
 mod connection;
 mod session;
+mod state;
 
 /// Pause after a failed accept (e.g. out of file descriptors), so that the
 /// loop does not spin while the condition lasts.
@@ -366,7 +368,8 @@ async fn connection(stream: TcpStream, peer: SocketAddr, tls: Option<bool>, shar
         // without one; should it not have, the empty name is refused.
         .or_else(|| identity.then(String::new));
     let mut session = session(stream, peer, certificate_name, &shared);
-    session.deadline = Some(deadline);
+    // The connect timeout counts from the TCP accept, handshake included.
+    session.state = State::new(shared.settings.max_inflight, deadline.into_std());
     session.run().await
 }
 

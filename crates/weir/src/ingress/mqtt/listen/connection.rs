@@ -3,7 +3,6 @@
 //! out in one write per burst. How it ends, and what that is logged as, is
 //! [`Ending`].
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
@@ -26,7 +25,8 @@ use crate::intake::{Accepted, EnqueueError, Intake};
 use crate::spool::Ticket;
 
 use super::codec::*;
-use super::session::{fingerprint, Session, Sessions};
+use super::session::{Session, Sessions};
+use super::state::{Expiry, Publish, State, Terms};
 
 /// How long writing acknowledgements may block before the client counts as
 /// stuck; also bounds how long shutdown can wait on one connection.
@@ -203,25 +203,13 @@ pub(super) struct Connection<S> {
     pub(super) out: BytesMut,
     /// `None` until CONNECT.
     pub(super) version: Option<Version>,
-    /// The client's keep alive; `None` when it asked for none.
-    pub(super) keep_alive: Option<Duration>,
-    /// When the connection expires unless a packet arrives.
-    pub(super) deadline: Option<Instant>,
+    /// The protocol state: packet ids, replies in order behind their
+    /// records' durability, receive maximum, keep-alive deadline.
+    pub(super) state: State<Ticket>,
     /// Sessions of clients not connected now.
     pub(super) sessions: Arc<Sessions>,
-    /// This connection's session: QoS 1 publishes accepted (kept for
-    /// persistent sessions only) and QoS 2 packet ids whose record is
-    /// queued and PUBREC sent, awaiting PUBREL (a redelivery of one of
-    /// these is not queued again).
-    pub(super) session: Session,
-    /// The client id, when its session outlives the connection.
-    pub(super) persistent: Option<String>,
     /// The client id, once connected.
     pub(super) client_id: Option<String>,
-    /// Replies waiting for a spooled record to be durable, in order; a
-    /// reply with no ticket waits only for those before it (MQTT wants
-    /// acknowledgements in the order of the publishes).
-    pub(super) held: VecDeque<(Option<Ticket>, Reply)>,
     /// Who may connect: the gate in force when the connection arrived.
     pub(super) gate: Arc<Gate>,
     /// The client certificate's CN when the TLS listener takes the
@@ -281,8 +269,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             settings,
             ingress,
             sessions: sessions.clone(),
-            session: Session::default(),
-            persistent: None,
+            state: State::new(
+                settings.max_inflight,
+                std::time::Instant::now() + settings.connect_timeout,
+            ),
             kicked: shutdown.child_token(),
             id: sessions.next_id(),
             client_id: None,
@@ -293,9 +283,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             read_at_us: unix_micros(),
             out: BytesMut::new(),
             version: None,
-            keep_alive: None,
-            deadline: Some(Instant::now() + settings.connect_timeout),
-            held: VecDeque::new(),
             gate: Arc::new(Gate::open()),
             certificate_name: None,
             admitted: Admitted {
@@ -328,10 +315,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         // The session is handed back before lingering: a client taking it
         // over waits for it.
         if let Some(client_id) = self.client_id.take() {
-            let session = self
-                .persistent
-                .take()
-                .map(|_| std::mem::take(&mut self.session));
+            let session = self.state.take_session();
             self.sessions.end(client_id, self.id, session);
         }
         self.linger().await;
@@ -384,115 +368,45 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                     continue;
                 }
             };
-            self.heard();
+            self.state.heard(self.read_at.into_std());
             self.handle(packet).await?;
         }
     }
 
     /// Answers CONNECT: fixes the version and keep alive, queues CONNACK.
     async fn accept(&mut self, hello: Hello) -> Result<Version, Ending> {
-        let (version, client_id, keep_alive, clean) = match hello {
-            Hello::V311(connect) => {
-                if connect.client_id.is_empty() && !connect.clean_session {
-                    encode(
-                        &mut self.out,
-                        Version::V311,
-                        Reply::ConnRefused(Refusal::ClientId),
-                    );
-                    return Err(ProtocolError::EmptyClientId.into());
-                }
-                // MQTT 3.1.1 section 3.1.3.1: the server gives a client
-                // without an id (clean session only) a unique one; without
-                // it, two such clients would take each other's session over.
-                let client_id = if connect.client_id.is_empty() {
-                    format!("weir-{}", self.peer)
-                } else {
-                    connect.client_id
-                };
-                let login = connect
-                    .login
-                    .as_ref()
-                    .map(|l| (l.username.clone(), l.password.clone()));
-                self.admit(Version::V311, &client_id, login).await?;
-                let session_present = self
-                    .resume(&client_id, connect.clean_session, !connect.clean_session)
-                    .await;
-                encode(
-                    &mut self.out,
-                    Version::V311,
-                    Reply::ConnAck {
-                        assigned_client_id: None,
-                        max_packet_size: self.settings.max_packet_size,
-                        receive_max: receive_max(&self.settings),
-                        session_present,
-                    },
-                );
-                (
-                    Version::V311,
-                    client_id,
-                    connect.keep_alive,
-                    connect.clean_session,
-                )
-            }
-            Hello::V5(connect, login) => {
-                let method = connect
-                    .properties
-                    .as_ref()
-                    .and_then(|p| p.authentication_method.clone());
-                if let Some(method) = method {
-                    encode(
-                        &mut self.out,
-                        Version::V5,
-                        Reply::ConnRefused(Refusal::AuthMethod),
-                    );
-                    return Err(ProtocolError::AuthMethod(method).into());
-                }
-                // MQTT 5 lets the server name a client that sent no id.
-                let (client_id, assigned) = if connect.client_id.is_empty() {
-                    let id = format!("weir-{}", self.peer);
-                    (id.clone(), Some(id))
-                } else {
-                    (connect.client_id, None)
-                };
-                // MQTT 5 keeps a session after the connection only for
-                // its session expiry interval (absent: 0, none). weir keeps
-                // it until the client returns or MAX_SESSIONS push it out.
-                let expiry = connect
-                    .properties
-                    .as_ref()
-                    .and_then(|p| p.session_expiry_interval)
-                    .unwrap_or(0);
-                let login = login.map(|l| (l.username, l.password));
-                self.admit(Version::V5, &client_id, login).await?;
-                let session_present = self
-                    .resume(&client_id, connect.clean_start, expiry > 0)
-                    .await;
-                encode(
-                    &mut self.out,
-                    Version::V5,
-                    Reply::ConnAck {
-                        assigned_client_id: assigned,
-                        max_packet_size: self.settings.max_packet_size,
-                        receive_max: receive_max(&self.settings),
-                        session_present,
-                    },
-                );
-                (
-                    Version::V5,
-                    client_id,
-                    connect.keep_alive,
-                    connect.clean_start,
-                )
+        let terms = match Terms::of(hello, self.peer) {
+            Ok(terms) => terms,
+            Err((version, refusal, error)) => {
+                encode(&mut self.out, version, Reply::ConnRefused(refusal));
+                return Err(error.into());
             }
         };
-        tracing::Span::current().record("client_id", client_id.as_str());
+        let version = terms.version;
+        self.admit(version, &terms.client_id, terms.login).await?;
+        let (session, session_present) = self.resume(&terms.client_id, terms.clean).await;
+        encode(
+            &mut self.out,
+            version,
+            Reply::ConnAck {
+                assigned_client_id: terms.assigned,
+                max_packet_size: self.settings.max_packet_size,
+                receive_max: receive_max(&self.settings),
+                session_present,
+            },
+        );
+        tracing::Span::current().record("client_id", terms.client_id.as_str());
         self.version = Some(version);
-        self.keep_alive = (keep_alive > 0).then(|| Duration::from_secs(keep_alive.into()));
-        self.heard();
+        self.state.handle_connect(
+            terms.keep_alive,
+            session,
+            terms.persistent,
+            self.read_at.into_std(),
+        );
         info!(
             ?version,
-            keep_alive_s = keep_alive,
-            clean,
+            keep_alive = ?terms.keep_alive,
+            clean = terms.clean,
             "MQTT client connected"
         );
         Ok(version)
@@ -563,19 +477,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     }
 
     /// Takes the client id over from a connection still holding it, then
-    /// takes up its stored session unless `clean`; returns whether there
-    /// was one ("session present").
-    /// `keep`: whether the session outlives this connection (MQTT 3.1.1:
-    /// not clean; MQTT 5: a session expiry interval above zero).
-    async fn resume(&mut self, client_id: &str, clean: bool, keep: bool) -> bool {
-        let (session, present) = self
+    /// takes up its stored session unless `clean`; returns the session and
+    /// whether there was one ("session present").
+    async fn resume(&mut self, client_id: &str, clean: bool) -> (Session, bool) {
+        let resumed = self
             .sessions
             .resume(client_id, clean, self.id, &self.kicked)
             .await;
-        self.session = session;
         self.client_id = Some(client_id.to_owned());
-        self.persistent = keep.then(|| client_id.to_owned());
-        present
+        resumed
     }
 
     /// Acts on one packet of an established connection.
@@ -583,10 +493,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         match packet {
             Inbound::Publish(publish) => self.publish(publish).await,
             Inbound::PubRel(pkid) => {
-                // An unknown id is answered too: the client may be resending
-                // a PUBREL whose PUBCOMP was lost with an earlier connection.
-                self.session.awaiting_rel.remove(&pkid);
-                self.reply(Reply::PubComp(pkid));
+                self.state.handle_pubrel(pkid);
                 Ok(())
             }
             Inbound::Subscribe { pkid, filters } => {
@@ -594,18 +501,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                     ?filters,
                     "SUBSCRIBE refused: weir does not deliver to subscribers"
                 );
-                self.reply(Reply::SubAck {
+                self.state.reply(Reply::SubAck {
                     pkid,
                     filters: filters.len(),
                 });
                 Ok(())
             }
             Inbound::Unsubscribe { pkid, filters } => {
-                self.reply(Reply::UnsubAck { pkid, filters });
+                self.state.reply(Reply::UnsubAck { pkid, filters });
                 Ok(())
             }
             Inbound::PingReq => {
-                self.reply(Reply::PingResp);
+                self.state.reply(Reply::PingResp);
                 Ok(())
             }
             Inbound::Disconnect => Err(Ending::ClientDisconnect),
@@ -631,8 +538,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             // the publish is acknowledged and dropped, as Mosquitto does.
             match publish.qos {
                 QoS::AtMostOnce => {}
-                QoS::AtLeastOnce => self.reply(Reply::Denied(publish.pkid, false)),
-                QoS::ExactlyOnce => self.reply(Reply::Denied(publish.pkid, true)),
+                QoS::AtLeastOnce => self.state.reply(Reply::Denied(publish.pkid, false)),
+                QoS::ExactlyOnce => self.state.reply(Reply::Denied(publish.pkid, true)),
             }
             return Ok(());
         }
@@ -644,79 +551,37 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             payload,
             ..
         } = publish;
-        match qos {
-            QoS::AtMostOnce => {
-                let record = self.ingress.mqtt_record_at(topic, payload, self.read_at_us);
-                match self.settings.qos0_when_full {
-                    // No acknowledgement to hold: a spooled record's
-                    // ticket is simply dropped.
-                    Qos0WhenFull::Block => self.enqueue(record).await.map(drop),
-                    Qos0WhenFull::Drop => match self.ingress.try_accept(record) {
-                        Ok(_) => Ok(()),
-                        Err(EnqueueError::Full { record, class }) => {
-                            self.ingress.metrics().dropped(record.class);
-                            debug!(%class, "class queue full: QoS 0 record dropped");
-                            Ok(())
-                        }
-                        Err(e) => Err(e.into()),
-                    },
-                }
+        let queued = match self
+            .state
+            .handle_publish(qos, dup, pkid, &topic, &payload)?
+        {
+            Publish::Queue(queued) => queued,
+            Publish::Answered => {
+                debug!(
+                    pkid,
+                    ?qos,
+                    "resend of a record already accepted: acknowledged, not queued again"
+                );
+                return Ok(());
             }
-            QoS::AtLeastOnce => {
-                // A resend of a PUBLISH whose PUBACK is still held (its
-                // record on its way to disk) is the same record: the held
-                // PUBACK answers both.
-                if dup
-                    && self
-                        .held
-                        .iter()
-                        .any(|(_, r)| matches!(r, Reply::PubAck(p) if *p == pkid))
-                {
-                    debug!(
-                        pkid,
-                        "QoS 1 resend (DUP) of a record not yet acknowledged: not queued again"
-                    );
-                    return Ok(());
+        };
+        let record = self.ingress.mqtt_record_at(topic, payload, self.read_at_us);
+        let ticket = match (qos, self.settings.qos0_when_full) {
+            (QoS::AtMostOnce, Qos0WhenFull::Drop) => match self.ingress.try_accept(record) {
+                Ok(accepted) => accepted.ticket(),
+                Err(EnqueueError::Full { record, class }) => {
+                    self.ingress.metrics().dropped(record.class);
+                    debug!(%class, "class queue full: QoS 0 record dropped");
+                    None
                 }
-                // A resend after a reconnect, in a persistent session.
-                let print = self
-                    .persistent
-                    .is_some()
-                    .then(|| fingerprint(topic.as_ref(), payload.as_ref()));
-                if let Some(f) = print {
-                    if let Some(ticket) = self.session.resend(dup, pkid, f) {
-                        debug!(
-                            pkid,
-                            "QoS 1 resend (DUP) of a record accepted in this session: acknowledged, not queued again"
-                        );
-                        self.reply_after(ticket, Reply::PubAck(pkid));
-                        return Ok(());
-                    }
-                }
-                let record = self.ingress.mqtt_record_at(topic, payload, self.read_at_us);
-                let ticket = self.enqueue(record).await?;
-                if let Some(f) = print {
-                    self.session.accepted(pkid, f, ticket.clone());
-                }
-                self.reply_after(ticket, Reply::PubAck(pkid));
-                Ok(())
-            }
-            QoS::ExactlyOnce => {
-                let mut ticket = None;
-                if !self.session.awaiting_rel.contains(&pkid) {
-                    if self.session.awaiting_rel.len() >= self.settings.max_inflight {
-                        return Err(
-                            ProtocolError::ReceiveMaximum(self.settings.max_inflight).into()
-                        );
-                    }
-                    let record = self.ingress.mqtt_record_at(topic, payload, self.read_at_us);
-                    ticket = self.enqueue(record).await?;
-                    self.session.awaiting_rel.insert(pkid);
-                }
-                self.reply_after(ticket, Reply::PubRec(pkid));
-                Ok(())
-            }
-        }
+                Err(e) => return Err(e.into()),
+            },
+            _ => self.enqueue(record).await?,
+        };
+        // QoS 0 has no acknowledgement to hold: a spooled record's ticket
+        // is simply dropped there.
+        self.state.handle_queued(queued, ticket);
+        Ok(())
     }
 
     /// Puts `record` in its class queue or the spool, waiting for room
@@ -731,6 +596,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         };
         // Acknowledge what is already queued before waiting, so that those
         // acknowledgements do not wait on this record's queue.
+        self.release_replies();
         self.flush().await?;
         debug!(
             class = self.ingress.class_name(record.class),
@@ -753,32 +619,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             }
         };
         // The client could not be heard while weir was not reading it.
-        self.heard_at(Instant::now());
+        self.state.heard(std::time::Instant::now());
         queued.map(Accepted::ticket).map_err(Ending::from)
     }
 
-    fn reply(&mut self, reply: Reply) {
-        self.reply_after(None, reply);
-    }
-
-    /// Queues `reply` to go out once `ticket` (if any) is durable and every
-    /// reply before it has gone out.
-    fn reply_after(&mut self, ticket: Option<Ticket>, reply: Reply) {
-        if ticket.is_some() || !self.held.is_empty() {
-            self.held.push_back((ticket, reply));
-            self.release_held();
-        } else if let Some(version) = self.version {
-            encode(&mut self.out, version, reply);
-        }
-    }
-
-    /// Moves held replies whose records are durable to the output, in order.
-    fn release_held(&mut self) {
-        while let Some((ticket, _)) = self.held.front() {
-            if ticket.as_ref().is_some_and(|t| !t.is_durable()) {
-                break;
-            }
-            let (_, reply) = self.held.pop_front().expect("front exists");
+    /// Moves the replies that may go out to the output, in order.
+    fn release_replies(&mut self) {
+        while let Some(reply) = self.state.poll_reply() {
             if let Some(version) = self.version {
                 encode(&mut self.out, version, reply);
             }
@@ -788,27 +635,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     /// Waits until every held reply can go out (or the spool stopped).
     async fn settle_held(&mut self) {
         loop {
-            self.release_held();
-            let Some((Some(ticket), _)) = self.held.front() else {
+            self.release_replies();
+            let Some(ticket) = self.state.poll_durable().cloned() else {
                 return;
             };
-            if !ticket.clone().durable().await {
+            if !ticket.durable().await {
                 // The spool stopped first: those records are not durable
                 // and must not be acknowledged.
-                self.held.clear();
+                self.state.abandon_replies();
                 return;
             }
         }
-    }
-
-    /// A packet arrived: restart the keep-alive clock (MQTT allows 1.5
-    /// times the keep alive between packets).
-    fn heard(&mut self) {
-        self.heard_at(self.read_at);
-    }
-
-    fn heard_at(&mut self, at: Instant) {
-        self.deadline = self.keep_alive.map(|k| at + k * 3 / 2);
     }
 
     /// Sends the queued replies, then reads more bytes from the client (or
@@ -816,7 +653,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     async fn fill(&mut self) -> Result<(), Ending> {
         // Replies collect while complete packets are buffered; send them
         // before waiting on the client, which may be waiting on them.
-        self.release_held();
+        self.release_replies();
         self.flush().await?;
         // Read into what is left of the buffer until little is: records
         // keep slices of it, so a fresh buffer per read would hold every
@@ -825,26 +662,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             self.inbuf.reserve(self.read_chunk);
         }
         let room = self.inbuf.capacity() - self.inbuf.len();
-        let deadline = self.deadline;
+        let timeout = self.state.poll_timeout();
         let wake = {
             let expiry = async {
-                match deadline {
-                    Some(at) => tokio::time::sleep_until(at).await,
+                match timeout {
+                    Some((at, _)) => tokio::time::sleep_until(Instant::from_std(at)).await,
                     None => std::future::pending().await,
                 }
             };
             let durable = async {
-                match self.held.front() {
-                    Some((Some(t), _)) => {
+                match self.state.poll_durable() {
+                    Some(t) => {
                         t.durable().await;
                     }
-                    _ => std::future::pending().await,
+                    None => std::future::pending().await,
                 }
             };
             // A client with max_inflight acknowledgements owed is not read
             // until some go out (its receive maximum, enforced by
             // back-pressure).
-            let can_read = self.held.len() < self.settings.max_inflight;
+            let can_read = self.state.can_read();
             // Cancel safety: `read_buf` is cancel safe (when another branch
             // wins, no bytes were consumed); the other branches only wait.
             tokio::select! {
@@ -857,8 +694,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         match wake {
             Wake::Durable => Ok(()),
             Wake::Shutdown => Err(self.stopped()),
-            Wake::Expired => Err(match self.keep_alive {
-                Some(keep_alive) if self.version.is_some() => Ending::KeepAliveExpired(keep_alive),
+            Wake::Expired => Err(match timeout.map(|(_, why)| why) {
+                Some(Expiry::KeepAlive(keep_alive)) => Ending::KeepAliveExpired(keep_alive),
                 _ => Ending::ConnectTimeout,
             }),
             Wake::Read(Ok(0)) if self.inbuf.is_empty() => Err(Ending::Eof),

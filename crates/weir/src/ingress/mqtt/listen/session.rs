@@ -25,8 +25,7 @@
 //! as QoS 1's at-least-once allows. At most [`MAX_SESSIONS`] are kept;
 //! beyond that the least recently stored is forgotten.
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::hash::{Hash, Hasher};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -36,43 +35,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::spool::Ticket;
 
+/// The session a client keeps: its packet-id state ([`super::state`]).
+pub(super) type Session = super::state::Session<Ticket>;
+
 /// Sessions kept for clients that are not connected.
 pub(super) const MAX_SESSIONS: usize = 10_000;
-
-/// One client's session state.
-#[derive(Debug, Default)]
-pub(super) struct Session {
-    /// QoS 1 packet id -> fingerprint of the last publish accepted with
-    /// it, and the spool ticket its acknowledgement waits for (a resend is
-    /// acknowledged no sooner than the original would have been).
-    qos1: HashMap<u16, (u64, Option<Ticket>)>,
-    /// QoS 2 packet ids awaiting PUBREL.
-    pub(super) awaiting_rel: HashSet<u16>,
-}
-
-/// The fingerprint of a publish: topic and payload.
-pub(super) fn fingerprint(topic: &[u8], payload: &[u8]) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    topic.hash(&mut h);
-    payload.hash(&mut h);
-    h.finish()
-}
-
-impl Session {
-    /// `Some(ticket)` when a QoS 1 publish is a resend of one already
-    /// accepted: acknowledge it once `ticket` (if any) is durable.
-    pub(super) fn resend(&self, dup: bool, pkid: u16, fingerprint: u64) -> Option<Option<Ticket>> {
-        match self.qos1.get(&pkid) {
-            Some((f, ticket)) if dup && *f == fingerprint => Some(ticket.clone()),
-            _ => None,
-        }
-    }
-
-    /// A QoS 1 publish was accepted (queued, or handed to the spool).
-    pub(super) fn accepted(&mut self, pkid: u16, fingerprint: u64, ticket: Option<Ticket>) {
-        self.qos1.insert(pkid, (fingerprint, ticket));
-    }
-}
 
 /// How long a connecting client waits for the connection it takes over
 /// to hand its session back (that one first settles the acknowledgements
@@ -184,24 +151,6 @@ impl Sessions {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_resend_needs_dup_the_same_id_and_the_same_bytes() {
-        let mut s = Session::default();
-        let a = fingerprint(b"t/a", b"one");
-        s.accepted(7, a, None);
-        assert!(s.resend(true, 7, a).is_some());
-        assert!(
-            s.resend(false, 7, a).is_none(),
-            "without DUP it is a new record"
-        );
-        assert!(s.resend(true, 8, a).is_none(), "another packet id");
-        assert!(
-            s.resend(true, 7, fingerprint(b"t/a", b"two")).is_none(),
-            "the id reused for another publish"
-        );
-        assert!(s.resend(true, 7, fingerprint(b"t/b", b"one")).is_none());
-    }
 
     #[tokio::test]
     async fn sessions_resume_unless_clean_and_are_bounded() {
