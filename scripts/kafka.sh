@@ -119,7 +119,9 @@ transaction.state.log.min.isr=1
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
-auto.create.topics.enable=true
+# As in production: topics are created on purpose (the tests create theirs
+# through the admin API), so a mistyped topic is an error, not a new topic.
+auto.create.topics.enable=false
 EOF
 # The broker logs INFO to its stdout (the log file); tools pass WARN.
 cat > "$home/log4j2.properties" <<'EOF'

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs (Debian packages) and starts the brokers weir's tests run against,
-# on loopback only: Mosquitto on 127.0.0.1:1883 and RabbitMQ on
-# 127.0.0.1:5672. Idempotent: does nothing for a broker already answering.
+# on loopback only: Mosquitto on 127.0.0.1:1883, RabbitMQ on
+# 127.0.0.1:5672 and Kafka on 127.0.0.1:9092 (scripts/kafka.sh). Idempotent:
+# does nothing for a broker already answering.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -60,3 +61,4 @@ for p in 1883 5672; do
   fi
 done
 echo "services: mosquitto and rabbitmq are up"
+bash "$here/kafka.sh"

@@ -77,6 +77,32 @@ impl Consumed {
         self.total += 1;
     }
 
+    /// Takes in one weir batch, `data` encoded as `encoding`, consumed at
+    /// `consumed_us`.
+    pub fn weir_batch(
+        &mut self,
+        data: &[u8],
+        encoding: &str,
+        consumed_us: u64,
+    ) -> anyhow::Result<()> {
+        let batch = weir_proto::decode_batch(data, encoding, 64 << 20)
+            .context("a message that is not a weir batch")?;
+        self.batches.push(batch.created_us);
+        for r in &batch.records {
+            let (send_us, seq) =
+                read_stamp(&r.payload).context("a record without a weir-load stamp")?;
+            self.mark(seq);
+            self.samples.push(Sample {
+                key: r.key.clone(),
+                send_us,
+                ingress_us: r.ingress_us,
+                created_us: batch.created_us,
+                consumed_us,
+            });
+        }
+        Ok(())
+    }
+
     pub fn integrity(&self, acked: u64) -> Integrity {
         Integrity {
             acked,
@@ -90,8 +116,8 @@ impl Consumed {
 
 /// A consumer on its own thread.
 pub struct Consumer {
-    stop: CancellationToken,
-    done: std::pin::Pin<Box<dyn Future<Output = anyhow::Result<Consumed>> + Send>>,
+    pub(crate) stop: CancellationToken,
+    pub(crate) done: std::pin::Pin<Box<dyn Future<Output = anyhow::Result<Consumed>> + Send>>,
 }
 
 impl Consumer {
@@ -212,21 +238,7 @@ pub async fn consume(
                     .as_ref()
                     .map_or("identity", |s| s.as_str())
                     .to_string();
-                let batch = weir_proto::decode_batch(&delivery.data, &encoding, 64 << 20)
-                    .context("a message that is not a weir batch")?;
-                seen.batches.push(batch.created_us);
-                for r in &batch.records {
-                    let (send_us, seq) =
-                        read_stamp(&r.payload).context("a record without a weir-load stamp")?;
-                    seen.mark(seq);
-                    seen.samples.push(Sample {
-                        key: r.key.clone(),
-                        send_us,
-                        ingress_us: r.ingress_us,
-                        created_us: batch.created_us,
-                        consumed_us,
-                    });
-                }
+                seen.weir_batch(&delivery.data, &encoding, consumed_us)?;
             }
             Body::Raw => {
                 let (send_us, seq) =

@@ -26,6 +26,7 @@ pub struct Weir {
     pub queue: String,
     exchange: String,
     amqp: String,
+    kafka: Option<String>,
     dir: PathBuf,
     spool: PathBuf,
     pub log: PathBuf,
@@ -110,15 +111,7 @@ listen = "{mqtt}"
 [ingress.grpc]
 enabled = false
 
-[egress]
-kind = "amqp"
-
-[egress.amqp]
-{urls}
-exchange = "{exchange}"
-queue = "{queue}"
-queue_type = "{queue_type}"
-routing_key = "{name}"
+{egress}
 
 [admin]
 listen = "{admin}"
@@ -127,19 +120,31 @@ listen = "{admin}"
 level = "warn"
 "#,
         scheduler = tuned_scheduler(batch),
-        urls = if env.amqp_urls.is_empty() {
-            format!("url = \"{}\"", env.amqp)
-        } else {
-            let quoted: Vec<String> = env.amqp_urls.iter().map(|u| format!("\"{u}\"")).collect();
-            format!("urls = [{}]", quoted.join(", "))
-        },
-        queue_type = env.queue_type.name(),
+        egress = egress(env, name, exchange, queue),
         d_ls = durability("ls"),
         d_nm = durability("nm"),
         d_lt = durability("lt"),
         spool = spool_dir.display(),
     );
     with_settings(&config, &batch.set)
+}
+
+/// The `[egress]` section: RabbitMQ's exchange and queue, or the Kafka
+/// topic named as the queue.
+fn egress(env: &Env, name: &str, exchange: &str, queue: &str) -> String {
+    if let Some(broker) = &env.kafka {
+        return format!("[egress]\nkind = \"kafka\"\n\n[egress.kafka]\nbrokers = [\"{broker}\"]\ntopic = \"{queue}\"\n");
+    }
+    let urls = if env.amqp_urls.is_empty() {
+        format!("url = \"{}\"", env.amqp)
+    } else {
+        let quoted: Vec<String> = env.amqp_urls.iter().map(|u| format!("\"{u}\"")).collect();
+        format!("urls = [{}]", quoted.join(", "))
+    };
+    format!(
+        "[egress]\nkind = \"amqp\"\n\n[egress.amqp]\n{urls}\nexchange = \"{exchange}\"\nqueue = \"{queue}\"\nqueue_type = \"{}\"\nrouting_key = \"{name}\"\n",
+        env.queue_type.name()
+    )
 }
 
 /// Runs `weir run --config config`, its output to `log`.
@@ -190,6 +195,9 @@ impl Weir {
         )?;
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
+        if let Some(broker) = &env.kafka {
+            crate::kafka::create_topic(broker, &queue).await?;
+        }
         let config_path = dir.join("weir.toml");
         std::fs::write(&config_path, config)?;
         let log = dir.join("weir.log");
@@ -203,6 +211,7 @@ impl Weir {
             queue,
             exchange,
             amqp: env.amqp.clone(),
+            kafka: env.kafka.clone(),
             dir,
             spool: spool_dir,
             log,
@@ -268,7 +277,10 @@ impl Weir {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
-        delete_topology(&self.amqp, &self.queue, Some(&self.exchange)).await;
+        match &self.kafka {
+            Some(broker) => crate::kafka::delete_topic(broker, &self.queue).await,
+            None => delete_topology(&self.amqp, &self.queue, Some(&self.exchange)).await,
+        }
         self.cleaned = true;
         if status.success() && !keep {
             let _ = std::fs::remove_dir_all(&self.spool);

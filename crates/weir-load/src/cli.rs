@@ -30,6 +30,11 @@ pub struct Cli {
     /// (egress.amqp.queue_type).
     #[arg(long, global = true, value_enum, default_value_t = QueueTypeArg::Classic)]
     pub queue_type: QueueTypeArg,
+    /// weir delivers to this Kafka broker (egress.kind = "kafka", a topic
+    /// made for the run) instead of RabbitMQ, and the consumer reads the
+    /// topic, e.g. scripts/kafka.sh's 127.0.0.1:9092.
+    #[arg(long, global = true)]
+    pub kafka: Option<String>,
     /// Also write the figures as JSON to this file.
     #[arg(long, global = true)]
     pub json: Option<PathBuf>,

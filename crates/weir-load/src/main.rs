@@ -58,6 +58,7 @@ mod child;
 mod cli;
 mod contention;
 mod grpc;
+mod kafka;
 mod latency;
 mod mqtt;
 mod offer;
@@ -101,6 +102,7 @@ fn main() -> anyhow::Result<()> {
         amqp: cli.amqp.clone(),
         amqp_urls: cli.amqp_urls.clone(),
         queue_type: cli.queue_type,
+        kafka: cli.kafka.clone(),
         keep: cli.keep,
         clk_tck: clk_tck(),
     };

@@ -28,6 +28,14 @@ pub async fn consume_weir(
     weir: &Weir,
     counters: &std::sync::Arc<Counters>,
 ) -> anyhow::Result<crate::amqp::Consumer> {
+    if let Some(broker) = &env.kafka {
+        return crate::kafka::start(
+            broker.clone(),
+            weir.queue.clone(),
+            std::sync::Arc::clone(counters),
+        )
+        .await;
+    }
     crate::amqp::Consumer::start(
         env.amqp.clone(),
         weir.queue.clone(),

@@ -21,6 +21,9 @@ pub struct Env {
     pub amqp_urls: Vec<String>,
     /// The queue type weir declares and the consumer reads.
     pub queue_type: crate::cli::QueueTypeArg,
+    /// weir delivers to this Kafka broker instead of RabbitMQ, into a
+    /// topic of the run's own.
+    pub kafka: Option<String>,
     pub keep: bool,
     pub clk_tck: f64,
 }

@@ -37,6 +37,7 @@ use crate::spool::{SequenceLease, Spool};
 fn egress_channel(sink: &EgressSink) -> usize {
     match sink {
         EgressSink::Amqp(a) => a.max_in_flight.max(1),
+        EgressSink::Kafka(k) => k.max_in_flight.max(1),
         EgressSink::File(_) => 1,
     }
 }
@@ -454,6 +455,7 @@ async fn start_egress(
         // A broker's reconnect pacing is the operator's to set.
         retry_max: match &cfg.egress.sink {
             EgressSink::Amqp(a) => a.reconnect_backoff_max,
+            EgressSink::Kafka(k) => k.reconnect_backoff_max,
             EgressSink::File(_) => EGRESS_RETRY_MAX,
         },
         abort,
@@ -474,6 +476,16 @@ async fn start_egress(
             let mut sink = egress::amqp::AmqpSink::new(a.clone(), cfg.node.id)
                 .with_classes(&cfg.classes)
                 .with_metrics(Arc::clone(&metrics.amqp));
+            sink.start().await.map_err(|e| AppError::Topology {
+                problems: vec![crate::config::Problem {
+                    path: e.key.to_owned(),
+                    message: e.message,
+                }],
+            })?;
+            spawn_egress(sink, link, rx, ctx)
+        }
+        EgressSink::Kafka(k) => {
+            let mut sink = egress::kafka::KafkaSink::new(k.clone(), cfg.node.id, &cfg.classes);
             sink.start().await.map_err(|e| AppError::Topology {
                 problems: vec![crate::config::Problem {
                     path: e.key.to_owned(),

@@ -296,10 +296,14 @@ fn consume(args: ConsumeArgs) -> ExitCode {
         Some(path) => match load(Some(path)) {
             Ok(cfg) => match cfg.egress.sink {
                 config::EgressSink::Amqp(a) => Some(a),
-                config::EgressSink::File(_) => {
+                config::EgressSink::File(_) | config::EgressSink::Kafka(_) => {
                     eprintln!(
-                        "weir consume: {} has egress.kind = \"file\"; give an AMQP config or --url and --queue",
-                        path.display()
+                        "weir consume: {} has egress.kind = \"{}\"; weir consume reads from RabbitMQ: give an AMQP config or --url and --queue",
+                        path.display(),
+                        match cfg.egress.sink {
+                            config::EgressSink::Kafka(_) => "kafka",
+                            _ => "file",
+                        }
                     );
                     return ExitCode::from(EXIT_BAD_CONFIG);
                 }

@@ -17,6 +17,9 @@ use weir_core::NodeId;
 /// Files need no running server: a fresh checkout works out of the box.
 pub const EGRESS_KIND: &str = "file";
 
+/// The values of `egress.kind`.
+pub const SINK_KINDS: [&str; 3] = ["file", "amqp", "kafka"];
+
 /// `[egress]`
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -24,6 +27,7 @@ pub(crate) struct RawEgress {
     pub kind: Option<String>,
     pub file: Option<RawFileEgress>,
     pub amqp: Option<RawAmqp>,
+    pub kafka: Option<super::kafka::RawKafka>,
     pub link: Option<RawLink>,
     pub drain_timeout: Option<Written<HumanDuration>>,
 }
@@ -53,49 +57,57 @@ pub enum EgressSink {
     File(FileEgress),
     /// `kind = "amqp"`: publish to RabbitMQ.
     Amqp(AmqpEgress),
+    /// `kind = "kafka"`: produce to a Kafka-protocol service.
+    Kafka(super::kafka::KafkaEgress),
 }
 
 /// `[egress]` checked, or `None` after recording why.
 pub(crate) fn egress(p: &mut Problems, raw: RawEgress, classes: &[String]) -> Option<EgressConfig> {
     let before = p.len();
     let kind = raw.kind.as_deref().unwrap_or(EGRESS_KIND);
-    let file_given = raw.file.is_some();
-    let amqp_given = raw.amqp.is_some();
+    // A table for a kind not chosen is a mistake worth naming.
+    let given = [
+        ("file", raw.file.is_some()),
+        ("amqp", raw.amqp.is_some()),
+        ("kafka", raw.kafka.is_some()),
+    ];
+    if SINK_KINDS.contains(&kind) {
+        for (other, _) in given.iter().filter(|(k, g)| *g && *k != kind) {
+            p.push(
+                format!("egress.{other}"),
+                format!("given, but egress.kind is {kind:?}; set egress.kind = {other:?} to use it, or remove [egress.{other}]"),
+            );
+        }
+    }
+    // Every table given is checked, chosen or not: all its problems are
+    // listed at once.
     let file = raw.file.map(|f| file_egress(p, f));
     let amqp = raw.amqp.map(|a| amqp_egress(p, a, classes));
+    let kafka = raw.kafka.map(|k| super::kafka::kafka_egress(p, k, classes));
+    let needs_table = |p: &mut Problems, kind: &str, what: &str| {
+        p.push(
+            format!("egress.{kind}"),
+            format!("missing; egress.kind = {kind:?} needs an [egress.{kind}] section with at least {what}"),
+        );
+        None
+    };
     let sink = match kind {
         "file" => {
-            if amqp_given {
-                p.push(
-                    "egress.amqp",
-                    "given, but egress.kind is \"file\"; set egress.kind = \"amqp\" to publish to RabbitMQ, or remove [egress.amqp]",
-                );
-            }
             let default = || file_egress(p, RawFileEgress::default());
             file.unwrap_or_else(default).map(EgressSink::File)
         }
-        "amqp" => {
-            if file_given {
-                p.push(
-                    "egress.file",
-                    "given, but egress.kind is \"amqp\"; set egress.kind = \"file\" to write files, or remove [egress.file]",
-                );
-            }
-            match amqp {
-                Some(amqp) => amqp.map(EgressSink::Amqp),
-                None => {
-                    p.push(
-                        "egress.amqp",
-                        "missing; egress.kind = \"amqp\" needs an [egress.amqp] section with at least its url",
-                    );
-                    None
-                }
-            }
-        }
+        "amqp" => match amqp {
+            Some(a) => a.map(EgressSink::Amqp),
+            None => needs_table(p, "amqp", "its url"),
+        },
+        "kafka" => match kafka {
+            Some(k) => k.map(EgressSink::Kafka),
+            None => needs_table(p, "kafka", "its brokers"),
+        },
         other => {
             p.push(
                 "egress.kind",
-                format!("unknown kind {other:?} (known: file, amqp)"),
+                format!("unknown kind {other:?} (known: {})", SINK_KINDS.join(", ")),
             );
             None
         }

@@ -19,7 +19,8 @@
 //! - `ingress.rs`: `[ingress.mqtt]` and `[ingress.grpc]`.
 //! - `tls.rs`: the TLS tables, and the rule that a listener other hosts
 //!   can reach authenticates its clients.
-//! - `egress.rs`: `[egress]` with its file, amqp and link tables.
+//! - `egress.rs`: `[egress]` with its file, amqp and link tables;
+//!   `kafka.rs`: `[egress.kafka]`.
 //! - `peering.rs`: `[peering]`.
 //! - `spool.rs`: `[spool]` and the per-class durability keys.
 //! - `admin.rs`, `log.rs`: `[admin]`, `[log]`.
@@ -44,6 +45,7 @@ pub mod defaults;
 mod egress;
 mod error;
 mod ingress;
+mod kafka;
 mod log;
 mod named;
 mod node;
@@ -77,6 +79,7 @@ pub use ingress::{
     BrokerAddr, GrpcAuth, GrpcIngress, IngressConfig, MqttAuth, MqttIngress, MqttLimits,
     MqttListen, MqttMode, MqttSubscribe, MqttTls, Qos0WhenFull, SubscribeQos,
 };
+pub use kafka::{KafkaEgress, KafkaSasl, KafkaTls, SaslMechanism, KAFKA_BROKER, KAFKA_TOPIC};
 pub use log::{LogConfig, LogFormat};
 pub use node::{CpuPriority, MemoryLimit, NodeConfig};
 pub use peering::{Adverts, PeerConfig, PeeringConfig};
@@ -239,11 +242,24 @@ fn validate(raw: RawConfig) -> Result<Config, Vec<Problem>> {
     let node_id = node.as_ref().map_or(node::NODE_ID, |n| n.id);
     let classes = classes::classes(&mut p, raw.class);
     let classifier = classes::classify(&mut p, raw.classify, &classes.names);
-    let scheduler = scheduler::scheduler(&mut p, raw.scheduler, &classes.bounds);
+    let sizes_given = SizesGiven {
+        mqtt_packet: raw.ingress.mqtt.max_packet_size.is_some(),
+        grpc_message: raw.ingress.grpc.max_message_size.is_some(),
+    };
+    let mut scheduler = scheduler::scheduler(&mut p, raw.scheduler, &classes.bounds);
     let batching = scheduler::batching(&mut p, raw.batching);
     let compression = scheduler::compression(&mut p, raw.compression);
-    let ingress = ingress::ingress(&mut p, raw.ingress, node_id);
+    let mut ingress = ingress::ingress(&mut p, raw.ingress, node_id);
     let egress = egress::egress(&mut p, raw.egress, &classes.names);
+    if let Some(EgressSink::Kafka(kafka)) = egress.as_ref().map(|e| &e.sink) {
+        fit_kafka(
+            &mut p,
+            kafka,
+            sizes_given,
+            ingress.as_mut(),
+            scheduler.as_mut(),
+        );
+    }
     let spool = spool::spool(&mut p, raw.spool);
     let admin = admin::admin(&mut p, raw.admin);
     let peering = peering::peering(&mut p, raw.peering, node_id);
@@ -317,6 +333,70 @@ fn validate(raw: RawConfig) -> Result<Config, Vec<Problem>> {
             debug_assert!(!p.0.is_empty(), "a section failed without saying why");
             Err(p.0)
         }
+    }
+}
+
+/// Which record size limits the config file sets itself.
+#[derive(Debug, Clone, Copy)]
+struct SizesGiven {
+    mqtt_packet: bool,
+    grpc_message: bool,
+}
+
+/// Batches and records fit a Kafka message: the batch cap is lowered to
+/// what a message holds, and so are the ingress limits the file leaves at
+/// their defaults; a limit the file sets higher is a problem (such a
+/// record could never be delivered).
+fn fit_kafka(
+    p: &mut Problems,
+    kafka: &KafkaEgress,
+    given: SizesGiven,
+    ingress: Option<&mut IngressConfig>,
+    scheduler: Option<&mut SchedulerConfig>,
+) {
+    let batch = kafka.max_batch_bytes() as usize;
+    let record = kafka.max_record_bytes() as usize;
+    if let Some(s) = scheduler {
+        if s.max_batch_bytes > batch && s.max_batch_bytes as u64 != scheduler::MAX_BATCH_BYTES {
+            p.push(
+                "scheduler.max_batch_bytes",
+                format!(
+                    "{} is larger than a Kafka message holds (egress.kafka.max_message_bytes {} less {} for the message's own fields); lower it, or raise both max_message_bytes and the brokers' message.max.bytes",
+                    Size(s.max_batch_bytes as u64),
+                    Size(kafka.max_message_bytes),
+                    Size(kafka::KAFKA_MESSAGE_OVERHEAD),
+                ),
+            );
+        }
+        s.max_batch_bytes = s.max_batch_bytes.min(batch);
+    }
+    let Some(ingress) = ingress else { return };
+    let limits = [
+        (
+            "ingress.mqtt.max_packet_size",
+            given.mqtt_packet,
+            ingress.mqtt.as_mut().map(|m| &mut m.max_packet_size),
+        ),
+        (
+            "ingress.grpc.max_message_size",
+            given.grpc_message,
+            ingress.grpc.as_mut().map(|g| &mut g.max_message_size),
+        ),
+    ];
+    for (path, given, limit) in limits {
+        let Some(limit) = limit else { continue };
+        if *limit > record && given {
+            p.push(
+                path,
+                format!(
+                    "{} is larger than a record a Kafka message can carry ({}: egress.kafka.max_message_bytes {} less the message's and the batch's own fields); lower it, or raise max_message_bytes and the brokers' message.max.bytes",
+                    Size(*limit as u64),
+                    Size(record as u64),
+                    Size(kafka.max_message_bytes),
+                ),
+            );
+        }
+        *limit = (*limit).min(record);
     }
 }
 

@@ -415,7 +415,7 @@ fn mode_and_kind_specific_sections() {
         topics = ["ok/#", "bad+"]
         qos = 7
         [egress]
-        kind = "kafka"
+        kind = "pulsar"
         [egress.link]
         bandwidth = "0bit/s"
         delay = "1ms"
@@ -427,7 +427,7 @@ fn mode_and_kind_specific_sections() {
     assert_problem(
         &ps,
         "egress.kind",
-        "unknown kind \"kafka\" (known: file, amqp)",
+        "unknown kind \"pulsar\" (known: file, amqp, kafka)",
     );
     assert_problem(&ps, "egress.link.bandwidth", "greater than zero");
 

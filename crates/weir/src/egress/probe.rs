@@ -146,6 +146,27 @@ pub async fn probe_link(cfg: &Config, small: u64, large: u64) -> Result<ProbeRep
             )
             .await
         }
+        (EgressSink::Kafka(k), None) => {
+            probe_with(
+                super::kafka::KafkaSink::new(k.clone(), node, &cfg.classes),
+                node,
+                small,
+                large,
+            )
+            .await
+        }
+        (EgressSink::Kafka(k), Some(p)) => {
+            probe_with(
+                EmulatedLink::new(
+                    p,
+                    super::kafka::KafkaSink::new(k.clone(), node, &cfg.classes),
+                ),
+                node,
+                small,
+                large,
+            )
+            .await
+        }
         (EgressSink::Amqp(a), Some(p)) => {
             probe_with(
                 EmulatedLink::new(

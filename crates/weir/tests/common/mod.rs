@@ -6,6 +6,8 @@
 //!   the process and test, logs, counting;
 //! - `amqp`: the test RabbitMQ, weir's `[egress.amqp]` section pointing at
 //!   it, and a consumer that decodes weir batches;
+//! - `kafka`: the test Kafka broker, weir's `[egress.kafka]` section, a
+//!   reader that decodes weir batches from a topic, killing the broker;
 //! - `mqtt`: the test Mosquitto, `mosquitto_pub`, a rumqttc client that
 //!   reports PUBACKs, raw MQTT packets;
 //! - `ingress`: the JANUS class ids, queue capacities, and an [`Intake`]
@@ -25,6 +27,7 @@
 
 pub mod amqp;
 pub mod ingress;
+pub mod kafka;
 pub mod mqtt;
 pub mod peering;
 pub mod pki;

@@ -193,3 +193,121 @@ fn broker_addresses() {
         assert_problem(&problems(&text), "ingress.mqtt.broker", bad);
     }
 }
+
+#[test]
+fn kafka_brokers_topics_security_and_message_size() {
+    let ok = parse(
+        r#"
+[[class]]
+name = "ls"
+bound = "100ms"
+[[class]]
+name = "lt"
+bound = "1s"
+[egress]
+kind = "kafka"
+[egress.kafka]
+brokers = ["b-1.msk.example:9096", "b-2.msk.example:9096"]
+topic = "site7.{class}"
+tls = true
+sasl_mechanism = "scram-sha-512"
+username = "weir"
+password = "secret"
+max_in_flight = 8
+"#,
+        "kafka",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let EgressSink::Kafka(k) = &ok.egress.sink else {
+        panic!("kafka egress")
+    };
+    assert_eq!(k.brokers.len(), 2);
+    assert_eq!(k.topic_for(7, "ls"), "site7.ls");
+    assert_eq!(k.tls, Some(KafkaTls { ca_file: None }));
+    let sasl = k.sasl.as_ref().unwrap();
+    assert_eq!(sasl.mechanism, SaslMechanism::ScramSha512);
+    assert!(
+        !format!("{sasl:?}").contains("secret"),
+        "the password is not logged"
+    );
+    assert_eq!(k.max_in_flight, 8);
+    assert_eq!(k.max_message_bytes, 1 << 20);
+    // Batches and records left at their defaults are cut to fit a message.
+    assert_eq!(ok.scheduler.max_batch_bytes as u64, k.max_batch_bytes());
+    let mqtt = ok.ingress.mqtt.as_ref().unwrap();
+    assert_eq!(mqtt.max_packet_size as u64, k.max_record_bytes());
+    assert!(ok.ingress.grpc.as_ref().unwrap().max_message_size as u64 <= k.max_record_bytes());
+
+    let ps = problems(
+        r#"
+[ingress.mqtt]
+max_packet_size = "1MiB"
+[scheduler]
+max_batch_bytes = "2MiB"
+[egress]
+kind = "kafka"
+[egress.kafka]
+brokers = ["nohost", ":9092"]
+topic = "bad topic/{node}"
+sasl_mechanism = "plain"
+username = "u"
+password = "p"
+max_in_flight = 0
+"#,
+    );
+    assert_problem(&ps, "egress.kafka.brokers[0]", "is not host:port");
+    assert_problem(&ps, "egress.kafka.brokers[1]", "is not host:port");
+    assert_problem(&ps, "egress.kafka.topic", "not a Kafka topic name");
+    assert_problem(&ps, "egress.kafka.sasl_mechanism", "needs tls = true");
+    assert_problem(&ps, "egress.kafka.max_in_flight", "out of range");
+
+    let ps = problems(
+        r#"
+[egress]
+kind = "kafka"
+[egress.kafka]
+topic = "t.{cls}"
+sasl_mechanism = "scram-sha-256"
+username = "u"
+"#,
+    );
+    assert_problem(&ps, "egress.kafka.topic", "not a placeholder");
+    assert_problem(
+        &ps,
+        "egress.kafka.password",
+        "needs a username and a password",
+    );
+
+    // Sizes the file sets itself that a Kafka message cannot carry.
+    let ps = problems(
+        r#"
+[ingress.mqtt]
+max_packet_size = "1MiB"
+[scheduler]
+max_batch_bytes = "2MiB"
+[egress]
+kind = "kafka"
+[egress.kafka]
+"#,
+    );
+    assert_problem(
+        &ps,
+        "ingress.mqtt.max_packet_size",
+        "larger than a record a Kafka message can carry",
+    );
+    assert_problem(
+        &ps,
+        "scheduler.max_batch_bytes",
+        "larger than a Kafka message holds",
+    );
+    assert_problem(
+        &problems("[egress]\nkind = \"kafka\""),
+        "egress.kafka",
+        "needs an [egress.kafka] section",
+    );
+    assert_problem(
+        &problems("[egress]\nkind = \"file\"\n[egress.kafka]\n"),
+        "egress.kafka",
+        "egress.kind is \"file\"",
+    );
+}
