@@ -136,10 +136,18 @@ enum Command {
 #[derive(clap::Args)]
 struct ConsumeArgs {
     /// A weir config whose [egress.amqp] gives the URL (the first of
-    /// urls), the queue and whether it is a stream; the options below
-    /// override it.
+    /// urls), the queue and whether it is a stream, or whose
+    /// [egress.kafka] gives the brokers (with TLS and SASL) and the topic;
+    /// the options below override it.
     #[arg(short, long)]
     config: Option<PathBuf>,
+    /// Read from these Kafka brokers (comma-separated host:port) instead
+    /// of RabbitMQ.
+    #[arg(long, value_delimiter = ',')]
+    kafka: Vec<String>,
+    /// The Kafka topic to read.
+    #[arg(long)]
+    topic: Option<String>,
     /// The broker, e.g. amqp://guest:guest@127.0.0.1:5672/%2f.
     #[arg(long)]
     url: Option<String>,
@@ -180,6 +188,77 @@ struct ConsumeArgs {
     /// Refuse batches that decode to more than this many bytes.
     #[arg(long, default_value_t = weir_proto::codec::DEFAULT_MAX_DECODED)]
     max_size: usize,
+}
+
+/// Where `weir consume` reads: an AMQP URL, queue and whether it is a
+/// stream, or a Kafka topic; from the options, else the config's egress.
+fn consume_source(
+    config: Option<&PathBuf>,
+    url: Option<String>,
+    queue: Option<String>,
+    stream: bool,
+    kafka: Vec<String>,
+    topic: Option<String>,
+) -> Result<(String, String, bool, Option<config::KafkaEgress>), String> {
+    let sink = match config {
+        Some(path) => match load(Some(path)) {
+            Ok(cfg) => Some(cfg.egress.sink),
+            Err(e) => {
+                report(Some(path), &e);
+                return Err(format!("{} is not a valid config", path.display()));
+            }
+        },
+        None => None,
+    };
+    let (amqp, from_config) = match sink {
+        Some(config::EgressSink::Amqp(a)) => (Some(a), None),
+        Some(config::EgressSink::Kafka(k)) => (None, Some(k)),
+        Some(config::EgressSink::File(_)) => {
+            return Err(format!(
+                "{} has egress.kind = \"file\"; read its segments with weir decode, or give an AMQP or Kafka config, --url and --queue, or --kafka and --topic",
+                config.map_or(String::new(), |p| p.display().to_string())
+            ))
+        }
+        None => (None, None),
+    };
+    if !kafka.is_empty() || from_config.is_some() {
+        let mut k = match from_config {
+            Some(k) if kafka.is_empty() => k,
+            Some(mut k) => {
+                k.brokers = kafka;
+                k
+            }
+            None => config::KafkaEgress::plain(kafka, String::new()),
+        };
+        if let Some(t) = topic {
+            k.topic = t;
+        }
+        if k.topic.is_empty() || k.topic_is_template() {
+            return Err(format!(
+                "which Kafka topic? {}; name one with --topic",
+                if k.topic.is_empty() {
+                    "none given".to_owned()
+                } else {
+                    format!("the config's topic {:?} is a template", k.topic)
+                }
+            ));
+        }
+        return Ok((String::new(), String::new(), false, Some(k)));
+    }
+    let url = url
+        .or_else(|| amqp.as_ref().and_then(|a| a.urls.first().cloned()))
+        .unwrap_or_else(|| config::AMQP_URL.to_owned());
+    let queue = queue
+        .or_else(|| amqp.as_ref().map(|a| a.queue.clone()))
+        .unwrap_or_else(|| config::AMQP_QUEUE.to_owned());
+    if queue.is_empty() {
+        return Err("the config declares no queue (queue = \"\"); name one with --queue".into());
+    }
+    let stream = stream
+        || amqp
+            .as_ref()
+            .is_some_and(|a| a.queue_type == config::QueueType::Stream);
+    Ok((url, queue, stream, None))
 }
 
 fn decode(file: &std::path::Path, encoding: Option<String>, max_size: usize) -> anyhow::Result<()> {
@@ -279,6 +358,8 @@ fn print_batch(
 fn consume(args: ConsumeArgs) -> ExitCode {
     let ConsumeArgs {
         config,
+        kafka,
+        topic,
         url,
         queue,
         stream,
@@ -292,45 +373,14 @@ fn consume(args: ConsumeArgs) -> ExitCode {
         window,
         max_size,
     } = args;
-    let amqp = match &config {
-        Some(path) => match load(Some(path)) {
-            Ok(cfg) => match cfg.egress.sink {
-                config::EgressSink::Amqp(a) => Some(a),
-                config::EgressSink::File(_) | config::EgressSink::Kafka(_) => {
-                    eprintln!(
-                        "weir consume: {} has egress.kind = \"{}\"; weir consume reads from RabbitMQ: give an AMQP config or --url and --queue",
-                        path.display(),
-                        match cfg.egress.sink {
-                            config::EgressSink::Kafka(_) => "kafka",
-                            _ => "file",
-                        }
-                    );
-                    return ExitCode::from(EXIT_BAD_CONFIG);
-                }
-            },
-            Err(e) => {
-                report(Some(path), &e);
+    let (url, queue, stream, kafka) =
+        match consume_source(config.as_ref(), url, queue, stream, kafka, topic) {
+            Ok(source) => source,
+            Err(why) => {
+                eprintln!("weir consume: {why}");
                 return ExitCode::from(EXIT_BAD_CONFIG);
             }
-        },
-        None => None,
-    };
-    let url = url
-        .or_else(|| amqp.as_ref().and_then(|a| a.urls.first().cloned()))
-        .unwrap_or_else(|| config::AMQP_URL.to_owned());
-    let queue = queue
-        .or_else(|| amqp.as_ref().map(|a| a.queue.clone()))
-        .unwrap_or_else(|| config::AMQP_QUEUE.to_owned());
-    if queue.is_empty() {
-        eprintln!(
-            "weir consume: the config declares no queue (queue = \"\"); name one with --queue"
-        );
-        return ExitCode::from(EXIT_BAD_CONFIG);
-    }
-    let stream = stream
-        || amqp
-            .as_ref()
-            .is_some_and(|a| a.queue_type == config::QueueType::Stream);
+        };
     let opts = weir::consume::ConsumeOptions {
         url,
         queue,
@@ -344,6 +394,7 @@ fn consume(args: ConsumeArgs) -> ExitCode {
         max_records,
         window,
         max_size,
+        kafka,
     };
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,

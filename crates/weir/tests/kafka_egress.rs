@@ -154,3 +154,116 @@ async fn a_missing_topic_stops_start_up_naming_the_key_and_the_topic() {
     assert!(said.contains("does not exist"), "says why:\n{said}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `weir consume --kafka` killed with SIGKILL again and again while it
+/// reads a topic into a file: every record is in the file once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weir_consume_reads_a_topic_once_across_sigkills() {
+    use common::mqtt::{publish_qos1, Pace};
+    const N: u64 = 6_000;
+    const KILLS: u64 = 12;
+    let name = unique("kafka-consume");
+    create_topic(&name, 2).await;
+    let dir = tmp(&name);
+    // The topic, filled by a weir in memory mode with small batches.
+    let mqtt = free_port();
+    let cfg = write_config(
+        &dir,
+        "relay.toml",
+        &format!(
+            "[spool]\ndir = \"{}\"\n[scheduler]\nmax_batch_records = 8\n[ingress.mqtt]\nlisten = \"127.0.0.1:{mqtt}\"\n[ingress.grpc]\nenabled = false\n{}\n",
+            dir.join("spool").display(),
+            kafka_egress(&name)
+        ),
+    );
+    let mut relay = spawn_weir(&cfg, std::fs::File::create(dir.join("relay.log")).unwrap());
+    wait_port(std::net::SocketAddr::from(([127, 0, 0, 1], mqtt))).await;
+    let pace = Pace::unpaced(64, tokio::time::Instant::now() + PATIENCE);
+    let acked = publish_qos1(mqtt, &name, pace, |i| {
+        (i < N).then(|| (b"lt/consume".to_vec(), format!("c-{i}").into_bytes()))
+    })
+    .await;
+    assert_eq!(acked.len() as u64, N);
+    sigterm(relay.id());
+    assert!(
+        relay.wait().unwrap().success(),
+        "the relay drained to Kafka"
+    );
+
+    let out = dir.join("out.jsonl");
+    let state = dir.join("state.json");
+    let args = |idle: Option<&str>| {
+        let mut a: Vec<String> = [
+            "consume",
+            "--kafka",
+            BROKER,
+            "--topic",
+            &name,
+            "--prefetch",
+            "4",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        a.extend(["--output".into(), out.display().to_string()]);
+        a.extend(["--state".into(), state.display().to_string()]);
+        if let Some(idle) = idle {
+            a.extend(["--idle-exit".into(), idle.into()]);
+        }
+        a
+    };
+    let lines = || std::fs::read_to_string(&out).map_or(0, |t| t.lines().count() as u64);
+    let mut kills = 0;
+    for round in 0..KILLS {
+        let before = lines();
+        if before == N {
+            break;
+        }
+        let mut child = std::process::Command::new(WEIR)
+            .args(args(None))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join(format!("consume-{round}.log"))).unwrap())
+            .spawn()
+            .unwrap();
+        // Killed once it is reading (its output grew), at a different
+        // point of its reading each round.
+        eventually("weir consume reads on", || lines() > before).await;
+        tokio::time::sleep(Duration::from_millis(3 * round)).await;
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "round {round}: weir consume exited early (see consume-{round}.log)"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+        kills += 1;
+        eprintln!("round {round}: {} lines", lines());
+    }
+    let before = std::fs::read_to_string(&out).map_or(0, |t| t.lines().count());
+    eprintln!("{before} lines in the output before the last run");
+    let last = std::process::Command::new(WEIR)
+        .args(args(Some("3s")))
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&last.stderr).into_owned();
+    assert!(last.status.success(), "the last run: {err}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l:?}")))
+        .collect();
+    let keys = tally(
+        lines
+            .iter()
+            .map(|v| (v["origin"].as_u64().unwrap(), v["seq"].as_u64().unwrap())),
+    );
+    let twice = keys.values().filter(|&&n| n > 1).count();
+    eprintln!(
+        "weir consume, {kills} kills: {} records in the output ({twice} twice)",
+        keys.len()
+    );
+    assert!(kills >= 2, "killed while reading at least twice");
+    assert_eq!(keys.len() as u64, N, "every record handed on: {err}");
+    assert_eq!(twice, 0, "records handed on twice");
+    let _ = std::fs::remove_dir_all(&dir);
+}

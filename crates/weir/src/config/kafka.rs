@@ -89,6 +89,27 @@ pub struct KafkaEgress {
 }
 
 impl KafkaEgress {
+    /// `brokers` and `topic` with every other setting at its default: no
+    /// TLS, no SASL.
+    pub fn plain(brokers: Vec<String>, topic: String) -> KafkaEgress {
+        KafkaEgress {
+            brokers,
+            topic,
+            tls: None,
+            sasl: None,
+            max_in_flight: KAFKA_MAX_IN_FLIGHT as usize,
+            request_timeout: KAFKA_REQUEST_TIMEOUT,
+            connect_timeout: KAFKA_CONNECT_TIMEOUT,
+            reconnect_backoff_max: KAFKA_RECONNECT_BACKOFF_MAX,
+            max_message_bytes: KAFKA_MAX_MESSAGE_BYTES,
+        }
+    }
+
+    /// Whether the topic differs by node or class.
+    pub fn topic_is_template(&self) -> bool {
+        TOPIC_PLACEHOLDERS.iter().any(|p| self.topic.contains(p))
+    }
+
     /// The largest batch body that fits a Kafka message.
     pub fn max_batch_bytes(&self) -> u64 {
         self.max_message_bytes - KAFKA_MESSAGE_OVERHEAD

@@ -159,35 +159,8 @@ impl KafkaSink {
 
     async fn connect(&mut self) -> Result<(), ConnectError> {
         let cfg = &self.cfg;
-        let mut builder = ClientBuilder::new(cfg.brokers.clone())
-            .client_id(format!("weir-{}", self.node))
-            .backoff_config(BackoffConfig {
-                init_backoff: Duration::from_millis(100),
-                max_backoff: Duration::from_secs(1),
-                base: 2.0,
-                // The client retries (leader changes, reconnects) only this
-                // long; then the batch fails and the delivery machine, which
-                // knows the other batches in flight, takes over.
-                deadline: Some(cfg.request_timeout),
-            });
-        if let Some(tls) = &cfg.tls {
-            let config = tls_config(tls.ca_file.as_deref()).map_err(ConnectError::Unavailable)?;
-            builder = builder.tls_config(Arc::new(config));
-        }
-        if let Some(sasl) = &cfg.sasl {
-            let c = Credentials::new(sasl.username.clone(), sasl.password.clone());
-            builder = builder.sasl_config(match sasl.mechanism {
-                SaslMechanism::Plain => SaslConfig::Plain(c),
-                SaslMechanism::ScramSha256 => SaslConfig::ScramSha256(c),
-                SaslMechanism::ScramSha512 => SaslConfig::ScramSha512(c),
-                // The config keeps no credentials without a mechanism.
-                SaslMechanism::None => {
-                    return Err(ConnectError::Unavailable(
-                        "SASL credentials without a mechanism".into(),
-                    ))
-                }
-            });
-        }
+        let builder = client_builder(cfg, format!("weir-{}", self.node))
+            .map_err(ConnectError::Unavailable)?;
         let limit = cfg.connect_timeout;
         let client = match tokio::time::timeout(limit, builder.build()).await {
             Ok(Ok(client)) => client,
@@ -334,6 +307,38 @@ impl Sink for KafkaSink {
     fn name(&self) -> &'static str {
         "kafka"
     }
+}
+
+/// A client for `cfg`'s brokers, with its TLS and SASL, as `client_id`.
+/// The client retries (leader changes, reconnects) for at most
+/// `request_timeout`; then the request fails and the caller (the delivery
+/// machine, which knows the other batches in flight) takes over.
+pub(crate) fn client_builder(
+    cfg: &KafkaEgress,
+    client_id: String,
+) -> Result<ClientBuilder, String> {
+    let mut builder = ClientBuilder::new(cfg.brokers.clone())
+        .client_id(client_id)
+        .backoff_config(BackoffConfig {
+            init_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(1),
+            base: 2.0,
+            deadline: Some(cfg.request_timeout),
+        });
+    if let Some(tls) = &cfg.tls {
+        builder = builder.tls_config(Arc::new(tls_config(tls.ca_file.as_deref())?));
+    }
+    if let Some(sasl) = &cfg.sasl {
+        let c = Credentials::new(sasl.username.clone(), sasl.password.clone());
+        builder = builder.sasl_config(match sasl.mechanism {
+            SaslMechanism::Plain => SaslConfig::Plain(c),
+            SaslMechanism::ScramSha256 => SaslConfig::ScramSha256(c),
+            SaslMechanism::ScramSha512 => SaslConfig::ScramSha512(c),
+            // The config keeps no credentials without a mechanism.
+            SaslMechanism::None => return Err("SASL credentials without a mechanism".into()),
+        });
+    }
+    Ok(builder)
 }
 
 /// The Kafka record of a batch (see the module docs).

@@ -1,6 +1,7 @@
 //! `weir consume`: reads weir's batches from a RabbitMQ queue or stream,
-//! hands each record on once (JSON lines on stdout or into a file), and
-//! acknowledges the batches only after that.
+//! or from a Kafka topic (`kafka.rs`), hands each record on once (JSON
+//! lines on stdout or into a file), and acknowledges the batches only
+//! after that.
 //!
 //! # Once, across restarts
 //! Records are deduplicated by `(origin, seq)` ([`weir_core::dedupe`]).
@@ -11,7 +12,9 @@
 //! A restart truncates the output to the length the state names (lines
 //! after it were never committed: their messages come again), resumes a
 //! stream after the stored offset, and drops what the stored ranges have
-//! seen. So, into a file, every record is handed on exactly once even
+//! seen. From Kafka, the state holds each partition's next offset, and a
+//! restart reads on from there: no consumer group is involved, so the
+//! offsets and the output are committed together, by one rename. So, into a file, every record is handed on exactly once even
 //! across `kill -9`; to stdout, lines written after the last commit may
 //! repeat after a crash.
 //!
@@ -31,6 +34,8 @@ use lapin::{Connection, ConnectionProperties};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use weir_core::dedupe::{Dedupe, DedupeCounts, OriginSeen, Verdict};
+
+mod kafka;
 
 /// Where a stream is read from when no state says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +103,9 @@ pub struct ConsumeOptions {
     pub window: usize,
     /// Largest decoded batch accepted.
     pub max_size: usize,
+    /// Read this Kafka topic (`topic`, which holds no placeholder) from
+    /// these brokers instead of RabbitMQ.
+    pub kafka: Option<crate::config::KafkaEgress>,
 }
 
 /// What a run did (also in the state file, summed over runs).
@@ -123,6 +131,9 @@ struct State {
     output_len: Option<u64>,
     /// The last stream offset committed.
     stream_offset: Option<u64>,
+    /// Kafka: the next offset to read, per partition.
+    #[serde(default)]
+    kafka_offsets: std::collections::BTreeMap<i32, i64>,
     /// Totals over every run.
     report: ConsumeReport,
     /// Per origin: the floor and the seen runs `[start, end)`.
@@ -268,6 +279,9 @@ fn sync_dir_of(path: &Path) -> std::io::Result<()> {
 /// `max_records` are handed on; commits what it read, and returns what it
 /// did in this run.
 pub async fn run(opts: ConsumeOptions, stop: CancellationToken) -> anyhow::Result<ConsumeReport> {
+    if let Some(kafka) = &opts.kafka {
+        return kafka::run(&opts, kafka, stop).await;
+    }
     let mut c = Commits::restore(&opts)?;
     let shown = crate::egress::amqp::redacted_url(&opts.url);
     let conn = Connection::connect(&opts.url, ConnectionProperties::default())
@@ -365,6 +379,8 @@ struct Commits {
     /// This run's.
     run: ConsumeReport,
     stream_offset: Option<u64>,
+    /// Kafka: the next offset to read, per partition.
+    kafka_offsets: std::collections::BTreeMap<i32, i64>,
     /// The last delivery tag not acknowledged.
     pending: Option<u64>,
     pending_count: usize,
@@ -409,6 +425,7 @@ impl Commits {
         let mut dedupe = Dedupe::new(window);
         let mut totals = ConsumeReport::default();
         let (mut stream_offset, mut committed_len) = (None, None);
+        let mut kafka_offsets = Default::default();
         if let Some(s) = stored {
             dedupe.restore(
                 s.origins.into_iter().map(|o| {
@@ -424,6 +441,7 @@ impl Commits {
             );
             totals = s.report;
             stream_offset = s.stream_offset;
+            kafka_offsets = s.kafka_offsets;
             committed_len = s.output_len;
         }
         let c = Commits {
@@ -432,6 +450,7 @@ impl Commits {
             totals,
             run: ConsumeReport::default(),
             stream_offset,
+            kafka_offsets,
             pending: None,
             pending_count: 0,
             state,
@@ -542,12 +561,19 @@ impl Commits {
         let Some(tag) = self.pending.take() else {
             return Ok(());
         };
-        let len = self.output.commit().context("writing the output")?;
-        self.save(len)?;
+        self.commit_local()?;
         channel
             .basic_ack(tag, BasicAckOptions { multiple: true })
             .await
             .context("acknowledging")?;
+        Ok(())
+    }
+
+    /// Writes (and for a file, syncs) the output, then the state; what
+    /// was read since the last commit is then committed.
+    fn commit_local(&mut self) -> anyhow::Result<()> {
+        let len = self.output.commit().context("writing the output")?;
+        self.save(len)?;
         self.pending_count = 0;
         Ok(())
     }
@@ -565,6 +591,7 @@ impl Commits {
         let state = State {
             output_len,
             stream_offset: self.stream_offset,
+            kafka_offsets: self.kafka_offsets.clone(),
             report,
             origins: self
                 .dedupe
