@@ -9,7 +9,7 @@ mod common;
 
 use std::collections::HashSet;
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::kafka::*;
 use common::mqtt::MqttClient;
@@ -47,8 +47,9 @@ async fn records_reach_the_topic_and_survive_a_broker_killed_mid_stream() {
     let name = unique("kafka-kill");
     // Three partitions: the node's batches go to one of them (11 mod 3).
     create_topic(&name, 3).await;
+    // The egress at its defaults (request timeout, reconnect backoff).
     let text = format!(
-        "[node]\nid = 11\n[scheduler]\nmax_batch_records = 50\n[ingress.mqtt]\nlisten = \"127.0.0.1:0\"\n[ingress.grpc]\nenabled = false\n{}\nrequest_timeout = \"3s\"\nreconnect_backoff_max = \"1s\"\n",
+        "[node]\nid = 11\n[scheduler]\nmax_batch_records = 50\n[ingress.mqtt]\nlisten = \"127.0.0.1:0\"\n[ingress.grpc]\nenabled = false\n{}\n",
         kafka_egress(&name)
     );
     let app = App::start(parse_config(&text, "kafka-kill")).await.unwrap();
@@ -56,12 +57,32 @@ async fn records_reach_the_topic_and_survive_a_broker_killed_mid_stream() {
     let mut client = MqttClient::connect(port, &format!("{name}-pub")).await;
     let _guard = StartGuard;
     let sent: Vec<String> = (0..RECORDS).map(|i| format!("{name}-r{i}")).collect();
+    let metrics = app.ingress.metrics().clone();
+    let mut failover = None;
     for (i, p) in sent.iter().enumerate() {
         client
             .publish(&format!("{name}/t"), QoS::AtLeastOnce, p.as_str())
             .await;
         if i == RECORDS / 3 {
             kill_broker();
+            // From when the broker listens again, as a client sees it, to
+            // weir's first confirmed batch after that.
+            let confirmed = metrics.egress_bytes.clone();
+            let killed = Instant::now();
+            failover = Some(tokio::spawn(async move {
+                // SIGKILL takes a moment: gone, then back.
+                while tokio::net::TcpStream::connect(BROKER).await.is_ok() {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                while tokio::net::TcpStream::connect(BROKER).await.is_err() {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                let (up, before) = (Instant::now(), confirmed.get());
+                while confirmed.get() == before {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                (up - killed, up.elapsed())
+            }));
         }
         if i == RECORDS / 2 {
             // Down for a while with records arriving: weir holds them.
@@ -81,6 +102,12 @@ async fn records_reach_the_topic_and_survive_a_broker_killed_mid_stream() {
     assert!(
         seen.iter().all(|s| s.batch_node == 11),
         "every batch names its node"
+    );
+    let (down, resumed) = failover.unwrap().await.unwrap();
+    eprintln!(
+        "FAILOVER: broker killed, listening again after {:.1} s; first batch confirmed {:.0} ms after that",
+        down.as_secs_f64(),
+        resumed.as_secs_f64() * 1e3
     );
 }
 

@@ -27,8 +27,10 @@ pub const KAFKA_MAX_IN_FLIGHT_LIMIT: u64 = 1024;
 pub const KAFKA_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long connecting (bootstrap, metadata) may take.
 pub const KAFKA_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest pause between reconnect attempts.
-pub const KAFKA_RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// Longest pause between reconnect attempts: a broker back from a restart
+/// is written to again within about this long (a down broker costs one
+/// refused connection per attempt).
+pub const KAFKA_RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// Kafka's own limit on a topic name's length.
 pub const KAFKA_TOPIC_LIMIT: usize = 249;
 /// The largest Kafka message by default: the brokers' own default limit

@@ -320,8 +320,8 @@ pub(crate) fn client_builder(
     let mut builder = ClientBuilder::new(cfg.brokers.clone())
         .client_id(client_id)
         .backoff_config(BackoffConfig {
-            init_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_secs(1),
+            init_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_millis(500),
             base: 2.0,
             deadline: Some(cfg.request_timeout),
         });
