@@ -1,7 +1,8 @@
 //! Priority end to end: with the egress emulated as JANUS Table III's 3G
 //! link (100 ms per transaction, 780 kbit/s), a backlog of latency-tolerant
 //! records is queued, then latency-sensitive records arrive; they must
-//! overtake the backlog and stay within their bound while `lt` waits.
+//! overtake the backlog and stay within their bound while `lt` waits. Run
+//! once per sink (RabbitMQ, Kafka): the classes are the sink's to keep.
 //!
 //! The assertions compare what happened within one run (arrival order, ls
 //! latency against lt latency); the one absolute check is the class's own
@@ -16,6 +17,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::amqp::*;
 use common::ingress::LT;
+use common::kafka::{create_topic, kafka_egress, read_until};
 use common::process::{parse_config, GRPC_ONLY};
 use common::*;
 use weir::app::App;
@@ -25,8 +27,21 @@ const LT_BACKLOG: usize = 1200;
 const LS_RECORDS: usize = 8;
 const LS_BOUND_MS: u64 = 1000;
 
-fn config(name: &str) -> weir::config::Config {
-    let amqp = amqp_egress(name);
+/// Where the batches go.
+#[derive(Debug, Clone, Copy)]
+enum Sink {
+    Amqp,
+    Kafka,
+}
+
+/// One scenario at a time: each runs its own weir against a 3G link.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn config(name: &str, sink: Sink) -> weir::config::Config {
+    let egress = match sink {
+        Sink::Amqp => amqp_egress(name),
+        Sink::Kafka => kafka_egress(name),
+    };
     let text = format!(
         r#"
 [node]
@@ -51,7 +66,7 @@ uplink = "780kbit/s"
 burst = "8KiB"
 max_batch_bytes = "8KiB"
 {GRPC_ONLY}
-{amqp}
+{egress}
 [egress.link]
 preset = "3g"
 "#
@@ -69,13 +84,31 @@ async fn put(ingress: &Intake, stream: &str, payload: Vec<u8>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ls_overtakes_an_lt_backlog_on_3g_and_meets_its_bound() {
-    let name = unique("priority");
-    delete_queue(&format!("{name}.q")).await;
-    let app = App::start(config(&name)).await.unwrap();
+    scenario(Sink::Amqp).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ls_overtakes_an_lt_backlog_on_3g_into_kafka() {
+    scenario(Sink::Kafka).await;
+}
+
+async fn scenario(sink: Sink) {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let name = unique(&format!("priority-{sink:?}").to_lowercase());
+    match sink {
+        Sink::Amqp => delete_queue(&format!("{name}.q")).await,
+        Sink::Kafka => create_topic(&name, 1).await,
+    }
+    let app = App::start(config(&name, sink)).await.unwrap();
     // Consume from the start: latency is measured when the cloud gets it.
     let total = LT_BACKLOG + LS_RECORDS;
-    let queue = format!("{name}.q");
-    let consumer = tokio::spawn(async move { consume_until(&queue, |s| s.len() >= total).await });
+    let (queue, topic) = (format!("{name}.q"), name.clone());
+    let consumer = tokio::spawn(async move {
+        match sink {
+            Sink::Amqp => consume_until(&queue, |s| s.len() >= total).await,
+            Sink::Kafka => read_until(&topic, |s| s.len() >= total).await,
+        }
+    });
 
     for i in 0..LT_BACKLOG {
         put(
@@ -100,7 +133,9 @@ async fn ls_overtakes_an_lt_backlog_on_3g_and_meets_its_bound() {
 
     let seen = consumer.await.unwrap();
     app.shutdown(Duration::from_secs(60)).await;
-    delete_queue(&format!("{name}.q")).await;
+    if let Sink::Amqp = sink {
+        delete_queue(&format!("{name}.q")).await;
+    }
     assert_eq!(seen.len(), total, "every record arrived exactly once");
 
     let latency_ms = |s: &Seen| (s.consumed_us.saturating_sub(s.record.ingress_us)) as f64 / 1e3;
@@ -119,7 +154,7 @@ async fn ls_overtakes_an_lt_backlog_on_3g_and_meets_its_bound() {
     let mut lt_lat: Vec<f64> = lt.iter().map(|s| latency_ms(s)).collect();
     lt_lat.sort_by(f64::total_cmp);
     let lt_median = lt_lat[lt_lat.len() / 2];
-    eprintln!("ls max latency {ls_max:.1} ms, lt median {lt_median:.1} ms");
+    eprintln!("{sink:?}: ls max latency {ls_max:.1} ms, lt median {lt_median:.1} ms");
     assert!(
         ls_max < lt_median,
         "ls ({ls_max:.1} ms worst) waited less than lt ({lt_median:.1} ms median)"
