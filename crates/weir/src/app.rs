@@ -38,6 +38,7 @@ fn egress_channel(sink: &EgressSink) -> usize {
     match sink {
         EgressSink::Amqp(a) => a.max_in_flight.max(1),
         EgressSink::Kafka(k) => k.max_in_flight.max(1),
+        EgressSink::Mqtt(m) => m.max_in_flight.clamp(1, 64),
         EgressSink::File(_) => 1,
     }
 }
@@ -456,6 +457,7 @@ async fn start_egress(
         retry_max: match &cfg.egress.sink {
             EgressSink::Amqp(a) => a.reconnect_backoff_max,
             EgressSink::Kafka(k) => k.reconnect_backoff_max,
+            EgressSink::Mqtt(m) => m.reconnect_backoff_max,
             EgressSink::File(_) => EGRESS_RETRY_MAX,
         },
         abort,
@@ -463,6 +465,8 @@ async fn start_egress(
         // Beside RabbitMQ's window of unconfirmed batches (a file sink has
         // no window).
         urgent_lane: matches!(&cfg.egress.sink, EgressSink::Amqp(a) if a.urgent_lane),
+        // The MQTT sink's records mode publishes records, not the body.
+        compress: !matches!(&cfg.egress.sink, EgressSink::Mqtt(m) if m.mode == crate::config::MqttEgressMode::Records),
     };
     let egress = match &cfg.egress.sink {
         EgressSink::File(f) => {
@@ -476,6 +480,16 @@ async fn start_egress(
             let mut sink = egress::amqp::AmqpSink::new(a.clone(), cfg.node.id)
                 .with_classes(&cfg.classes)
                 .with_metrics(Arc::clone(&metrics.amqp));
+            sink.start().await.map_err(|e| AppError::Topology {
+                problems: vec![crate::config::Problem {
+                    path: e.key.to_owned(),
+                    message: e.message,
+                }],
+            })?;
+            spawn_egress(sink, link, rx, ctx)
+        }
+        EgressSink::Mqtt(m) => {
+            let mut sink = egress::mqtt::MqttSink::new(m.clone(), cfg.node.id, &cfg.classes);
             sink.start().await.map_err(|e| AppError::Topology {
                 problems: vec![crate::config::Problem {
                     path: e.key.to_owned(),

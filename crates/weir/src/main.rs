@@ -121,7 +121,8 @@ enum Command {
         file: PathBuf,
         /// A batch body's content encoding (`identity`, `gzip`, `zstd`);
         /// segments carry each batch's own. By default taken from a
-        /// `<node>-<seq>.<encoding>.weirbatch` name, else `identity`.
+        /// `<node>-<seq>.<encoding>.weirbatch` name, else from the body's
+        /// first bytes (gzip's or zstd's magic), else `identity`.
         #[arg(long)]
         encoding: Option<String>,
         /// Refuse batches that decode to more than this many bytes; a
@@ -213,9 +214,9 @@ fn consume_source(
     let (amqp, from_config) = match sink {
         Some(config::EgressSink::Amqp(a)) => (Some(a), None),
         Some(config::EgressSink::Kafka(k)) => (None, Some(k)),
-        Some(config::EgressSink::File(_)) => {
+        Some(config::EgressSink::File(_) | config::EgressSink::Mqtt(_)) => {
             return Err(format!(
-                "{} has egress.kind = \"file\"; read its segments with weir decode, or give an AMQP or Kafka config, --url and --queue, or --kafka and --topic",
+                "{} has egress.kind = \"file\" or \"mqtt\"; weir decode reads segments and batch bodies; give an AMQP or Kafka config, --url and --queue, or --kafka and --topic",
                 config.map_or(String::new(), |p| p.display().to_string())
             ))
         }
@@ -305,6 +306,11 @@ fn decode(file: &std::path::Path, encoding: Option<String>, max_size: usize) -> 
         let parts: Vec<&str> = name.split('.').collect();
         match parts.as_slice() {
             [.., enc, "weirbatch"] if parts.len() >= 3 => (*enc).to_string(),
+            // A body without a name that says (the MQTT egress's batch
+            // mode): its first bytes do. A `weir.v1.Batch` starts with
+            // field 1's tag (0x08), never with gzip's or zstd's magic.
+            _ if body.starts_with(&[0x1f, 0x8b]) => "gzip".to_string(),
+            _ if body.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) => "zstd".to_string(),
             _ => "identity".to_string(),
         }
     });

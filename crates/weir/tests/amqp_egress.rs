@@ -384,6 +384,7 @@ fn spawn_run(
         per_transaction: cfg.scheduler.transaction_time,
     };
     let ctx = EgressContext {
+        compress: true,
         node,
         classes: cfg.classes.clone(),
         ready: Arc::default(),

@@ -18,7 +18,7 @@ use weir_core::NodeId;
 pub const EGRESS_KIND: &str = "file";
 
 /// The values of `egress.kind`.
-pub const SINK_KINDS: [&str; 3] = ["file", "amqp", "kafka"];
+pub const SINK_KINDS: [&str; 4] = ["file", "amqp", "kafka", "mqtt"];
 
 /// `[egress]`
 #[derive(Debug, Default, Deserialize)]
@@ -28,6 +28,7 @@ pub(crate) struct RawEgress {
     pub file: Option<RawFileEgress>,
     pub amqp: Option<RawAmqp>,
     pub kafka: Option<super::kafka::RawKafka>,
+    pub mqtt: Option<super::mqtt_egress::RawMqttEgress>,
     pub link: Option<RawLink>,
     pub drain_timeout: Option<Written<HumanDuration>>,
 }
@@ -59,10 +60,17 @@ pub enum EgressSink {
     Amqp(AmqpEgress),
     /// `kind = "kafka"`: produce to a Kafka-protocol service.
     Kafka(super::kafka::KafkaEgress),
+    /// `kind = "mqtt"`: publish to an MQTT broker.
+    Mqtt(super::mqtt_egress::MqttEgress),
 }
 
 /// `[egress]` checked, or `None` after recording why.
-pub(crate) fn egress(p: &mut Problems, raw: RawEgress, classes: &[String]) -> Option<EgressConfig> {
+pub(crate) fn egress(
+    p: &mut Problems,
+    raw: RawEgress,
+    classes: &[String],
+    node: NodeId,
+) -> Option<EgressConfig> {
     let before = p.len();
     let kind = raw.kind.as_deref().unwrap_or(EGRESS_KIND);
     // A table for a kind not chosen is a mistake worth naming.
@@ -70,6 +78,7 @@ pub(crate) fn egress(p: &mut Problems, raw: RawEgress, classes: &[String]) -> Op
         ("file", raw.file.is_some()),
         ("amqp", raw.amqp.is_some()),
         ("kafka", raw.kafka.is_some()),
+        ("mqtt", raw.mqtt.is_some()),
     ];
     if SINK_KINDS.contains(&kind) {
         for (other, _) in given.iter().filter(|(k, g)| *g && *k != kind) {
@@ -84,6 +93,9 @@ pub(crate) fn egress(p: &mut Problems, raw: RawEgress, classes: &[String]) -> Op
     let file = raw.file.map(|f| file_egress(p, f));
     let amqp = raw.amqp.map(|a| amqp_egress(p, a, classes));
     let kafka = raw.kafka.map(|k| super::kafka::kafka_egress(p, k, classes));
+    let mqtt = raw
+        .mqtt
+        .map(|m| super::mqtt_egress::mqtt_egress(p, m, node));
     let needs_table = |p: &mut Problems, kind: &str, what: &str| {
         p.push(
             format!("egress.{kind}"),
@@ -103,6 +115,10 @@ pub(crate) fn egress(p: &mut Problems, raw: RawEgress, classes: &[String]) -> Op
         "kafka" => match kafka {
             Some(k) => k.map(EgressSink::Kafka),
             None => needs_table(p, "kafka", "its brokers"),
+        },
+        "mqtt" => match mqtt {
+            Some(m) => m.map(EgressSink::Mqtt),
+            None => needs_table(p, "mqtt", "its broker"),
         },
         other => {
             p.push(

@@ -47,6 +47,7 @@ mod error;
 mod ingress;
 mod kafka;
 mod log;
+mod mqtt_egress;
 mod named;
 mod node;
 mod peering;
@@ -81,6 +82,7 @@ pub use ingress::{
 };
 pub use kafka::{KafkaEgress, KafkaSasl, KafkaTls, SaslMechanism, KAFKA_BROKER, KAFKA_TOPIC};
 pub use log::{LogConfig, LogFormat};
+pub use mqtt_egress::{MqttEgress, MqttEgressMode};
 pub use node::{CpuPriority, MemoryLimit, NodeConfig};
 pub use peering::{Adverts, PeerConfig, PeeringConfig};
 pub use problems::Problem;
@@ -250,11 +252,11 @@ fn validate(raw: RawConfig) -> Result<Config, Vec<Problem>> {
     let batching = scheduler::batching(&mut p, raw.batching);
     let compression = scheduler::compression(&mut p, raw.compression);
     let mut ingress = ingress::ingress(&mut p, raw.ingress, node_id);
-    let egress = egress::egress(&mut p, raw.egress, &classes.names);
-    if let Some(EgressSink::Kafka(kafka)) = egress.as_ref().map(|e| &e.sink) {
-        fit_kafka(
+    let egress = egress::egress(&mut p, raw.egress, &classes.names, node_id);
+    if let Some(fit) = egress.as_ref().and_then(|e| MessageFit::of(&e.sink)) {
+        fit_message(
             &mut p,
-            kafka,
+            &fit,
             sizes_given,
             ingress.as_mut(),
             scheduler.as_mut(),
@@ -343,28 +345,58 @@ struct SizesGiven {
     grpc_message: bool,
 }
 
-/// Batches and records fit a Kafka message: the batch cap is lowered to
-/// what a message holds, and so are the ingress limits the file leaves at
-/// their defaults; a limit the file sets higher is a problem (such a
-/// record could never be delivered).
-fn fit_kafka(
+/// What one message of a sink with a size limit carries.
+struct MessageFit {
+    /// The key that sets the limit, and the limit.
+    key: &'static str,
+    limit: u64,
+    /// The largest batch body, and the largest record.
+    batch: u64,
+    record: u64,
+}
+
+impl MessageFit {
+    fn of(sink: &EgressSink) -> Option<MessageFit> {
+        match sink {
+            EgressSink::Kafka(k) => Some(MessageFit {
+                key: "egress.kafka.max_message_bytes",
+                limit: k.max_message_bytes,
+                batch: k.max_batch_bytes(),
+                record: k.max_record_bytes(),
+            }),
+            EgressSink::Mqtt(m) => Some(MessageFit {
+                key: "egress.mqtt.max_payload",
+                limit: m.max_payload,
+                batch: m.max_batch_bytes(),
+                record: m.max_record_bytes(),
+            }),
+            EgressSink::File(_) | EgressSink::Amqp(_) => None,
+        }
+    }
+}
+
+/// Batches and records fit one message of a sink with a size limit (Kafka,
+/// MQTT): the batch cap is lowered to what a message holds, and so are the
+/// ingress limits the file leaves at their defaults; a limit the file sets
+/// higher is a problem (such a record could never be delivered).
+fn fit_message(
     p: &mut Problems,
-    kafka: &KafkaEgress,
+    fit: &MessageFit,
     given: SizesGiven,
     ingress: Option<&mut IngressConfig>,
     scheduler: Option<&mut SchedulerConfig>,
 ) {
-    let batch = kafka.max_batch_bytes() as usize;
-    let record = kafka.max_record_bytes() as usize;
+    let (batch, record) = (fit.batch as usize, fit.record as usize);
+    let raise = format!("lower it, or raise {} and the broker's own limit", fit.key);
     if let Some(s) = scheduler {
         if s.max_batch_bytes > batch && s.max_batch_bytes as u64 != scheduler::MAX_BATCH_BYTES {
             p.push(
                 "scheduler.max_batch_bytes",
                 format!(
-                    "{} is larger than a Kafka message holds (egress.kafka.max_message_bytes {} less {} for the message's own fields); lower it, or raise both max_message_bytes and the brokers' message.max.bytes",
+                    "{} is larger than one message holds ({} {} less the message's own fields); {raise}",
                     Size(s.max_batch_bytes as u64),
-                    Size(kafka.max_message_bytes),
-                    Size(kafka::KAFKA_MESSAGE_OVERHEAD),
+                    fit.key,
+                    Size(fit.limit),
                 ),
             );
         }
@@ -389,10 +421,11 @@ fn fit_kafka(
             p.push(
                 path,
                 format!(
-                    "{} is larger than a record a Kafka message can carry ({}: egress.kafka.max_message_bytes {} less the message's and the batch's own fields); lower it, or raise max_message_bytes and the brokers' message.max.bytes",
+                    "{} is larger than a record one message can carry ({}: {} {} less the message's own fields); {raise}",
                     Size(*limit as u64),
                     Size(record as u64),
-                    Size(kafka.max_message_bytes),
+                    fit.key,
+                    Size(fit.limit),
                 ),
             );
         }

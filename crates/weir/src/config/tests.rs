@@ -427,7 +427,7 @@ fn mode_and_kind_specific_sections() {
     assert_problem(
         &ps,
         "egress.kind",
-        "unknown kind \"pulsar\" (known: file, amqp, kafka)",
+        "unknown kind \"pulsar\" (known: file, amqp, kafka, mqtt)",
     );
     assert_problem(&ps, "egress.link.bandwidth", "greater than zero");
 

@@ -45,6 +45,9 @@ pub struct EgressContext {
     /// Compression settings; a change (a config reload) applies from the
     /// next batch on, with the chooser's measurements started afresh.
     pub compression: watch::Receiver<crate::config::CompressionSection>,
+    /// Whether batch bodies may be compressed (not when the sink takes
+    /// the records apart again).
+    pub compress: bool,
     /// The uplink estimate weir starts from (configured uplink and
     /// transaction time).
     pub link_prior: LinkEstimate,
@@ -302,7 +305,7 @@ impl Io {
             self.compressor =
                 compress::BatchCompressor::new(&self.ctx.compression.borrow_and_update());
         }
-        if self.compressor.enabled() {
+        if self.ctx.compress && self.compressor.enabled() {
             let kind = self.compressor.kind(&self.ctx.classes, &batch);
             // Cancel safety: on abort the compression future is dropped
             // (the blocking task finishes on its own and its output is

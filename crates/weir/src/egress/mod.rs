@@ -1,5 +1,5 @@
 //! Egress: where batches leave weir (`amqp` to RabbitMQ, `kafka` to a
-//! Kafka-protocol service, `file` to a directory), optionally through an emulated uplink (`link`).
+//! Kafka-protocol service, `mqtt` to an MQTT broker, `file` to a directory), optionally through an emulated uplink (`link`).
 //!
 //! The scheduler hands batches ([`weir_core::scheduler::OutBatch`]) to [`run`] over a bounded channel (so a
 //! slow or blocked destination back-pressures the scheduler, then the class
@@ -19,7 +19,7 @@
 //! - `sink.rs`: the [`Sink`] trait, [`SinkError`] and [`DeliveryObserver`].
 //! - `deliver.rs`: the delivery loop [`run`] and its [`EgressContext`].
 //! - `compress.rs`: the per-batch codec choice, off the reactor.
-//! - `amqp/`, `kafka.rs`, `file.rs`: the sinks; `link.rs`: the emulated uplink;
+//! - `amqp/`, `kafka.rs`, `mqtt.rs`, `file.rs`: the sinks; `link.rs`: the emulated uplink;
 //!   `probe.rs`: `weir probe-link`.
 
 pub mod amqp;
@@ -29,6 +29,7 @@ mod deliver;
 pub mod file;
 pub mod kafka;
 pub mod link;
+pub mod mqtt;
 pub mod probe;
 #[cfg(test)]
 mod sim_tests;

@@ -146,6 +146,24 @@ pub async fn probe_link(cfg: &Config, small: u64, large: u64) -> Result<ProbeRep
             )
             .await
         }
+        (EgressSink::Mqtt(m), None) => {
+            probe_with(
+                super::mqtt::MqttSink::new(m.clone(), node, &cfg.classes),
+                node,
+                small,
+                large,
+            )
+            .await
+        }
+        (EgressSink::Mqtt(m), Some(p)) => {
+            probe_with(
+                EmulatedLink::new(p, super::mqtt::MqttSink::new(m.clone(), node, &cfg.classes)),
+                node,
+                small,
+                large,
+            )
+            .await
+        }
         (EgressSink::Kafka(k), None) => {
             probe_with(
                 super::kafka::KafkaSink::new(k.clone(), node, &cfg.classes),

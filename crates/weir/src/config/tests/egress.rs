@@ -293,12 +293,12 @@ kind = "kafka"
     assert_problem(
         &ps,
         "ingress.mqtt.max_packet_size",
-        "larger than a record a Kafka message can carry",
+        "larger than a record one message can carry",
     );
     assert_problem(
         &ps,
         "scheduler.max_batch_bytes",
-        "larger than a Kafka message holds",
+        "larger than one message holds",
     );
     assert_problem(
         &problems("[egress]\nkind = \"kafka\""),
@@ -310,4 +310,58 @@ kind = "kafka"
         "egress.kafka",
         "egress.kind is \"file\"",
     );
+}
+
+#[test]
+fn mqtt_brokers_modes_certificates_and_payload_limit() {
+    let ok = parse(
+        r#"
+[egress]
+kind = "mqtt"
+[egress.mqtt]
+broker = "mqtts://a1b2c3-ats.iot.eu-west-1.amazonaws.com"
+mode = "batch"
+topic = "site/{node}/{class}"
+"#,
+        "mqtt",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let EgressSink::Mqtt(m) = &ok.egress.sink else {
+        panic!("mqtt egress")
+    };
+    assert!(m.tls);
+    assert_eq!(m.broker.port, 8883, "mqtts's port by default");
+    assert_eq!(m.client_id, "weir-1");
+    assert_eq!(m.mode, MqttEgressMode::Batch);
+    assert_eq!(m.topic_for(7, "ls"), "site/7/ls");
+    assert_eq!(m.max_payload, 128 * 1024, "AWS IoT Core's limit by default");
+    assert_eq!(m.max_in_flight, 100);
+    // Batches and default ingress limits cut to one publish.
+    assert_eq!(ok.scheduler.max_batch_bytes as u64, m.max_batch_bytes());
+    assert!(ok.ingress.mqtt.as_ref().unwrap().max_packet_size as u64 <= m.max_record_bytes());
+
+    let ps = problems(
+        r#"
+[egress]
+kind = "mqtt"
+[egress.mqtt]
+broker = "tcp://broker:1883"
+mode = "stream"
+topic = "weir/#"
+topic_prefix = "a/+/"
+cert_file = "/nonexistent/cert.pem"
+max_in_flight = 0
+"#,
+    );
+    assert_problem(&ps, "egress.mqtt.broker", "mqtt://host[:port]");
+    assert_problem(&ps, "egress.mqtt.mode", "unknown mode \"stream\"");
+    assert_problem(&ps, "egress.mqtt.topic", "no wildcard");
+    assert_problem(&ps, "egress.mqtt.topic_prefix", "no wildcard");
+    assert_problem(&ps, "egress.mqtt.cert_file", "not a readable file");
+    assert_problem(&ps, "egress.mqtt.key_file", "missing");
+    assert_problem(&ps, "egress.mqtt.max_in_flight", "out of range");
+    let ps = problems(
+        "[egress]\nkind = \"mqtt\"\n[egress.mqtt]\nbroker = \"mqtt://cloud.example:1883\"\nusername = \"u\"\npassword = \"p\"",
+    );
+    assert_problem(&ps, "egress.mqtt.password", "in the clear");
 }

@@ -75,6 +75,7 @@ fn context(
     let ready: LinkReady = Arc::default();
     let (link, published) = watch::channel(prior);
     let ctx = EgressContext {
+        compress: true,
         node: 1,
         classes: cfg.classes.clone(),
         ready: Arc::clone(&ready),
