@@ -32,6 +32,8 @@ const LS_BOUND_MS: u64 = 1000;
 enum Sink {
     Amqp,
     Kafka,
+    /// The test Mosquitto, batch mode.
+    Mqtt,
 }
 
 /// One scenario at a time: each runs its own weir against a 3G link.
@@ -41,6 +43,10 @@ fn config(name: &str, sink: Sink) -> weir::config::Config {
     let egress = match sink {
         Sink::Amqp => amqp_egress(name),
         Sink::Kafka => kafka_egress(name),
+        Sink::Mqtt => format!(
+            "[egress]\nkind = \"mqtt\"\n[egress.mqtt]\nbroker = \"mqtt://{}\"\nmode = \"batch\"\ntopic = \"{name}/batches\"",
+            common::mqtt::MOSQUITTO
+        ),
     };
     let text = format!(
         r#"
@@ -92,13 +98,21 @@ async fn ls_overtakes_an_lt_backlog_on_3g_into_kafka() {
     scenario(Sink::Kafka).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ls_overtakes_an_lt_backlog_on_3g_into_an_mqtt_broker() {
+    scenario(Sink::Mqtt).await;
+}
+
 async fn scenario(sink: Sink) {
     let _turn = ONE_AT_A_TIME.lock().await;
     let name = unique(&format!("priority-{sink:?}").to_lowercase());
     match sink {
         Sink::Amqp => delete_queue(&format!("{name}.q")).await,
         Sink::Kafka => create_topic(&name, 1).await,
+        Sink::Mqtt => {}
     }
+    // The MQTT subscriber is in place before weir publishes anything.
+    let (subscribed_tx, subscribed) = tokio::sync::oneshot::channel();
     let app = App::start(config(&name, sink)).await.unwrap();
     // Consume from the start: latency is measured when the cloud gets it.
     let total = LT_BACKLOG + LS_RECORDS;
@@ -107,8 +121,15 @@ async fn scenario(sink: Sink) {
         match sink {
             Sink::Amqp => consume_until(&queue, |s| s.len() >= total).await,
             Sink::Kafka => read_until(&topic, |s| s.len() >= total).await,
+            Sink::Mqtt => {
+                let filter = format!("{topic}/#");
+                common::mqtt::read_batches_until(&filter, subscribed_tx, |s| s.len() >= total).await
+            }
         }
     });
+    if let Sink::Mqtt = sink {
+        subscribed.await.expect("the subscriber is in place");
+    }
 
     for i in 0..LT_BACKLOG {
         put(

@@ -311,3 +311,62 @@ pub async fn publish_qos1(
         }
     }
 }
+
+/// Subscribes (QoS 1) to `filter` on the test Mosquitto and reads weir
+/// batches published there (the MQTT egress's batch mode) until `done`
+/// says the records seen are enough, or `PATIENCE` passes. `subscribed`
+/// fires once the subscription is in place.
+pub async fn read_batches_until(
+    filter: &str,
+    subscribed: tokio::sync::oneshot::Sender<()>,
+    mut done: impl FnMut(&[super::amqp::Seen]) -> bool,
+) -> Vec<super::amqp::Seen> {
+    let mut o = MqttOptions::new(
+        format!("{filter}-reader").replace(['#', '+', '/'], "-"),
+        "127.0.0.1",
+        MOSQUITTO_PORT,
+    );
+    o.set_keep_alive(Duration::from_secs(30))
+        .set_max_packet_size(1 << 20, 1 << 20);
+    let (client, mut events) = AsyncClient::new(o, 100);
+    client.subscribe(filter, QoS::AtLeastOnce).await.unwrap();
+    let mut subscribed = Some(subscribed);
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !done(&seen) {
+        let event = tokio::time::timeout_at(deadline, events.poll())
+            .await
+            .expect("every record before the patience ran out")
+            .expect("the subscriber's connection");
+        match event {
+            Event::Incoming(Packet::SubAck(_)) => {
+                if let Some(s) = subscribed.take() {
+                    let _ = s.send(());
+                }
+            }
+            Event::Incoming(Packet::Publish(p)) => {
+                let consumed_us = weir::clock::unix_micros();
+                let body = &p.payload;
+                let encoding = if body.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+                    "zstd"
+                } else if body.starts_with(&[0x1f, 0x8b]) {
+                    "gzip"
+                } else {
+                    "identity"
+                };
+                let batch =
+                    weir_proto::decode_batch(body, encoding, 64 << 20).expect("a weir batch");
+                for record in batch.records {
+                    seen.push(super::amqp::Seen {
+                        record,
+                        consumed_us,
+                        encoding: encoding.to_owned(),
+                        batch_node: batch.node,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    seen
+}
