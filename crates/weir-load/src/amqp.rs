@@ -103,6 +103,20 @@ impl Consumed {
         Ok(())
     }
 
+    /// Takes in one record published as it is (no weir batch around it).
+    pub fn raw(&mut self, payload: &[u8], consumed_us: u64) -> anyhow::Result<()> {
+        let (send_us, seq) = read_stamp(payload).context("a message without a weir-load stamp")?;
+        self.mark(seq);
+        self.samples.push(Sample {
+            key: String::new(),
+            send_us,
+            ingress_us: 0,
+            created_us: 0,
+            consumed_us,
+        });
+        Ok(())
+    }
+
     pub fn integrity(&self, acked: u64) -> Integrity {
         Integrity {
             acked,
@@ -240,18 +254,7 @@ pub async fn consume(
                     .to_string();
                 seen.weir_batch(&delivery.data, &encoding, consumed_us)?;
             }
-            Body::Raw => {
-                let (send_us, seq) =
-                    read_stamp(&delivery.data).context("a message without a weir-load stamp")?;
-                seen.mark(seq);
-                seen.samples.push(Sample {
-                    key: String::new(),
-                    send_us,
-                    ingress_us: 0,
-                    created_us: 0,
-                    consumed_us,
-                });
-            }
+            Body::Raw => seen.raw(&delivery.data, consumed_us)?,
         }
         counters
             .consumed

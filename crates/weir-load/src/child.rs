@@ -132,6 +132,9 @@ level = "warn"
 /// The `[egress]` section: RabbitMQ's exchange and queue, or the Kafka
 /// topic named as the queue.
 fn egress(env: &Env, name: &str, exchange: &str, queue: &str) -> String {
+    if let Some(addr) = env.mqtt_egress {
+        return format!("[egress]\nkind = \"mqtt\"\n\n[egress.mqtt]\nbroker = \"mqtt://{addr}\"\nmode = \"records\"\ntopic_prefix = \"{queue}/\"\n");
+    }
     if let Some(broker) = &env.kafka {
         return format!("[egress]\nkind = \"kafka\"\n\n[egress.kafka]\nbrokers = [\"{broker}\"]\ntopic = \"{queue}\"\n");
     }

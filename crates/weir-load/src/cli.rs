@@ -35,6 +35,12 @@ pub struct Cli {
     /// topic, e.g. scripts/kafka.sh's 127.0.0.1:9092.
     #[arg(long, global = true)]
     pub kafka: Option<String>,
+    /// weir publishes each record to this MQTT broker (egress.kind =
+    /// "mqtt", records mode, under a prefix of the run's own) instead of
+    /// RabbitMQ, and the consumer subscribes there, e.g. Mosquitto's
+    /// 127.0.0.1:1883.
+    #[arg(long, global = true)]
+    pub mqtt_egress: Option<std::net::SocketAddr>,
     /// Also write the figures as JSON to this file.
     #[arg(long, global = true)]
     pub json: Option<PathBuf>,

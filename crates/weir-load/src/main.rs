@@ -61,6 +61,7 @@ mod grpc;
 mod kafka;
 mod latency;
 mod mqtt;
+mod mqtt_out;
 mod offer;
 mod pacer;
 mod pki;
@@ -103,6 +104,7 @@ fn main() -> anyhow::Result<()> {
         amqp_urls: cli.amqp_urls.clone(),
         queue_type: cli.queue_type,
         kafka: cli.kafka.clone(),
+        mqtt_egress: cli.mqtt_egress,
         keep: cli.keep,
         clk_tck: clk_tck(),
     };

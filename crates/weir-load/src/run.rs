@@ -28,6 +28,14 @@ pub async fn consume_weir(
     weir: &Weir,
     counters: &std::sync::Arc<Counters>,
 ) -> anyhow::Result<crate::amqp::Consumer> {
+    if let Some(addr) = env.mqtt_egress {
+        return crate::mqtt_out::start(
+            addr,
+            format!("{}/#", weir.queue),
+            std::sync::Arc::clone(counters),
+        )
+        .await;
+    }
     if let Some(broker) = &env.kafka {
         return crate::kafka::start(
             broker.clone(),

@@ -24,6 +24,9 @@ pub struct Env {
     /// weir delivers to this Kafka broker instead of RabbitMQ, into a
     /// topic of the run's own.
     pub kafka: Option<String>,
+    /// weir publishes each record to this MQTT broker instead (the MQTT
+    /// egress, records mode), under a topic prefix of the run's own.
+    pub mqtt_egress: Option<std::net::SocketAddr>,
     pub keep: bool,
     pub clk_tck: f64,
 }
