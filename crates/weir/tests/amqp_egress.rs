@@ -601,7 +601,8 @@ async fn blocked_connection_waits_instead_of_failing() {
     let proxy = Proxy::start().await;
     let mut cfg = config(&proxy.url(), &n);
     // Short, so that the wait below outlasts it several times over.
-    cfg.confirm_timeout = Duration::from_millis(200);
+    const CONFIRM_TIMEOUT: Duration = Duration::from_millis(200);
+    cfg.confirm_timeout = CONFIRM_TIMEOUT;
     let mut sink = AmqpSink::new(cfg, node);
     // A healthy broker on a loaded machine may miss 200 ms once; what this
     // test is about is the wait while blocked, below.
@@ -624,8 +625,10 @@ async fn blocked_connection_waits_instead_of_failing() {
         (result, sink)
     });
     // Several confirm timeouts pass: the delivery neither fails nor
-    // completes while the broker blocks the connection.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // completes while the broker blocks the connection. An absence, which
+    // only a wait can show: five confirm timeouts, each of which would
+    // have failed an unblocked delivery.
+    tokio::time::sleep(CONFIRM_TIMEOUT * 5).await;
     assert!(
         !pending.is_finished(),
         "deliver must wait while the connection is blocked"

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::amqp::*;
-use common::process::parse_config;
+use common::process::{metric, parse_config, scrape};
 use common::*;
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use weir::app::App;
@@ -33,6 +33,8 @@ max_batch_records = 50
 listen = "127.0.0.1:0"
 [ingress.grpc]
 enabled = false
+[admin]
+listen = "127.0.0.1:0"
 {amqp}
 confirm_timeout = "3s"
 reconnect_backoff_max = "1s"
@@ -41,6 +43,9 @@ reconnect_backoff_max = "1s"
     let cfg = parse_config(&text, "restart");
     let app = App::start(cfg).await.unwrap();
     let port = app.mqtt_addr.unwrap().port();
+    let admin = app.admin_addr.unwrap();
+    let scraped =
+        |name: &'static str| async move { metric(&scrape(admin).await.unwrap_or_default(), name) };
 
     let mut opts = MqttOptions::new(format!("{name}-pub"), "127.0.0.1", port);
     opts.set_keep_alive(Duration::from_secs(60));
@@ -78,10 +83,21 @@ reconnect_backoff_max = "1s"
             .await
             .unwrap();
         if i == RECORDS / 3 {
+            // In the middle of a stream: weir has delivered to the broker.
+            eventually_async("a batch confirmed before the broker stops", || async {
+                scraped("weir_batches_confirmed_total").await >= 1.0
+            })
+            .await;
             rabbitmqctl(&["stop_app"]);
         }
         if i == RECORDS / 2 {
-            tokio::time::sleep(Duration::from_secs(2)).await;
+            // Up again once weir has lost its connection to the stopped
+            // broker (the endpoint gauge reads 0), not after a fixed time.
+            eventually_async(
+                "weir to drop its connection to the stopped broker",
+                || async { scraped("weir_egress_amqp_endpoint").await == 0.0 },
+            )
+            .await;
             rabbitmqctl(&["start_app"]);
             rabbitmqctl(&["await_startup"]);
         }

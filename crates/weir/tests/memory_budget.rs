@@ -15,13 +15,12 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::amqp::{consume_until, delete_queue};
 use common::mqtt::{publish_qos1, Pace};
-use common::process::{free_port, write_config, WEIR};
+use common::process::{free_port, metric, scrape, write_config, WEIR};
 use common::proxy::{Mode, Proxy};
-use common::{tmp, unique, PATIENCE};
+use common::{eventually_async, tmp, unique, PATIENCE};
 
 const LIMIT: u64 = 96 << 20;
 /// Records published: more than the queues hold under the limit (about
@@ -98,13 +97,15 @@ async fn a_small_box_applies_back_pressure_instead_of_being_oom_killed() {
     delete_queue(&queue).await;
     let proxy = Proxy::start().await;
     proxy.set(Mode::Down);
-    let mqtt = free_port();
-    // The embedded defaults: three memory classes of 8 MiB queues each.
+    let (mqtt, admin) = (free_port(), free_port());
+    // The embedded defaults: three memory classes of 8 MiB queues each (and
+    // the admin listener, whose metrics show when the queues are full).
     let cfg = write_config(
         &dir,
         "weir.toml",
         &format!(
             "[spool]\ndir = \"{}\"\n[ingress.mqtt]\nlisten = \"127.0.0.1:{mqtt}\"\n[ingress.grpc]\nenabled = false\n\
+             [admin]\nlisten = \"127.0.0.1:{admin}\"\n\
              [egress]\nkind = \"amqp\"\n[egress.amqp]\nurl = \"{}\"\nexchange = \"{name}.x\"\nqueue = \"{queue}\"\nrouting_key = \"{name}\"\n",
             dir.join("state").display(),
             proxy.url()
@@ -159,15 +160,23 @@ async fn a_small_box_applies_back_pressure_instead_of_being_oom_killed() {
             .await
         })
     };
-    let mut stalled = acks.load(Ordering::Relaxed);
-    loop {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let now = acks.load(Ordering::Relaxed);
-        if now == stalled && now > 0 {
-            break;
+    // The queues are full: a push waits for room, holding the publisher's
+    // acknowledgements back.
+    let admin = SocketAddr::from(([127, 0, 0, 1], admin));
+    eventually_async("weir's queues to fill and hold records back", || {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "weir exited with {status} during the outage: {}",
+                std::fs::read_to_string(&log).unwrap()
+            );
         }
-        stalled = now;
-    }
+        async move {
+            let text = scrape(admin).await.unwrap_or_default();
+            metric(&text, "weir_records_backpressured_total") > 0.0
+        }
+    })
+    .await;
+    let stalled = acks.load(Ordering::Relaxed);
     assert!(
         stalled < TOTAL / 2,
         "back-pressure held the records at the budgeted queue ({stalled} acknowledged)"

@@ -9,7 +9,6 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 use common::pki::{Ca, Pair};
 use common::process::{
@@ -494,7 +493,11 @@ async fn a_rotated_certificate_serves_new_connections_while_old_ones_go_on() {
         .unwrap()
         .unwrap();
     assert!(status.success(), "the old connection kept working");
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    common::eventually("the old connection's last records to be delivered", || {
+        let delivered = file_batch_payloads(&weir.out);
+        delivered.contains(b"after-1".as_slice()) && delivered.contains(b"after-2".as_slice())
+    })
+    .await;
     let delivered = weir.stop();
     for p in [
         "before-1", "before-2", "after-1", "after-2", "old-cert", "new-cert",

@@ -90,7 +90,12 @@ async fn a_reload_under_qos1_load_moves_the_route_and_loses_nothing() {
         Some((b"plant/b/t".to_vec(), format!("b-{i}").into_bytes()))
     }));
 
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Reloaded mid-stream: once plant/b's records are going out in lt.
+    eventually_async("plant/b's records to be delivered in lt", || async {
+        let text = scrape(admin).await.unwrap_or_default();
+        metric(&text, "weir_records_forwarded_total{class=\"lt\"}") > 0.0
+    })
+    .await;
     // A route and a bound change.
     let route_b = "[[classify.route]]\nmqtt = \"plant/b/#\"\nclass = \"ls\"";
     write_config(
@@ -115,7 +120,19 @@ async fn a_reload_under_qos1_load_moves_the_route_and_loses_nothing() {
         "the new bound is in force"
     );
 
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The new route carries plant/b before the next reload is tried.
+    eventually(
+        "a plant/b record sent after the reload to be delivered in ls",
+        || {
+            classes_by_payload(&out).iter().any(|(p, class)| {
+                class == "ls"
+                    && p.strip_prefix(b"b-")
+                        .and_then(|i| std::str::from_utf8(i).ok()?.parse::<u64>().ok())
+                        .is_some_and(|i| i >= after + 64)
+            })
+        },
+    )
+    .await;
     // An invalid file: refused whole, counted, the old config runs on.
     std::fs::write(
         &path,

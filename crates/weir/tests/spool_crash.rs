@@ -227,7 +227,15 @@ async fn damaged_segments_lose_only_the_damaged_records() {
         async move { n + 4 >= want }
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Then every intact record has gone out once the spool holds none
+    // undelivered: nothing more can arrive.
+    common::eventually_async("the spool to hold no undelivered record", || async {
+        scrape(admin_addr).await.is_ok_and(|m| {
+            m.lines().any(|l| l.starts_with("weir_spool_records{"))
+                && metric(&m, "weir_spool_records") == 0.0
+        })
+    })
+    .await;
     delivered = file_batch_payloads(&out);
     let metrics = scrape(admin_addr).await.unwrap();
     sigterm(child.id());

@@ -185,16 +185,20 @@ async fn a_full_disk_holds_acknowledgements_back_and_resumes_without_loss() {
     // Another program takes every free byte: weir's next write fails.
     let filler = fs.0.join("filler");
     let taken = fill(&filler);
-    // Acknowledgements stop: the last one arrives, then none for 2 s.
-    let mut last = acks.load(Ordering::Relaxed);
-    loop {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let now = acks.load(Ordering::Relaxed);
-        if now == last {
-            break;
+    // Acknowledgements stop: weir meets the full disk, as a failed write
+    // (ENOSPC) or as its free-space check refusing appends (see below).
+    eventually_async("weir to meet the full disk", || {
+        assert!(weir.alive(), "weir exited on a full disk");
+        let admin = weir.admin;
+        async move {
+            let m = scrape(admin).await.unwrap_or_default();
+            metric(&m, "weir_spool_write_errors_total") >= 1.0
+                || (blocked(&m, "lt", "min_free_bytes") == 1.0
+                    && metric(&m, "weir_records_backpressured_total") >= 1.0)
         }
-        last = now;
-    }
+    })
+    .await;
+    let last = acks.load(Ordering::Relaxed);
     assert!(weir.alive(), "weir exited on a full disk");
     let full = weir.metrics().await;
     assert!(
@@ -285,6 +289,8 @@ async fn each_on_full_policy_does_what_it_says_and_ttl_expires_old_records() {
     let old = publish("old", 1, Duration::from_secs(10)).await;
     let new = publish("new", 1, Duration::from_secs(10)).await;
     let ttl = publish("ttl", 1, Duration::from_secs(10)).await;
+    // Every ttl record was acknowledged before this.
+    let ttl_acked = tokio::time::Instant::now();
     let blk = publish("blk", 1, Duration::from_secs(3)).await;
     assert_eq!(old.len() as u64, N);
     assert_eq!(new.len() as u64, N);
@@ -297,8 +303,10 @@ async fn each_on_full_policy_does_what_it_says_and_ttl_expires_old_records() {
     assert!(weir.alive());
     let down_metrics = weir.metrics().await;
     weir.stop();
-    // Past the ttl.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Past the ttl (2 s, in `classes`): every ttl record is older than
+    // that from then on (already so: blk's publish ends with 3 s of
+    // silence).
+    tokio::time::sleep_until(ttl_acked + Duration::from_secs(2)).await;
 
     let out = dir.join("out");
     let up = config(classes, &spool, extra, mqtt, admin, &file_egress(&out));
@@ -316,14 +324,18 @@ async fn each_on_full_policy_does_what_it_says_and_ttl_expires_old_records() {
             let up = scrape(admin).await.unwrap();
             let both = format!("{down_metrics}{up}");
             let n = |c: &str| done_so_far.get(c).map_or(0, Vec::len) as f64;
+            // And the spool holds nothing undelivered (blk's records
+            // included): nothing more can arrive.
+            let spool_empty = up.lines().any(|l| l.starts_with("weir_spool_records{"))
+                && metric(&up, "weir_spool_records") == 0.0;
             n("old") + dropped(&both, "old", "evicted") >= N as f64
                 && n("new") + dropped(&both, "new", "full") >= N as f64
                 && n("ttl") + dropped(&both, "ttl", "ttl") >= N as f64
+                && spool_empty
         }
     })
     .await;
-    // Let any late delivery land, then read once more.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Read once more: what was delivered before the spool was seen empty.
     by_class = by_class_index(&file_batch_payloads(&out));
     metrics.push_str(&down_metrics);
     metrics.push_str(&weir.metrics().await);
@@ -426,16 +438,21 @@ async fn a_spool_that_filled_its_disk_resumes_by_itself_once_delivered() {
             .await
         })
     };
-    // Acknowledgements stop at the reserve: the gauge and the log say why.
-    let mut stalled = acks.load(Ordering::Relaxed);
-    loop {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let now = acks.load(Ordering::Relaxed);
-        if now == stalled {
-            break;
+    // Acknowledgements stop at the reserve: the gauge and the log say why,
+    // and every record the spool took before it refused more is
+    // acknowledged (none can follow).
+    eventually_async("the spool to refuse appends at the reserve", || {
+        let logged = log().contains("spool full for this class");
+        let (admin, acked) = (weir.admin, acks.load(Ordering::Relaxed));
+        async move {
+            let m = scrape(admin).await.unwrap_or_default();
+            logged
+                && blocked(&m, "lt", "min_free_bytes") == 1.0
+                && metric(&m, "weir_spool_appended_records_total") == acked as f64
         }
-        stalled = now;
-    }
+    })
+    .await;
+    let stalled = acks.load(Ordering::Relaxed);
     assert!(
         stalled < HELD,
         "every record was acknowledged on a full disk"

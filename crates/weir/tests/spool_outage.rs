@@ -107,7 +107,12 @@ async fn a_sixty_second_broker_outage_is_spooled_with_bounded_memory_and_ls_drai
         })
     };
 
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // The broker goes in the middle of a stream: once weir delivers to it.
+    common::eventually_async("weir to deliver before the outage", || async {
+        let m = scrape(admin_addr).await.unwrap_or_default();
+        metric(&m, "weir_batches_confirmed_total") >= 1.0
+    })
+    .await;
     let guard = RestartGuard;
     rabbitmqctl(&["stop_app"]);
     let down_from = published.load(Ordering::Relaxed);

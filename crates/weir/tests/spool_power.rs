@@ -15,6 +15,8 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::process::Child;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::mqtt::{publish_qos1, Pace};
@@ -136,9 +138,20 @@ fn kill9(child: &mut Child) {
 /// Publishes QoS 1 at `rate` records/s (64 in flight), a third `ls`, until
 /// weir dies; returns the payloads acknowledged.
 async fn publish(mqtt: u16, round: usize, rate: f64) -> Vec<Vec<u8>> {
+    publish_counting(mqtt, round, rate, None).await
+}
+
+/// [`publish`], counting PUBACKs into `acks` as they arrive.
+async fn publish_counting(
+    mqtt: u16,
+    round: usize,
+    rate: f64,
+    acks: Option<Arc<AtomicU64>>,
+) -> Vec<Vec<u8>> {
     let pace = Pace {
         rate: Some(rate),
         silence: Duration::from_secs(10),
+        acks,
         ..Pace::unpaced(64, tokio::time::Instant::now() + PATIENCE)
     };
     publish_qos1(mqtt, &format!("cut-{round}"), pace, move |i| {
@@ -372,20 +385,33 @@ async fn a_failed_write_or_sync_is_never_acknowledged() {
         let mut child = spawn_weir(&cfg_down, log);
         wait_port(SocketAddr::from(([127, 0, 0, 1], mqtt))).await;
         let injected = fs.stats().injected;
-        let publishing = publish(mqtt, round, 2_000.0);
+        let acks = Arc::new(AtomicU64::new(0));
+        let publishing = publish_counting(mqtt, round, 2_000.0, Some(Arc::clone(&acks)));
+        let admin = SocketAddr::from(([127, 0, 0, 1], admin));
         let injector = async {
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            // The disk fails under records already acknowledged from it.
+            common::eventually("records acknowledged before the failure", || {
+                acks.load(Ordering::Relaxed) > 0
+            })
+            .await;
             fs.fail(op, errno, count, Some(".seg"));
-            // Until every failure happened, and then a little more: the
-            // records after it are acknowledged from a new segment.
+            // Until every failure happened, the segment was abandoned, and
+            // records after it are acknowledged (from a new segment).
             common::eventually("the injected failures happen", || {
                 fs.stats().injected >= injected + u64::from(count)
             })
             .await;
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            let m = scrape(SocketAddr::from(([127, 0, 0, 1], admin)))
-                .await
-                .unwrap_or_default();
+            common::eventually_async("the failed segment to be abandoned", || async {
+                let m = scrape(admin).await.unwrap_or_default();
+                metric(&m, "weir_spool_abandoned_segments_total") >= 1.0
+            })
+            .await;
+            let before = acks.load(Ordering::Relaxed);
+            common::eventually("records acknowledged after the failure", || {
+                acks.load(Ordering::Relaxed) > before
+            })
+            .await;
+            let m = scrape(admin).await.unwrap_or_default();
             // The power goes right after.
             kill9(&mut child);
             fs.power_cut(Cut::Clean);

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use common::mqtt::{publish_qos1, Pace};
 use common::process::{
-    file_egress, free_port, sigterm, spawn_weir, wait_port, wait_until_catching_sigterm,
-    write_config, WEIR,
+    file_egress, free_port, metric, scrape, sigterm, spawn_weir, wait_port,
+    wait_until_catching_sigterm, write_config, WEIR,
 };
-use common::tmp;
+use common::{eventually_async, tmp};
 
 /// The visible text of terminal output: escape sequences dropped.
 fn visible(raw: &[u8]) -> String {
@@ -68,7 +68,13 @@ async fn weir_top_shows_every_class_of_a_running_weir_in_80x24() {
         },
         |i| Some((b"u/1".to_vec(), format!("r{i}").into_bytes())),
     ));
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Records go through weir before `weir top` looks.
+    let admin_addr = format!("127.0.0.1:{admin}").parse().unwrap();
+    eventually_async("the load to be delivered", || async {
+        let m = scrape(admin_addr).await.unwrap_or_default();
+        metric(&m, "weir_records_forwarded_total") > 0.0
+    })
+    .await;
 
     let command = format!(
         "stty rows 24 cols 80; exec {WEIR} top --config {} --interval 0.5 --frames 4",
