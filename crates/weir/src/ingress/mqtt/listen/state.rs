@@ -370,10 +370,14 @@ impl<T: Durable> State<T> {
         }
     }
 
-    /// The ticket the next reply waits for, if it waits for one.
+    /// The ticket the next reply waits for, if it waits for one. It may
+    /// have become durable since [`State::poll_reply`] last looked: a wait
+    /// on it then ends at once, and the next `poll_reply` hands the reply
+    /// out. (Leaving such a ticket out would leave the driver waiting on
+    /// nothing while the reply sits ready.)
     pub(super) fn poll_durable(&self) -> Option<&T> {
         match self.replies.front() {
-            Some((Some(ticket), _)) if !ticket.is_durable() => Some(ticket),
+            Some((Some(ticket), _)) => Some(ticket),
             _ => None,
         }
     }

@@ -162,10 +162,30 @@ fn replies_leave_in_publish_order_behind_a_record_not_yet_durable() {
     third.sync();
     assert!(s.poll_reply().is_none(), "the third waits for the first");
     first.sync();
-    assert!(s.poll_durable().is_none());
+    // Durable since the last look: still the one to wait on (a wait on it
+    // ends at once), until the replies are handed out.
+    assert!(s.poll_durable().is_some_and(Durable::is_durable));
     assert_eq!(
         drain(&mut s),
         ["PubAck(1)", "PubAck(2)", "PubAck(3)", "PingResp"]
+    );
+    assert!(s.poll_durable().is_none());
+}
+
+#[test]
+fn a_ticket_durable_since_the_last_look_is_still_waited_on() {
+    // The driver hands out what it can, then waits for the front's
+    // ticket; if that ticket became durable in between, the wait must
+    // still be there to end at once.
+    let mut s = connected(false, Instant::now());
+    let tick = Tick::default();
+    let q = queued(&mut s, QoS::AtLeastOnce, false, 1, b"a");
+    s.handle_queued(q, Some(tick.clone()));
+    assert!(s.poll_reply().is_none());
+    tick.sync();
+    assert!(
+        s.poll_durable().is_some(),
+        "a reply that is ready is not left without a wake-up"
     );
 }
 
