@@ -11,7 +11,7 @@ use anyhow::Context;
 use rskafka::client::partition::{OffsetAt, PartitionClient, UnknownTopicHandling};
 use tokio_util::sync::CancellationToken;
 
-use super::{Commits, ConsumeOptions, ConsumeReport, StartOffset};
+use super::commits::{Commits, ConsumeOptions, ConsumeReport, StartOffset};
 use crate::config::KafkaEgress;
 
 /// How long one fetch waits for records when a partition has none.
