@@ -105,7 +105,7 @@ async fn ls_overtakes_an_lt_backlog_on_3g_into_an_mqtt_broker() {
 
 async fn scenario(sink: Sink) {
     let _turn = ONE_AT_A_TIME.lock().await;
-    let name = unique(&format!("priority-{sink:?}").to_lowercase());
+    let name = common::kafka::topic_name(&format!("priority-{sink:?}").to_lowercase());
     match sink {
         Sink::Amqp => delete_queue(&format!("{name}.q")).await,
         Sink::Kafka => create_topic(&name, 1).await,

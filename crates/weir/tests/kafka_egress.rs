@@ -2,8 +2,8 @@
 //! the topic as weir batches; the broker killed with SIGKILL and started
 //! again mid-stream with nothing acknowledged lost; spooled classes
 //! acknowledging while it is down; a missing topic stopping start-up.
-//! The tests that stop the broker take turns (one lock), and no other
-//! test binary uses Kafka.
+//! The tests take turns (one lock): two of them stop the broker, which
+//! would fail what the others ask of it meanwhile.
 
 mod common;
 
@@ -18,7 +18,7 @@ use common::*;
 use rumqttc::QoS;
 use weir::app::App;
 
-/// The broker is stopped by one test at a time.
+/// One test at a time: two of them stop the broker.
 static BROKER_DOWN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn payloads(seen: &[common::amqp::Seen]) -> HashSet<Vec<u8>> {
@@ -44,7 +44,7 @@ fn assert_all_there(seen: &[common::amqp::Seen], sent: &[String]) {
 async fn records_reach_the_topic_and_survive_a_broker_killed_mid_stream() {
     const RECORDS: usize = 3000;
     let _turn = BROKER_DOWN.lock().await;
-    let name = unique("kafka-kill");
+    let name = topic_name("kafka-kill");
     // Three partitions: the node's batches go to one of them (11 mod 3).
     create_topic(&name, 3).await;
     // The egress at its defaults (request timeout, reconnect backoff).
@@ -115,7 +115,7 @@ async fn records_reach_the_topic_and_survive_a_broker_killed_mid_stream() {
 async fn spooled_classes_acknowledge_while_kafka_is_down_and_deliver_after() {
     const RECORDS: usize = 2000;
     let _turn = BROKER_DOWN.lock().await;
-    let name = unique("kafka-spool");
+    let name = topic_name("kafka-spool");
     create_topic(&name, 1).await;
     let dir = tmp(&name);
     let (mqtt, admin) = (free_port(), free_port());
@@ -148,7 +148,8 @@ async fn spooled_classes_acknowledge_while_kafka_is_down_and_deliver_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_topic_stops_start_up_naming_the_key_and_the_topic() {
-    let name = unique("kafka-missing");
+    let _turn = BROKER_DOWN.lock().await;
+    let name = topic_name("kafka-missing");
     let dir = tmp(&name);
     let config = write_config(
         &dir,
@@ -189,7 +190,8 @@ async fn weir_consume_reads_a_topic_once_across_sigkills() {
     use common::mqtt::{publish_qos1, Pace};
     const N: u64 = 6_000;
     const KILLS: u64 = 12;
-    let name = unique("kafka-consume");
+    let _turn = BROKER_DOWN.lock().await;
+    let name = topic_name("kafka-consume");
     create_topic(&name, 2).await;
     let dir = tmp(&name);
     // The topic, filled by a weir in memory mode with small batches.

@@ -39,6 +39,12 @@ pub async fn client() -> Client {
     })
 }
 
+/// A topic name for `test` unique to this run: the broker keeps its topics
+/// across runs, and a later process may get the same pid.
+pub fn topic_name(test: &str) -> String {
+    format!("{}-{}", super::unique(test), weir::clock::unix_micros())
+}
+
 /// Creates `topic` with `partitions` partitions.
 pub async fn create_topic(topic: &str, partitions: i32) {
     let c = client().await;
