@@ -43,6 +43,17 @@ fn egress_channel(sink: &EgressSink) -> usize {
     }
 }
 
+/// A sink's start-up refusal (a topology mismatch, a missing topic, a
+/// broker refusing weir) as the config problem it is, under `key`.
+fn refused(key: &str, message: String) -> AppError {
+    AppError::Topology {
+        problems: vec![crate::config::Problem {
+            path: key.to_owned(),
+            message,
+        }],
+    }
+}
+
 /// Completed transactions waiting for the scheduler's batch sizers; the
 /// egress drops reports rather than wait when the scheduler lags.
 const DELIVERED_CHANNEL: usize = 256;
@@ -480,32 +491,17 @@ async fn start_egress(
             let mut sink = egress::amqp::AmqpSink::new(a.clone(), cfg.node.id)
                 .with_classes(&cfg.classes)
                 .with_metrics(Arc::clone(&metrics.amqp));
-            sink.start().await.map_err(|e| AppError::Topology {
-                problems: vec![crate::config::Problem {
-                    path: e.key.to_owned(),
-                    message: e.message,
-                }],
-            })?;
+            sink.start().await.map_err(|e| refused(e.key, e.message))?;
             spawn_egress(sink, link, rx, ctx)
         }
         EgressSink::Mqtt(m) => {
             let mut sink = egress::mqtt::MqttSink::new(m.clone(), cfg.node.id, &cfg.classes);
-            sink.start().await.map_err(|e| AppError::Topology {
-                problems: vec![crate::config::Problem {
-                    path: e.key.to_owned(),
-                    message: e.message,
-                }],
-            })?;
+            sink.start().await.map_err(|e| refused(e.key, e.message))?;
             spawn_egress(sink, link, rx, ctx)
         }
         EgressSink::Kafka(k) => {
             let mut sink = egress::kafka::KafkaSink::new(k.clone(), cfg.node.id, &cfg.classes);
-            sink.start().await.map_err(|e| AppError::Topology {
-                problems: vec![crate::config::Problem {
-                    path: e.key.to_owned(),
-                    message: e.message,
-                }],
-            })?;
+            sink.start().await.map_err(|e| refused(e.key, e.message))?;
             spawn_egress(sink, link, rx, ctx)
         }
     };
