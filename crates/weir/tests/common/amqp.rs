@@ -33,10 +33,25 @@ pub fn amqp_egress(name: &str) -> String {
 /// A connection of the test's own to RabbitMQ; panics saying how to start
 /// it if it is not there.
 pub async fn connect_test_client() -> Connection {
-    Connection::connect(AMQP_URL, ConnectionProperties::default())
+    bounded(
+        "connecting",
+        Connection::connect(AMQP_URL, ConnectionProperties::default()),
+    )
+    .await
+    .unwrap_or_else(|e| {
+        panic!("RabbitMQ is not reachable at {BROKER} as guest/guest ({e}); start it with `bash scripts/services.sh`")
+    })
+}
+
+/// Awaits one exchange with the test broker, or panics naming `what` after
+/// [`PATIENCE`]: a broker that accepts the connection and then never
+/// answers (booting, or left alarmed by an earlier test) fails the test
+/// with a reason instead of hanging the suite.
+pub async fn bounded<T>(what: &str, step: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(PATIENCE, step)
         .await
-        .unwrap_or_else(|e| {
-            panic!("RabbitMQ is not reachable at {BROKER} as guest/guest ({e}); start it with `bash scripts/services.sh`")
+        .unwrap_or_else(|_| {
+            panic!("RabbitMQ at {BROKER} did not answer {what} within {PATIENCE:?}")
         })
 }
 
@@ -66,26 +81,23 @@ const RECHECK: Duration = Duration::from_millis(100);
 /// passes; acks every message.
 pub async fn consume_until(queue: &str, mut done: impl FnMut(&[Seen]) -> bool) -> Vec<Seen> {
     let conn = connect_test_client().await;
-    let ch = conn.create_channel().await.unwrap();
-    ch.queue_declare(
+    let ch = bounded("a channel", conn.create_channel()).await.unwrap();
+    let declare = ch.queue_declare(
         queue.into(),
         QueueDeclareOptions {
             durable: true,
             ..Default::default()
         },
         FieldTable::default(),
-    )
-    .await
-    .unwrap();
-    let mut consumer = ch
-        .basic_consume(
-            queue.into(),
-            "e2e-consumer".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    );
+    bounded("queue.declare", declare).await.unwrap();
+    let consume = ch.basic_consume(
+        queue.into(),
+        "e2e-consumer".into(),
+        BasicConsumeOptions::default(),
+        FieldTable::default(),
+    );
+    let mut consumer = bounded("basic.consume", consume).await.unwrap();
     let mut seen = Vec::new();
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
@@ -121,21 +133,23 @@ pub async fn consume_until(queue: &str, mut done: impl FnMut(&[Seen]) -> bool) -
                 batch_node: batch.node,
             });
         }
-        delivery.ack(BasicAckOptions::default()).await.unwrap();
+        bounded("basic.ack", delivery.ack(BasicAckOptions::default()))
+            .await
+            .unwrap();
     }
-    let _ = conn.close(200, "done".into()).await;
+    let _ = bounded("closing", conn.close(200, "done".into())).await;
     seen
 }
 
 /// Deletes a queue (and its messages).
 pub async fn delete_queue(queue: &str) {
-    if let Ok(conn) = Connection::connect(AMQP_URL, ConnectionProperties::default()).await {
-        if let Ok(ch) = conn.create_channel().await {
-            let _ = ch
-                .queue_delete(queue.into(), QueueDeleteOptions::default())
-                .await;
+    let connect = Connection::connect(AMQP_URL, ConnectionProperties::default());
+    if let Ok(conn) = bounded("connecting", connect).await {
+        if let Ok(ch) = bounded("a channel", conn.create_channel()).await {
+            let delete = ch.queue_delete(queue.into(), QueueDeleteOptions::default());
+            let _ = bounded("queue.delete", delete).await;
         }
-        let _ = conn.close(200, "done".into()).await;
+        let _ = bounded("closing", conn.close(200, "done".into())).await;
     }
 }
 
