@@ -160,6 +160,10 @@ impl Publisher {
     /// and waiting publishes while fewer than `max_in_flight` are
     /// unacknowledged and `buf` holds under `limit` bytes. Returns whether
     /// anything was written.
+    ///
+    /// Publishes go out once a quarter of the window is free (or nothing is
+    /// in flight), not one per PUBACK: a broker acknowledging one publish at
+    /// a time would otherwise have weir write one publish per system call.
     pub fn write_to(&mut self, buf: &mut BytesMut, limit: usize, now: Instant) -> bool {
         let before = buf.len();
         for pkid in self.owed.drain(..) {
@@ -169,6 +173,10 @@ impl Publisher {
             let _ = PingReq.write(buf);
             self.ping_due = false;
             self.ping_sent = Some(now);
+        }
+        let free = self.max_in_flight - self.in_flight.len();
+        if free < (self.max_in_flight / 4).max(1) && !self.in_flight.is_empty() {
+            return self.wrote(buf.len() > before, now);
         }
         while self.in_flight.len() < self.max_in_flight && buf.len() < limit {
             let Some(next) = self.waiting.pop_front() else {
@@ -182,7 +190,10 @@ impl Publisher {
             let _ = publish.write(buf);
             self.in_flight.insert(pkid, next.batch);
         }
-        let wrote = buf.len() > before;
+        self.wrote(buf.len() > before, now)
+    }
+
+    fn wrote(&mut self, wrote: bool, now: Instant) -> bool {
         if wrote {
             self.last_sent = now;
         }

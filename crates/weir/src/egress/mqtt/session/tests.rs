@@ -74,6 +74,21 @@ fn no_more_than_max_in_flight_are_unacknowledged() {
 }
 
 #[test]
+fn publishes_wait_for_a_quarter_of_the_window() {
+    let t0 = Instant::now();
+    let mut s = Publisher::new(8, Duration::ZERO, t0);
+    s.queue(1, publishes(20));
+    let mut buf = BytesMut::new();
+    s.write_to(&mut buf, 1 << 20, t0);
+    assert_eq!(pkids(&sent(&mut buf)), (1..=8).collect::<Vec<_>>());
+    s.handle_packet(Packet::PubAck(PubAck::new(1))).unwrap();
+    assert!(!s.write_to(&mut buf, 1 << 20, t0), "one free slot of 8");
+    s.handle_packet(Packet::PubAck(PubAck::new(2))).unwrap();
+    assert!(s.write_to(&mut buf, 1 << 20, t0), "two free slots of 8");
+    assert_eq!(pkids(&sent(&mut buf)), vec![9, 10]);
+}
+
+#[test]
 fn a_full_buffer_holds_the_rest_back() {
     let t0 = Instant::now();
     let mut s = Publisher::new(100, Duration::ZERO, t0);
