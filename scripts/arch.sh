@@ -11,12 +11,18 @@ target_of() {
   esac
 }
 
-# The release binary (the host's is built without --target).
+# The cargo profile the packages and images are built with: `release`,
+# what ships, unless WEIR_PROFILE names another. The test command uses
+# `check-release` (Cargo.toml): the same code without LTO, built in about
+# half the time, since its packages and images are only checked.
+profile=${WEIR_PROFILE:-release}
+
+# The binary (the host's is built without --target).
 bin_of() {
   if [ "$1" = amd64 ]; then
-    echo target/release/weir
+    echo "target/$profile/weir"
   else
-    echo "target/$(target_of "$1")/release/weir"
+    echo "target/$(target_of "$1")/$profile/weir"
   fi
 }
 

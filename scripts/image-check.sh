@@ -31,7 +31,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 bash scripts/image.sh amd64 arm64 armhf
-version=$(target/release/weir --version | awk '{print $2}')
+version=$("$(bin_of amd64)" --version | awk '{print $2}')
 image=localhost/weir:$version-amd64
 
 work=$(mktemp -d)
@@ -86,7 +86,7 @@ delivered() {
   local n=0 seg
   for seg in "$vol"/out/*.weirseg; do
     [ -e "$seg" ] || continue
-    n=$((n + $(target/release/weir decode "$seg" | grep -c "payload=\"$1-" || true)))
+    n=$((n + $("$(bin_of amd64)" decode "$seg" | grep -c "payload=\"$1-" || true)))
   done
   echo "$n"
 }

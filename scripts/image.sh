@@ -37,7 +37,7 @@ if ! command -v podman >/dev/null; then
 fi
 
 bash scripts/package.sh "${arches[@]}"
-version=$(target/release/weir --version | awk '{print $2}')
+version=$("$(bin_of amd64)" --version | awk '{print $2}')
 source_url=$(sed -n 's/^repository = "\(.*\)"/\1/p' Cargo.toml | head -1)
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 # Reproducible: the image's dates are the commit's.

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs and starts a single-node Apache Kafka broker for weir's tests, on
 # loopback only: KRaft mode, one JVM as both broker and controller, PLAINTEXT
-# on 127.0.0.1:9092 (controller on 127.0.0.1:9093). Idempotent: does nothing
+# on 127.0.0.1:9092 (controller on 127.0.0.1:9093), and SASL over TLS on
+# 127.0.0.1:9094 (PLAIN and SCRAM-SHA-512, user `weir`, password
+# `weir-secret`; the broker's certificate is signed by the test CA in
+# $home/tls/ca.pem, made here with openssl). Idempotent: does nothing
 # when a broker already answers on 9092. `kafka.sh stop` stops it (data is
 # kept); `kafka.sh run CLASS ARGS...` runs a Kafka tool main class, e.g.
 #   scripts/kafka.sh run org.apache.kafka.tools.TopicCommand --bootstrap-server 127.0.0.1:9092 --list
@@ -58,6 +61,7 @@ if port_open 9092; then echo "kafka: already up on 127.0.0.1:9092"; exit 0; fi
 need=()
 command -v java >/dev/null || need+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need+=(maven)
+command -v openssl >/dev/null || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   echo "kafka: installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -97,6 +101,27 @@ EOF
   touch "$libs/.kafka-$KAFKA_VERSION"
 fi
 
+# The SASL_SSL listener's certificate, once: a CA of its own and a server
+# certificate for 127.0.0.1, in a PKCS12 keystore (Java reads it natively;
+# its PEM keystore wants an encrypted key).
+tls=$home/tls
+if [ ! -f "$tls/server.p12" ]; then
+  mkdir -p "$tls"
+  (
+    cd "$tls"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=weir test Kafka CA" \
+      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+      -keyout ca.key -out ca.pem 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" -keyout server.key -out server.csr 2>/dev/null
+    printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n' > server.ext
+    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile server.ext -out server.pem 2>/dev/null
+    openssl pkcs12 -export -in server.pem -inkey server.key -certfile ca.pem -name kafka \
+      -passout pass:weir-test -out server.p12.tmp
+    mv server.p12.tmp server.p12
+  )
+fi
+
 # Minimal config, rewritten each start so an edit here takes effect. The
 # controller quorum is this node alone, found through bootstrap.servers (the
 # dynamic quorum that 4.x formats with --standalone).
@@ -105,10 +130,19 @@ cat > "$home/server.properties" <<EOF
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:9093
-listeners=PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093
-advertised.listeners=PLAINTEXT://127.0.0.1:9092
+listeners=PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093,SASL_SSL://127.0.0.1:9094
+advertised.listeners=PLAINTEXT://127.0.0.1:9092,SASL_SSL://127.0.0.1:9094
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL
+# SASL over TLS, as Event Hubs (PLAIN) and MSK or Confluent (SCRAM) take it.
+sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-512
+listener.name.sasl_ssl.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_weir="weir-secret";
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.ssl.keystore.type=PKCS12
+listener.name.sasl_ssl.ssl.keystore.location=$tls/server.p12
+listener.name.sasl_ssl.ssl.keystore.password=weir-test
+listener.name.sasl_ssl.ssl.key.password=weir-test
 log.dirs=$data
 num.partitions=1
 offsets.topic.replication.factor=1
@@ -157,7 +191,12 @@ for _ in $(seq 1 90); do
   fi
   if port_open 9092 && tool org.apache.kafka.tools.TopicCommand --bootstrap-server 127.0.0.1:9092 \
       --create --if-not-exists --topic weir-kafka-ready --partitions 1 --replication-factor 1 >/dev/null 2>&1; then
-    echo "kafka: up on 127.0.0.1:9092"
+    # SCRAM credentials live in the cluster's metadata: set (again) here,
+    # so a broker formatted before this listener existed has them too.
+    tool org.apache.kafka.tools.ConfigCommand --bootstrap-server 127.0.0.1:9092 --alter \
+      --add-config 'SCRAM-SHA-512=[iterations=4096,password=weir-secret]' \
+      --entity-type users --entity-name weir >/dev/null
+    echo "kafka: up on 127.0.0.1:9092 (SASL over TLS on 127.0.0.1:9094)"
     exit 0
   fi
   sleep 1

@@ -15,8 +15,9 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
+source scripts/arch.sh
 bash scripts/package.sh amd64 arm64 armhf
-version=$(target/release/weir --version | awk '{print $2}')
+version=$("$(bin_of amd64)" --version | awk '{print $2}')
 deb() { echo "target/debian/weir_${version}_$1.deb"; }
 
 # amd64: installed for real.

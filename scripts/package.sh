@@ -6,6 +6,9 @@
 #   bash scripts/package.sh                 # all three
 #   bash scripts/package.sh amd64 armhf     # some
 #
+# Built with the `release` profile (WEIR_PROFILE overrides it; see
+# scripts/arch.sh).
+#
 # Each package holds /usr/bin/weir, /etc/weir/weir.toml (a conffile: the
 # embedded defaults with the admin listener on loopback, so `weir top` and
 # `weir reload` work), the systemd unit, the man pages and bash, zsh and
@@ -37,8 +40,8 @@ fi
 
 # The host build writes the man pages and completions (the same for every
 # architecture) and is the amd64 package's binary.
-cargo build --release --locked -p weir
-host=target/release/weir
+cargo build --profile "$profile" --locked -p weir
+host=$(bin_of amd64)
 version=$("$host" --version | awk '{print $2}')
 out=target/debian
 mkdir -p "$out"
@@ -67,7 +70,7 @@ for arch in "${arches[@]}"; do
   cross+=(--target "$target")
 done
 if [ ${#cross[@]} -gt 0 ]; then
-  cargo build --release --locked "${cross[@]}" -p weir
+  cargo build --profile "$profile" --locked "${cross[@]}" -p weir
 fi
 
 for arch in "${arches[@]}"; do

@@ -3,22 +3,17 @@
 //! subscriber taking everything: what a user would otherwise run, measured
 //! with the same tool (docs/benchmarks.md).
 
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Context};
-use bytes::BytesMut;
-use rumqttc::mqttbytes::{self, v4, QoS};
+use anyhow::{ensure, Context};
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::BrokerArgs;
-use crate::mqtt::{connections, run_publishers, KEEP_ALIVE_SECS};
+use crate::mqtt::{connections, run_publishers};
 use crate::report::{machine_info, MachineInfo, Percentiles};
 use crate::sample::hwm_kib;
 use crate::shared::{on_thread, unique, Counters};
@@ -69,7 +64,19 @@ pub async fn broker(a: &BrokerArgs, clk_tck: f64) -> anyhow::Result<BrokerReport
                 format!("{name}-sub"),
                 format!("{name}/#"),
             );
-            move || subscribe(addr, id, filter, counters, stop)
+            move || {
+                crate::mqtt_out::subscriber(
+                    addr,
+                    id,
+                    filter,
+                    stop,
+                    || {},
+                    move |_, _| {
+                        counters.consumed.fetch_add(1, Ordering::Relaxed);
+                        Ok(())
+                    },
+                )
+            }
         })
     });
     // The subscription is in place before the first publish.
@@ -238,69 +245,4 @@ fn cpu_ticks(pid: u32) -> Option<u64> {
     let after = stat.rsplit_once(')')?.1;
     let f: Vec<&str> = after.split_whitespace().collect();
     Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
-}
-
-/// One QoS 1 subscriber: acknowledges and counts every record under
-/// `filter` until `stop`.
-async fn subscribe(
-    addr: SocketAddr,
-    client_id: String,
-    filter: String,
-    counters: Arc<Counters>,
-    stop: CancellationToken,
-) -> anyhow::Result<()> {
-    let mut stream = TcpStream::connect(addr)
-        .await
-        .with_context(|| format!("connecting to the broker at {addr}"))?;
-    stream.set_nodelay(true)?;
-    let mut out = BytesMut::with_capacity(64 * 1024);
-    let mut connect = v4::Connect::new(client_id);
-    // Long, not 0 (rumqttd refuses 0): the drain at the end may be silent
-    // for a while, and no PINGREQ is sent.
-    connect.keep_alive = KEEP_ALIVE_SECS;
-    v4::Packet::Connect(connect).write(&mut out, usize::MAX)?;
-    let mut sub = v4::Subscribe::new(filter, QoS::AtLeastOnce);
-    // Packet id 0 is a protocol error for SUBSCRIBE.
-    sub.pkid = 1;
-    v4::Packet::Subscribe(sub).write(&mut out, usize::MAX)?;
-    stream.write_all(&out).await?;
-    out.clear();
-    let mut inbuf = BytesMut::with_capacity(256 * 1024);
-    loop {
-        let mut got = 0u64;
-        loop {
-            match v4::Packet::read(&mut inbuf, usize::MAX) {
-                Ok(v4::Packet::Publish(p)) => {
-                    got += 1;
-                    if p.qos != QoS::AtMostOnce {
-                        v4::Packet::PubAck(v4::PubAck::new(p.pkid)).write(&mut out, usize::MAX)?;
-                    }
-                }
-                Ok(v4::Packet::ConnAck(ack)) => ensure!(
-                    ack.code == v4::ConnectReturnCode::Success,
-                    "the broker refused the subscriber: {:?}",
-                    ack.code
-                ),
-                Ok(_) => {}
-                Err(mqttbytes::Error::InsufficientBytes(_)) => break,
-                Err(e) => bail!("bad packet from the broker: {e}"),
-            }
-        }
-        if got > 0 {
-            counters.consumed.fetch_add(got, Ordering::Relaxed);
-        }
-        if !out.is_empty() {
-            stream.write_all(&out).await?;
-            out.clear();
-        }
-        // Cancel safety: `read_buf` is cancel safe; `stop` only waits.
-        tokio::select! {
-            n = stream.read_buf(&mut inbuf) => {
-                if n? == 0 {
-                    bail!("the broker closed the subscriber's connection");
-                }
-            }
-            _ = stop.cancelled() => return Ok(()),
-        }
-    }
 }

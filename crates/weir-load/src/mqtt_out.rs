@@ -48,29 +48,64 @@ async fn consume(
     stop: CancellationToken,
     ready: oneshot::Sender<()>,
 ) -> anyhow::Result<Consumed> {
+    let mut ready = Some(ready);
+    let mut seen = Consumed::default();
+    subscriber(
+        addr,
+        unique("sub"),
+        filter,
+        stop,
+        || {
+            if let Some(r) = ready.take() {
+                let _ = r.send(());
+            }
+        },
+        |payload, consumed_us| {
+            seen.raw(payload, consumed_us)?;
+            counters.consumed.fetch_add(1, Ordering::Relaxed);
+            counters.messages.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        },
+    )
+    .await?;
+    Ok(seen)
+}
+
+/// One QoS 1 subscriber until `stop`: connects as `client_id`,
+/// subscribes to `filter` (`subscribed` is called on its SUBACK), hands
+/// every publish's payload to `publish` with the time its read came in,
+/// and acknowledges it, many PUBACKs per write.
+pub async fn subscriber(
+    addr: SocketAddr,
+    client_id: String,
+    filter: String,
+    stop: CancellationToken,
+    mut subscribed: impl FnMut(),
+    mut publish: impl FnMut(&[u8], u64) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
     let mut stream = TcpStream::connect(addr)
         .await
         .with_context(|| format!("connecting to the MQTT broker at {addr}"))?;
     stream.set_nodelay(true)?;
     let mut out = BytesMut::with_capacity(64 * 1024);
-    let mut connect = v4::Connect::new(unique("sub"));
+    let mut connect = v4::Connect::new(client_id);
+    // Long, not 0 (rumqttd refuses 0): the drain at the end may be silent
+    // for a while, and no PINGREQ is sent.
     connect.keep_alive = crate::mqtt::KEEP_ALIVE_SECS;
     v4::Packet::Connect(connect).write(&mut out, usize::MAX)?;
     let mut sub = v4::Subscribe::new(filter, QoS::AtLeastOnce);
+    // Packet id 0 is a protocol error for SUBSCRIBE.
     sub.pkid = 1;
     v4::Packet::Subscribe(sub).write(&mut out, usize::MAX)?;
     stream.write_all(&out).await?;
     out.clear();
-    let mut ready = Some(ready);
-    let mut seen = Consumed::default();
     let mut inbuf = BytesMut::with_capacity(256 * 1024);
     loop {
-        let before = seen.total;
         let consumed_us = crate::stamp::now_us();
         loop {
             match v4::Packet::read(&mut inbuf, usize::MAX) {
                 Ok(v4::Packet::Publish(p)) => {
-                    seen.raw(&p.payload, consumed_us)?;
+                    publish(&p.payload, consumed_us)?;
                     if p.qos != QoS::AtMostOnce {
                         v4::Packet::PubAck(v4::PubAck::new(p.pkid)).write(&mut out, usize::MAX)?;
                     }
@@ -80,20 +115,11 @@ async fn consume(
                     "the broker refused the subscriber: {:?}",
                     ack.code
                 ),
-                Ok(v4::Packet::SubAck(_)) => {
-                    if let Some(r) = ready.take() {
-                        let _ = r.send(());
-                    }
-                }
+                Ok(v4::Packet::SubAck(_)) => subscribed(),
                 Ok(_) => {}
                 Err(mqttbytes::Error::InsufficientBytes(_)) => break,
                 Err(e) => bail!("bad packet from the broker: {e}"),
             }
-        }
-        let got = seen.total - before;
-        if got > 0 {
-            counters.consumed.fetch_add(got, Ordering::Relaxed);
-            counters.messages.fetch_add(got, Ordering::Relaxed);
         }
         if !out.is_empty() {
             stream.write_all(&out).await?;
@@ -106,7 +132,7 @@ async fn consume(
                     bail!("the broker closed the subscriber's connection");
                 }
             }
-            _ = stop.cancelled() => return Ok(seen),
+            _ = stop.cancelled() => return Ok(()),
         }
     }
 }

@@ -79,6 +79,20 @@ impl Encoding {
             .find(|e| t.eq_ignore_ascii_case(e.as_str()))
             .ok_or_else(|| DecodeError::UnknownEncoding(t.to_string()))
     }
+
+    /// The encoding of a body that came without a `content_encoding` (the
+    /// MQTT sink's batch mode), told by its first bytes: gzip's and zstd's
+    /// magic numbers, which a `weir.v1.Batch` (starting with field 1's tag,
+    /// 0x08) never begins with.
+    pub fn sniff(body: &[u8]) -> Encoding {
+        if body.starts_with(&[0x1f, 0x8b]) {
+            Encoding::Gzip
+        } else if body.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+            Encoding::Zstd
+        } else {
+            Encoding::Identity
+        }
+    }
 }
 
 impl std::fmt::Display for Encoding {
@@ -559,5 +573,17 @@ mod tests {
         assert_eq!(zstd_window_log(DEFAULT_MAX_DECODED), 26);
         assert_eq!(zstd_window_log((64 << 20) + 1), 27);
         assert_eq!(zstd_window_log(usize::MAX), ZSTD_MAX_WINDOW_LOG);
+    }
+
+    #[test]
+    fn a_body_tells_its_encoding_by_its_first_bytes() {
+        let batch = encode_batch(&crate::pb::Batch {
+            node: 3,
+            ..Default::default()
+        });
+        for enc in Encoding::ALL {
+            let body = compress(&batch, enc, 3).unwrap();
+            assert_eq!(Encoding::sniff(&body), enc);
+        }
     }
 }

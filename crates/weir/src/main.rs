@@ -307,11 +307,8 @@ fn decode(file: &std::path::Path, encoding: Option<String>, max_size: usize) -> 
         match parts.as_slice() {
             [.., enc, "weirbatch"] if parts.len() >= 3 => (*enc).to_string(),
             // A body without a name that says (the MQTT egress's batch
-            // mode): its first bytes do. A `weir.v1.Batch` starts with
-            // field 1's tag (0x08), never with gzip's or zstd's magic.
-            _ if body.starts_with(&[0x1f, 0x8b]) => "gzip".to_string(),
-            _ if body.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) => "zstd".to_string(),
-            _ => "identity".to_string(),
+            // mode): its first bytes do.
+            _ => weir_proto::Encoding::sniff(&body).as_str().to_string(),
         }
     });
     let batch = weir_proto::decode_batch(&body, &encoding, max_size)

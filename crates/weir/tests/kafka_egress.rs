@@ -1,7 +1,9 @@
 //! weir delivering to a real Kafka broker (scripts/kafka.sh): records in
 //! the topic as weir batches; the broker killed with SIGKILL and started
 //! again mid-stream with nothing acknowledged lost; spooled classes
-//! acknowledging while it is down; a missing topic stopping start-up.
+//! acknowledging while it is down; a missing topic stopping start-up;
+//! SASL (PLAIN, SCRAM-SHA-512) over TLS, and a wrong password or an
+//! untrusted certificate stopping start-up.
 //! The tests take turns (one lock): two of them stop the broker, which
 //! would fail what the others ask of it meanwhile.
 
@@ -295,4 +297,87 @@ async fn weir_consume_reads_a_topic_once_across_sigkills() {
     assert_eq!(keys.len() as u64, N, "every record handed on: {err}");
     assert_eq!(twice, 0, "records handed on twice");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// weir with `egress` (a whole `[egress]` section) started as a process:
+/// its exit status and what it said, once it stopped by itself (or 124
+/// from `timeout` if it was still running after a minute).
+async fn run_until_it_stops(name: &str, egress: &str) -> (Option<i32>, String) {
+    let dir = tmp(name);
+    let config = write_config(
+        &dir,
+        "weir.toml",
+        &format!(
+            "[ingress.mqtt]\nlisten = \"127.0.0.1:0\"\n[ingress.grpc]\nenabled = false\n{egress}\n"
+        ),
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("timeout")
+            .args(["60", WEIR, "run", "--config", config.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// SASL over TLS, as Azure Event Hubs (PLAIN) and Amazon MSK or Confluent
+/// (SCRAM) are reached: records delivered with either mechanism; a wrong
+/// password, or a broker certificate from a CA weir was not given, stops
+/// start-up with exit status 2 naming the key to fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sasl_over_tls_delivers_and_a_wrong_password_or_an_untrusted_ca_stops_start_up() {
+    let _turn = BROKER_DOWN.lock().await;
+    let topic = topic_name("kafka-sasl");
+    create_topic(&topic, 1).await;
+    let ca = tls_ca();
+    assert!(ca.exists(), "{} (run scripts/services.sh)", ca.display());
+    let egress = |mechanism: &str, password: &str, ca_line: &str| {
+        format!(
+            "[egress]\nkind = \"kafka\"\n[egress.kafka]\nbrokers = [\"{SASL_BROKER}\"]\ntopic = \"{topic}\"\ntls = true\n{ca_line}sasl_mechanism = \"{mechanism}\"\nusername = \"weir\"\npassword = \"{password}\"\n"
+        )
+    };
+    let with_ca = format!("ca_file = \"{}\"\n", ca.display());
+
+    let (status, said) =
+        run_until_it_stops(&topic, &egress("scram-sha-512", "wrong", &with_ca)).await;
+    assert_eq!(status, Some(2), "a wrong password; weir said:\n{said}");
+    assert!(
+        said.contains("egress.kafka.username"),
+        "names the key:\n{said}"
+    );
+    let (status, said) = run_until_it_stops(&topic, &egress("plain", "weir-secret", "")).await;
+    assert_eq!(status, Some(2), "an untrusted CA; weir said:\n{said}");
+    assert!(
+        said.contains("egress.kafka.ca_file"),
+        "names the key:\n{said}"
+    );
+
+    let mut sent = Vec::new();
+    for mechanism in ["scram-sha-512", "plain"] {
+        let text = format!(
+            "[ingress.mqtt]\nlisten = \"127.0.0.1:0\"\n[ingress.grpc]\nenabled = false\n{}",
+            egress(mechanism, "weir-secret", &with_ca)
+        );
+        let app = App::start(parse_config(&text, "kafka-sasl")).await.unwrap();
+        let mut client = MqttClient::connect(
+            app.mqtt_addr.unwrap().port(),
+            &format!("{topic}-{mechanism}"),
+        )
+        .await;
+        let mine: Vec<(String, Vec<u8>)> = (0..300)
+            .map(|i| (format!("dev/{i}"), format!("{mechanism}-{i}").into_bytes()))
+            .collect();
+        client.publish_confirmed(&mine).await;
+        app.shutdown(Duration::from_secs(30)).await;
+        sent.extend(mine.into_iter().map(|(_, p)| String::from_utf8(p).unwrap()));
+    }
+    let seen = read_until(&topic, |seen| payloads(seen).len() >= sent.len()).await;
+    assert_all_there(&seen, &sent);
 }

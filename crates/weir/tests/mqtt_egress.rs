@@ -1,7 +1,7 @@
 //! weir delivering to a real MQTT broker: Mosquitto instances of the
 //! test's own (each on its own port, from `scripts/services.sh`'s
 //! `mosquitto` binary), one with persistence that is restarted mid-stream,
-//! one with TLS that wants client certificates.
+//! one with TLS that wants client certificates, one that checks passwords.
 
 mod common;
 
@@ -100,7 +100,20 @@ struct Subscriber {
 
 impl Subscriber {
     async fn start(port: u16, id: &str, filter: &str) -> Subscriber {
+        Subscriber::start_as(port, id, filter, None).await
+    }
+
+    /// The same, logging in with `(user, password)`.
+    async fn start_as(
+        port: u16,
+        id: &str,
+        filter: &str,
+        login: Option<(&str, &str)>,
+    ) -> Subscriber {
         let mut o = MqttOptions::new(id, "127.0.0.1", port);
+        if let Some((user, password)) = login {
+            o.set_credentials(user, password);
+        }
         o.set_clean_session(false)
             .set_keep_alive(Duration::from_secs(30))
             .set_max_packet_size(1 << 20, 1 << 20);
@@ -260,13 +273,7 @@ async fn a_backlog_leaves_in_batches_within_the_brokers_payload_limit() {
             .iter()
             .flat_map(|(_, body)| {
                 // The codec from the body's first bytes, as `weir decode` does.
-                let encoding = if body.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
-                    "zstd"
-                } else if body.starts_with(&[0x1f, 0x8b]) {
-                    "gzip"
-                } else {
-                    "identity"
-                };
+                let encoding = weir_proto::Encoding::sniff(body).as_str();
                 weir_proto::decode_batch(body, encoding, 64 << 20)
                     .expect("a weir batch")
                     .records
@@ -342,6 +349,84 @@ async fn mutual_tls_delivers_and_a_certificate_from_another_ca_is_refused_at_sta
     let got: HashSet<(String, Vec<u8>)> = sub.got().into_iter().collect();
     for (topic, payload) in &sent {
         assert!(got.contains(&(format!("tls/{topic}"), payload.clone())));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Adds `user` with `password` to Mosquitto's password file `file`.
+fn add_password(file: &Path, user: &str, password: &str) {
+    let mut cmd = Command::new("mosquitto_passwd");
+    if !file.exists() {
+        cmd.arg("-c");
+    }
+    let status = cmd
+        .arg("-b")
+        .arg(file)
+        .arg(user)
+        .arg(password)
+        .status()
+        .expect("mosquitto_passwd (run scripts/services.sh)");
+    assert!(status.success(), "mosquitto_passwd failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_checking_passwords_refuses_a_wrong_one_at_start_up_and_takes_the_right_one() {
+    let name = unique("mqtt-egress-login");
+    let dir = tmp(&name);
+    let port = free_port();
+    let passwords = dir.join("passwd");
+    add_password(&passwords, "weir", "s3cret");
+    add_password(&passwords, "reader", "r3ad");
+    let conf = format!(
+        "listener {port} 127.0.0.1\nallow_anonymous false\npassword_file {}\nlog_dest stderr\n",
+        passwords.display()
+    );
+    let _broker = Broker::start(&dir, "login", &conf, port).await;
+    let sub = Subscriber::start_as(
+        port,
+        &format!("{name}-sub"),
+        "login/#",
+        Some(("reader", "r3ad")),
+    )
+    .await;
+    let egress = |password: &str| {
+        weir_config(
+            50,
+            &format!(
+                "broker = \"mqtt://127.0.0.1:{port}\"\nusername = \"weir\"\npassword = \"{password}\"\ntopic_prefix = \"login/\""
+            ),
+        )
+    };
+    let refused = App::start(parse_config(&egress("wrong"), "mqtt-egress-wrong")).await;
+    let why = match refused {
+        Ok(app) => {
+            app.shutdown(Duration::from_secs(5)).await;
+            panic!("weir started with a password the broker refuses")
+        }
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        why.contains("egress.mqtt.username"),
+        "names the credentials: {why}"
+    );
+
+    let app = App::start(parse_config(&egress("s3cret"), "mqtt-egress-login"))
+        .await
+        .unwrap();
+    let mut client =
+        MqttClient::connect(app.mqtt_addr.unwrap().port(), &format!("{name}-pub")).await;
+    let sent: Vec<(String, Vec<u8>)> = (0..200)
+        .map(|i| (format!("dev/{i}"), format!("login-{i}").into_bytes()))
+        .collect();
+    client.publish_confirmed(&sent).await;
+    eventually("every record through the password-checking broker", || {
+        sub.got().len() >= sent.len()
+    })
+    .await;
+    app.shutdown(Duration::from_secs(30)).await;
+    let got: HashSet<(String, Vec<u8>)> = sub.got().into_iter().collect();
+    for (topic, payload) in &sent {
+        assert!(got.contains(&(format!("login/{topic}"), payload.clone())));
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

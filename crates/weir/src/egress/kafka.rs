@@ -43,7 +43,7 @@ use rskafka::record::Record;
 use rskafka::BackoffConfig;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use weir_core::backoff::Backoff;
+use weir_core::backoff::Retry;
 use weir_core::{ClassSet, NodeId};
 
 use super::batch::EncodedBatch;
@@ -56,10 +56,12 @@ pub use super::amqp::{
     HEADER_BATCH_SEQ, HEADER_CLASS, HEADER_NODE, HEADER_RECORDS, HEADER_SENT_US,
 };
 
-/// Why start-up stops: a topic that is missing and may not be created.
+/// Why start-up stops: a topic that is missing and may not be created, or
+/// brokers that refuse weir (its SASL credentials, or their certificate
+/// not trusted).
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{key}: {message}")]
-pub struct TopicError {
+pub struct RefusedError {
     /// The config key to change.
     pub key: &'static str,
     /// Which topic, and what to do.
@@ -74,8 +76,7 @@ pub struct KafkaSink {
     classes: Vec<String>,
     /// The client and its partition clients, once connected.
     conn: Option<Connected>,
-    backoff: Backoff,
-    retry_at: Option<Instant>,
+    retry: Retry<Instant>,
 }
 
 struct Connected {
@@ -107,13 +108,11 @@ impl KafkaSink {
     /// A sink for `cfg`, producing as `node`; connects on
     /// [`KafkaSink::start`] or the first send.
     pub fn new(cfg: KafkaEgress, node: NodeId, classes: &ClassSet) -> KafkaSink {
-        let backoff = Backoff::new(Duration::from_millis(200), cfg.reconnect_backoff_max);
         KafkaSink {
             node,
             classes: classes.iter().map(|(_, c)| c.name.clone()).collect(),
             conn: None,
-            backoff,
-            retry_at: None,
+            retry: Retry::new(Duration::from_millis(200), cfg.reconnect_backoff_max),
             cfg,
         }
     }
@@ -121,7 +120,10 @@ impl KafkaSink {
     /// Connects and checks every class's topic. A missing topic the
     /// brokers will not create is an error; brokers out of reach are not
     /// (logged; sending retries).
-    pub async fn start(&mut self) -> Result<(), TopicError> {
+    pub async fn start(&mut self) -> Result<(), RefusedError> {
+        if let Some(refused) = self.refusal().await {
+            return Err(refused);
+        }
         match self.connect().await {
             Ok(()) => {}
             Err(ConnectError::Topic(e)) => return Err(e),
@@ -150,6 +152,30 @@ impl KafkaSink {
             }
         }
         Ok(())
+    }
+
+    /// Whether the brokers refuse weir outright: its SASL credentials, or a
+    /// certificate the TLS client does not trust. One short attempt (the
+    /// client retries any failed connection until `request_timeout`, so a
+    /// refusal would otherwise look like brokers out of reach). `None` when
+    /// it connects, or the brokers are only out of reach.
+    async fn refusal(&self) -> Option<RefusedError> {
+        if self.cfg.tls.is_none() && self.cfg.sasl.is_none() {
+            return None;
+        }
+        let builder = client_builder(&self.cfg, format!("weir-{}", self.node))
+            .ok()?
+            .backoff_config(BackoffConfig {
+                init_backoff: Duration::from_millis(50),
+                max_backoff: Duration::from_millis(200),
+                base: 2.0,
+                deadline: Some(Duration::from_millis(500)),
+            });
+        let error = match tokio::time::timeout(self.cfg.connect_timeout, builder.build()).await {
+            Ok(Err(e)) => e,
+            _ => return None,
+        };
+        refused(&self.cfg, &self.brokers(), &error)
     }
 
     /// Whether the sink holds a connection.
@@ -247,11 +273,11 @@ impl KafkaSink {
 
     async fn send_batch(&mut self, batch: &EncodedBatch) -> Result<Confirm, SinkError> {
         if self.conn.is_none() {
-            if let Some(at) = self.retry_at {
+            if let Some(at) = self.retry.not_before() {
                 tokio::time::sleep_until(at).await;
             }
             if let Err(e) = self.connect().await {
-                self.retry_at = Some(Instant::now() + self.backoff.failed());
+                self.retry.failed(Instant::now());
                 return Err(e.into());
             }
         }
@@ -278,8 +304,7 @@ impl KafkaSink {
             self.drop_connection();
             return Err(SinkError::Unavailable("the Kafka writer stopped".into()));
         }
-        self.backoff.reset();
-        self.retry_at = None;
+        self.retry.succeeded();
         Ok(Box::pin(async move {
             match outcome.await {
                 Ok(result) => result,
@@ -290,7 +315,7 @@ impl KafkaSink {
 
     fn drop_connection(&mut self) {
         if self.conn.take().is_some() {
-            self.retry_at = Some(Instant::now() + self.backoff.failed());
+            self.retry.failed(Instant::now());
         }
     }
 }
@@ -339,6 +364,35 @@ pub(crate) fn client_builder(
         });
     }
     Ok(builder)
+}
+
+/// A refusal among the client's errors. rskafka keeps the causes of a
+/// failed connection in a list inside its retry error, without types to
+/// match on, so their names are looked for in its description: a SASL
+/// failure, or a certificate rustls refused.
+fn refused(
+    cfg: &KafkaEgress,
+    brokers: &str,
+    e: &rskafka::client::error::Error,
+) -> Option<RefusedError> {
+    let shown = format!("{e:?}");
+    if shown.contains("SaslFailed") {
+        let (mechanism, user) = cfg
+            .sasl
+            .as_ref()
+            .map_or(("", ""), |s| (s.mechanism.as_str(), s.username.as_str()));
+        return Some(RefusedError {
+            key: "egress.kafka.username",
+            message: format!("{brokers} refused weir's SASL {mechanism} login as `{user}` (check username, password and sasl_mechanism): {e}"),
+        });
+    }
+    if shown.contains("InvalidCertificate") {
+        return Some(RefusedError {
+            key: "egress.kafka.ca_file",
+            message: format!("{brokers}: the broker's TLS certificate is not trusted (set ca_file to its CA): {e}"),
+        });
+    }
+    None
 }
 
 /// The Kafka record of a batch (see the module docs).
@@ -422,7 +476,7 @@ enum ConnectError {
     /// Retry later.
     Unavailable(String),
     /// The topic is missing and may not be created.
-    Topic(TopicError),
+    Topic(RefusedError),
 }
 
 impl From<ConnectError> for SinkError {
@@ -439,7 +493,7 @@ fn topic_error(topic: &str, e: KafkaError) -> ConnectError {
         KafkaError::ServerError {
             protocol_error: ProtocolError::UnknownTopicOrPartition,
             ..
-        } => ConnectError::Topic(TopicError {
+        } => ConnectError::Topic(RefusedError {
             key: "egress.kafka.topic",
             message: format!(
                 "topic {topic:?} does not exist and the brokers do not create topics on first use (auto.create.topics.enable = false): create it (e.g. kafka-topics.sh --create --topic {topic}) or change egress.kafka.topic"
@@ -448,7 +502,7 @@ fn topic_error(topic: &str, e: KafkaError) -> ConnectError {
         KafkaError::ServerError {
             protocol_error: ProtocolError::TopicAuthorizationFailed,
             ..
-        } => ConnectError::Topic(TopicError {
+        } => ConnectError::Topic(RefusedError {
             key: "egress.kafka.topic",
             message: format!("not authorized to write topic {topic:?}: grant this user WRITE and DESCRIBE on it, or change egress.kafka.topic"),
         }),
@@ -458,38 +512,16 @@ fn topic_error(topic: &str, e: KafkaError) -> ConnectError {
 
 /// The TLS client config: the CA file's certificates, or the system's.
 fn tls_config(ca_file: Option<&std::path::Path>) -> Result<rustls::ClientConfig, String> {
-    use rustls_pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    match ca_file {
-        Some(path) => {
-            let certs = rustls_pki_types::CertificateDer::pem_file_iter(path)
-                .map_err(|e| format!("egress.kafka.ca_file {}: {e}", path.display()))?;
-            for cert in certs {
-                let cert =
-                    cert.map_err(|e| format!("egress.kafka.ca_file {}: {e}", path.display()))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("egress.kafka.ca_file {}: {e}", path.display()))?;
-            }
-        }
-        None => {
-            let found = rustls_native_certs::load_native_certs();
-            for cert in found.certs {
-                let _ = roots.add(cert);
-            }
-            if roots.is_empty() {
-                return Err(
-                    "no CA certificates found on this system; set egress.kafka.ca_file".into(),
-                );
-            }
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    Ok(rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth())
+    const KEY: &str = "egress.kafka.ca_file";
+    let roots =
+        crate::security::tls::service_roots(KEY, ca_file).map_err(|e| format!("{KEY}: {e}"))?;
+    Ok(
+        rustls::ClientConfig::builder_with_provider(crate::security::tls::provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    )
 }
 
 #[cfg(test)]

@@ -43,6 +43,43 @@ pub fn certificates(
     Ok(certs)
 }
 
+/// The CAs a cloud service's certificate is checked against (the Kafka
+/// and MQTT sinks): the certificates in `ca_file`, or without one the
+/// system's. `key` names the setting in errors.
+pub fn service_roots(
+    key: &str,
+    ca_file: Option<&std::path::Path>,
+) -> Result<RootCertStore, String> {
+    let mut roots = RootCertStore::empty();
+    match ca_file {
+        Some(path) => {
+            let certs = certificates(key, path).map_err(|problems| {
+                problems
+                    .into_iter()
+                    .map(|p| p.message)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })?;
+            for cert in certs {
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+            }
+        }
+        None => {
+            for cert in rustls_native_certs::load_native_certs().certs {
+                let _ = roots.add(cert);
+            }
+            if roots.is_empty() {
+                return Err(format!(
+                    "no CA certificates found on this system; set {key}"
+                ));
+            }
+        }
+    }
+    Ok(roots)
+}
+
 /// The certificate chain, private key and (with a `cafile`) trusted roots
 /// that `files` name, or every problem with them under `section`'s keys.
 #[allow(clippy::type_complexity)]

@@ -16,6 +16,17 @@ use super::PATIENCE;
 /// The test broker.
 pub const BROKER: &str = "127.0.0.1:9092";
 
+/// The test broker's SASL over TLS listener (user `weir`, password
+/// `weir-secret`; PLAIN and SCRAM-SHA-512).
+pub const SASL_BROKER: &str = "127.0.0.1:9094";
+
+/// The CA that signed the SASL listener's certificate (made by
+/// scripts/kafka.sh).
+pub fn tls_ca() -> std::path::PathBuf {
+    let home = std::env::var("WEIR_KAFKA_HOME").unwrap_or_else(|_| "/opt/weir-kafka".into());
+    std::path::Path::new(&home).join("tls/ca.pem")
+}
+
 /// The `[egress]` section producing to `topic` on the test broker;
 /// further `[egress.kafka]` keys may follow it.
 pub fn kafka_egress(topic: &str) -> String {

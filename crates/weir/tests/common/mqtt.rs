@@ -347,13 +347,7 @@ pub async fn read_batches_until(
             Event::Incoming(Packet::Publish(p)) => {
                 let consumed_us = weir::clock::unix_micros();
                 let body = &p.payload;
-                let encoding = if body.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
-                    "zstd"
-                } else if body.starts_with(&[0x1f, 0x8b]) {
-                    "gzip"
-                } else {
-                    "identity"
-                };
+                let encoding = weir_proto::Encoding::sniff(body).as_str();
                 let batch =
                     weir_proto::decode_batch(body, encoding, 64 << 20).expect("a weir batch");
                 for record in batch.records {

@@ -38,7 +38,7 @@ use rumqttc::mqttbytes::v4::ConnectReturnCode;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use weir_core::backoff::Backoff;
+use weir_core::backoff::Retry;
 use weir_core::{ClassSet, NodeId};
 
 use self::session::{BatchId, Broken, Hello, Publisher};
@@ -65,8 +65,7 @@ pub struct MqttSink {
     node: NodeId,
     classes: Vec<String>,
     conn: Option<mpsc::Sender<Request>>,
-    backoff: Backoff,
-    retry_at: Option<Instant>,
+    retry: Retry<Instant>,
     next_batch: BatchId,
 }
 
@@ -95,13 +94,11 @@ enum ConnectError {
 
 impl MqttSink {
     pub fn new(cfg: MqttEgress, node: NodeId, classes: &ClassSet) -> MqttSink {
-        let backoff = Backoff::new(Duration::from_millis(100), cfg.reconnect_backoff_max);
         MqttSink {
             node,
             classes: classes.iter().map(|(_, c)| c.name.clone()).collect(),
             conn: None,
-            backoff,
-            retry_at: None,
+            retry: Retry::new(Duration::from_millis(100), cfg.reconnect_backoff_max),
             next_batch: 0,
             cfg,
         }
@@ -205,11 +202,11 @@ impl MqttSink {
             self.drop_connection();
         }
         if self.conn.is_none() {
-            if let Some(at) = self.retry_at {
+            if let Some(at) = self.retry.not_before() {
                 tokio::time::sleep_until(at).await;
             }
             if let Err(e) = self.connect().await {
-                self.retry_at = Some(Instant::now() + self.backoff.failed());
+                self.retry.failed(Instant::now());
                 return Err(match e {
                     ConnectError::Unavailable(why) => SinkError::Unavailable(why),
                     ConnectError::Refused(e) => SinkError::Unavailable(e.to_string()),
@@ -234,8 +231,7 @@ impl MqttSink {
                 "the MQTT connection ended".to_string(),
             ));
         }
-        self.backoff.reset();
-        self.retry_at = None;
+        self.retry.succeeded();
         let limit = self.cfg.confirm_timeout;
         Ok(Box::pin(async move {
             match tokio::time::timeout(limit, rx).await {
@@ -280,7 +276,7 @@ impl MqttSink {
 
     fn drop_connection(&mut self) {
         if self.conn.take().is_some() {
-            self.retry_at = Some(Instant::now() + self.backoff.failed());
+            self.retry.failed(Instant::now());
         }
     }
 }
@@ -475,31 +471,8 @@ fn tls_config(cfg: &MqttEgress) -> Result<rustls::ClientConfig, RefusedError> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer};
     let bad = |key: &'static str, message: String| RefusedError { key, message };
-    let mut roots = rustls::RootCertStore::empty();
-    match &cfg.ca_file {
-        Some(path) => {
-            let certs =
-                crate::security::tls::certificates("egress.mqtt.ca_file", path).map_err(|p| {
-                    bad(
-                        "egress.mqtt.ca_file",
-                        p.into_iter()
-                            .map(|p| p.message)
-                            .collect::<Vec<_>>()
-                            .join("; "),
-                    )
-                })?;
-            for cert in certs {
-                roots
-                    .add(cert)
-                    .map_err(|e| bad("egress.mqtt.ca_file", format!("{}: {e}", path.display())))?;
-            }
-        }
-        None => {
-            for cert in rustls_native_certs::load_native_certs().certs {
-                let _ = roots.add(cert);
-            }
-        }
-    }
+    let roots = crate::security::tls::service_roots("egress.mqtt.ca_file", cfg.ca_file.as_deref())
+        .map_err(|m| bad("egress.mqtt.ca_file", m))?;
     let builder = rustls::ClientConfig::builder_with_provider(crate::security::tls::provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| bad("egress.mqtt.broker", e.to_string()))?
