@@ -368,6 +368,9 @@ async fn drive<S>(
     let (mut rd, mut wr) = tokio::io::split(stream);
     let mut wbuf = BytesMut::with_capacity(WRITE_AHEAD + max_packet);
     let mut waiting: HashMap<BatchId, oneshot::Sender<Result<(), SinkError>>> = HashMap::new();
+    // Written since the last flush: a TLS stream may hold the tail of a
+    // write until it is flushed.
+    let mut unflushed = false;
     let why = loop {
         if let Err(e) = take_packets(&mut rbuf, &mut session, max_packet) {
             break e.to_string();
@@ -380,16 +383,18 @@ async fn drive<S>(
         session.write_to(&mut wbuf, WRITE_AHEAD, std::time::Instant::now());
         let deadline = session.poll_timeout();
         rbuf.reserve(16 << 10);
+        let flush_now = wbuf.is_empty() && unflushed;
         tokio::select! {
             read = rd.read_buf(&mut rbuf) => match read {
                 Ok(0) => break "the broker closed the connection".to_string(),
                 Ok(_) => {}
                 Err(e) => break e.to_string(),
             },
-            written = wr.write_buf(&mut wbuf), if !wbuf.is_empty() => {
+            written = write_or_flush(&mut wr, &mut wbuf, flush_now), if !wbuf.is_empty() || unflushed => {
                 if let Err(e) = written {
                     break e.to_string();
                 }
+                unflushed = !flush_now;
             }
             request = requests.recv() => match request {
                 Some(r) => {
@@ -411,6 +416,20 @@ async fn drive<S>(
         let _ = done.send(Err(SinkError::Unavailable(format!(
             "MQTT connection lost: {why}"
         ))));
+    }
+}
+
+/// Writes what `wbuf` holds (once), or with `flush` flushes what the stream
+/// holds back.
+async fn write_or_flush<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    wbuf: &mut BytesMut,
+    flush: bool,
+) -> std::io::Result<()> {
+    if flush {
+        wr.flush().await
+    } else {
+        wr.write_buf(wbuf).await.map(drop)
     }
 }
 
