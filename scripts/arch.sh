@@ -12,10 +12,8 @@ target_of() {
 }
 
 # The cargo profile the packages and images are built with: `release`,
-# what ships, unless WEIR_PROFILE names another. The test command uses
-# `check-release` (Cargo.toml): the same code without thin LTO, about a
-# minute quicker per target, since its packages and images are only
-# checked.
+# what ships, unless WEIR_PROFILE names another (e.g. `profiling`, for
+# symbols).
 profile=${WEIR_PROFILE:-release}
 
 # The binary (the host's is built without --target).

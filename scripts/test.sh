@@ -18,7 +18,5 @@ cargo test --workspace --all-targets --all-features --locked 2>&1 | python3 scri
 # The container images (release builds for amd64, arm64 and armhf; the
 # Debian packages' check in .ci/run reuses them).
 phase "container images"
-# Checked, not shipped: built without LTO (scripts/arch.sh).
-export WEIR_PROFILE=${WEIR_PROFILE:-check-release}
 bash scripts/image-check.sh
 phase "done"
