@@ -322,35 +322,51 @@ async fn mutual_tls_delivers_and_a_certificate_from_another_ca_is_refused_at_sta
         ))
     };
     // A certificate the broker does not trust: start-up stops, naming it.
-    let refused = App::start(parse_config(&egress(&stranger), "mqtt-egress-stranger")).await;
-    let why = match refused {
-        Ok(app) => {
-            app.shutdown(Duration::from_secs(5)).await;
-            panic!("weir started with a client certificate the broker refuses")
-        }
-        Err(e) => e.to_string(),
-    };
+    let why = refused_at_start_up(
+        &egress(&stranger),
+        "a client certificate the broker refuses",
+    )
+    .await;
     assert!(why.contains("egress.mqtt"), "names the section: {why}");
 
-    let app = App::start(parse_config(&egress(&client_cert), "mqtt-egress-tls"))
+    delivers_200(&egress(&client_cert), &name, "tls", &sub).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Why weir with config `text` did not start; panics if it did (it was
+/// given `what`).
+async fn refused_at_start_up(text: &str, what: &str) -> String {
+    match App::start(parse_config(text, "mqtt-egress-refused")).await {
+        Ok(app) => {
+            app.shutdown(Duration::from_secs(5)).await;
+            panic!("weir started with {what}")
+        }
+        Err(e) => e.to_string(),
+    }
+}
+
+/// weir with config `text` (records mode, `topic_prefix = "<prefix>/"`)
+/// takes 200 QoS 1 records and, by its shutdown, `sub` has every one on
+/// its topic under the prefix.
+async fn delivers_200(text: &str, name: &str, prefix: &str, sub: &Subscriber) {
+    let app = App::start(parse_config(text, &format!("mqtt-egress-{prefix}")))
         .await
         .unwrap();
     let mut client =
         MqttClient::connect(app.mqtt_addr.unwrap().port(), &format!("{name}-pub")).await;
     let sent: Vec<(String, Vec<u8>)> = (0..200)
-        .map(|i| (format!("dev/{i}"), format!("tls-{i}").into_bytes()))
+        .map(|i| (format!("dev/{i}"), format!("{prefix}-{i}").into_bytes()))
         .collect();
     client.publish_confirmed(&sent).await;
-    eventually("every record over mutual TLS", || {
+    eventually(&format!("every {prefix} record at the subscriber"), || {
         sub.got().len() >= sent.len()
     })
     .await;
     app.shutdown(Duration::from_secs(30)).await;
     let got: HashSet<(String, Vec<u8>)> = sub.got().into_iter().collect();
     for (topic, payload) in &sent {
-        assert!(got.contains(&(format!("tls/{topic}"), payload.clone())));
+        assert!(got.contains(&(format!("{prefix}/{topic}"), payload.clone())));
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Adds `user` with `password` to Mosquitto's password file `file`.
@@ -397,36 +413,12 @@ async fn a_broker_checking_passwords_refuses_a_wrong_one_at_start_up_and_takes_t
             ),
         )
     };
-    let refused = App::start(parse_config(&egress("wrong"), "mqtt-egress-wrong")).await;
-    let why = match refused {
-        Ok(app) => {
-            app.shutdown(Duration::from_secs(5)).await;
-            panic!("weir started with a password the broker refuses")
-        }
-        Err(e) => e.to_string(),
-    };
+    let why = refused_at_start_up(&egress("wrong"), "a password the broker refuses").await;
     assert!(
         why.contains("egress.mqtt.username"),
         "names the credentials: {why}"
     );
 
-    let app = App::start(parse_config(&egress("s3cret"), "mqtt-egress-login"))
-        .await
-        .unwrap();
-    let mut client =
-        MqttClient::connect(app.mqtt_addr.unwrap().port(), &format!("{name}-pub")).await;
-    let sent: Vec<(String, Vec<u8>)> = (0..200)
-        .map(|i| (format!("dev/{i}"), format!("login-{i}").into_bytes()))
-        .collect();
-    client.publish_confirmed(&sent).await;
-    eventually("every record through the password-checking broker", || {
-        sub.got().len() >= sent.len()
-    })
-    .await;
-    app.shutdown(Duration::from_secs(30)).await;
-    let got: HashSet<(String, Vec<u8>)> = sub.got().into_iter().collect();
-    for (topic, payload) in &sent {
-        assert!(got.contains(&(format!("login/{topic}"), payload.clone())));
-    }
+    delivers_200(&egress("s3cret"), &name, "login", &sub).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
