@@ -34,7 +34,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use rumqttc::mqttbytes::v4::ConnectReturnCode;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -328,21 +327,15 @@ where
             Err(e) => return Err(ConnectError::Unavailable(format!("{broker}: {e}"))),
         }
     };
-    match ack.code {
-        ConnectReturnCode::Success => {}
-        ConnectReturnCode::BadUserNamePassword | ConnectReturnCode::NotAuthorized => {
+    match session::answer(ack.code) {
+        session::Answer::Accepted => {}
+        session::Answer::Refused(key) => {
             return Err(ConnectError::Refused(RefusedError {
-                key: "egress.mqtt.username",
+                key,
                 message: format!("the broker {broker} refused weir's CONNECT: {:?}", ack.code),
             }))
         }
-        ConnectReturnCode::BadClientId | ConnectReturnCode::RefusedProtocolVersion => {
-            return Err(ConnectError::Refused(RefusedError {
-                key: "egress.mqtt.client_id",
-                message: format!("the broker {broker} refused weir's CONNECT: {:?}", ack.code),
-            }))
-        }
-        ConnectReturnCode::ServiceUnavailable => {
+        session::Answer::Unavailable => {
             return Err(ConnectError::Unavailable(format!(
                 "{broker}: the broker is unavailable (CONNACK)"
             )))

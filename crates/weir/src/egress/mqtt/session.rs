@@ -12,7 +12,9 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use rumqttc::mqttbytes::v4::{ConnAck, Connect, Login, Packet, PingReq, PubAck, Publish};
+use rumqttc::mqttbytes::v4::{
+    ConnAck, Connect, ConnectReturnCode, Login, Packet, PingReq, PubAck, Publish,
+};
 use rumqttc::mqttbytes::QoS;
 
 /// A batch, as the driver names it.
@@ -60,6 +62,31 @@ pub fn read_connack(buf: &mut BytesMut, max_packet: usize) -> Result<Option<Conn
         None => Ok(None),
         Some(Packet::ConnAck(ack)) => Ok(Some(ack)),
         Some(other) => Err(Broken::Unexpected(packet_name(&other))),
+    }
+}
+
+/// What a CONNACK's return code means for weir.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    Accepted,
+    /// The broker refused weir's terms: the config key to fix (start-up
+    /// stops on it).
+    Refused(&'static str),
+    /// The broker cannot serve now: try again later.
+    Unavailable,
+}
+
+/// The meaning of a CONNACK's return code.
+pub fn answer(code: ConnectReturnCode) -> Answer {
+    match code {
+        ConnectReturnCode::Success => Answer::Accepted,
+        ConnectReturnCode::BadUserNamePassword | ConnectReturnCode::NotAuthorized => {
+            Answer::Refused("egress.mqtt.username")
+        }
+        ConnectReturnCode::BadClientId | ConnectReturnCode::RefusedProtocolVersion => {
+            Answer::Refused("egress.mqtt.client_id")
+        }
+        ConnectReturnCode::ServiceUnavailable => Answer::Unavailable,
     }
 }
 

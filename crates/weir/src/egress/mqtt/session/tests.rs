@@ -236,3 +236,22 @@ fn connect_carries_the_session_terms() {
             .session_present
     );
 }
+
+#[test]
+fn a_connack_refusal_names_the_key_to_fix() {
+    use rumqttc::mqttbytes::v4::ConnectReturnCode as C;
+    assert_eq!(answer(C::Success), Answer::Accepted);
+    assert_eq!(
+        answer(C::BadUserNamePassword),
+        Answer::Refused("egress.mqtt.username")
+    );
+    assert_eq!(
+        answer(C::NotAuthorized),
+        Answer::Refused("egress.mqtt.username")
+    );
+    assert_eq!(
+        answer(C::BadClientId),
+        Answer::Refused("egress.mqtt.client_id")
+    );
+    assert_eq!(answer(C::ServiceUnavailable), Answer::Unavailable);
+}
