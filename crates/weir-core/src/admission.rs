@@ -127,8 +127,14 @@ pub fn lead(horizon: Duration) -> Duration {
 /// `ls` batches every 6 ms (each sent before the last was confirmed, so the
 /// clock was never cleared) pushed the clock 1.8 s into the future and
 /// the egress asked for nothing else: 15 % of the link carried, `nm` and
-/// `lt` never sent. Where they do not overlap (a window of one) each
-/// transaction's Eq. 1 time `T_sc + B / Th_up` runs after the last.
+/// `lt` never sent. Where they do not overlap (a window of one, or a sink
+/// whose send returns only once the link has carried the batch: the
+/// emulated link) each transaction's Eq. 1 time `T_sc + B / Th_up` runs
+/// after the last. Charged its bytes alone there, the next permit came as
+/// a send started, a whole `T_sc` early, and its batch waited out the send
+/// while later records queued behind it: on the emulated 4 Mbit/s link
+/// with 10 ms per transaction (`weir_core::sim`), `ls` p99 85 ms against
+/// 75 ms charged serially.
 ///
 /// Each confirmation bounds the clock as well: the batch confirmed has
 /// crossed, so the link is clear once the bytes still in flight have

@@ -56,7 +56,10 @@ pub struct DeliveryParams {
     /// urgent lane has as many again.
     pub window: usize,
     /// Whether a batch of the most urgent class may go beyond a full window
-    /// (only with a window of more than one).
+    /// (only with a window of more than one, and sends that overlap: past
+    /// a send that holds the link, an urgent batch would only queue, and
+    /// each one-record batch would push the next full one back by a
+    /// transaction's fixed time).
     pub urgent_lane: bool,
     /// Whether a send returns only once the link has carried the batch (an
     /// emulated link): its duration is then the link's time for it.
@@ -221,7 +224,7 @@ impl<T> Delivery<T> {
         events.push_back(Event::BatchBytes(pipe.batch_bytes()));
         Self {
             window,
-            urgent_lane: params.urgent_lane && window > 1,
+            urgent_lane: params.urgent_lane && window > 1 && !params.carried_on_send,
             todo: VecDeque::new(),
             flight: VecDeque::with_capacity(window),
             sending: false,
@@ -231,7 +234,7 @@ impl<T> Delivery<T> {
             open: true,
             backoff: Backoff::new(RETRY_INITIAL, params.retry_max),
             retry_at: None,
-            clock: LinkClock::new(window > 1),
+            clock: LinkClock::new(window > 1 && !params.carried_on_send),
             timer: LinkTimer::default(),
             pacer: WindowPacer::default(),
             queue: QueueWatch::default(),

@@ -58,6 +58,11 @@ pub struct LinkModel {
     /// queue's fsyncs): a batch's confirmation leaves at the first tick
     /// after its own time. Zero: each at its own time.
     pub confirm_every: Duration,
+    /// An emulated link (`egress.link`): one transaction at a time, each
+    /// holding the send for `delay` plus its bytes over the rate, the batch
+    /// reaching the destination as the send returns. `delay` is then the
+    /// fixed time per transaction rather than a propagation delay.
+    pub serial: bool,
 }
 
 /// The records offered.
@@ -201,6 +206,8 @@ struct Handoff {
 #[derive(Default)]
 struct Wire {
     clear_at: Duration,
+    /// A serial link's send under way: when it returns.
+    sending: Option<Duration>,
     flight: VecDeque<Sent>,
     /// Arrival times of the batches confirmed and not yet reported.
     arrived: VecDeque<Duration>,
@@ -238,6 +245,7 @@ pub fn run(p: &SimParams) -> Report {
             next_sample += SAMPLE_EVERY;
         }
         relay.arrivals(now);
+        relay.sends_done(now);
         relay.confirmations(now);
         // Both drivers, until neither moves.
         for _ in 0..16 {
@@ -335,6 +343,14 @@ impl<'a> Relay<'a> {
         }
     }
 
+    /// A serial link's send that returned by `now`.
+    fn sends_done(&mut self, now: Duration) {
+        if let Some(done) = self.wire.sending.filter(|&d| d <= now) {
+            self.wire.sending = None;
+            self.egress.handle_sent(done);
+        }
+    }
+
     /// Hands the egress every confirmation the destination sent by `now`.
     fn confirmations(&mut self, now: Duration) {
         while self.wire.flight.front().is_some_and(|s| s.confirms <= now) {
@@ -416,16 +432,29 @@ impl<'a> Relay<'a> {
     fn send(&mut self, now: Duration) -> bool {
         let link = &self.p.link;
         let mut sent = false;
-        while let Some(b) = self.egress.poll_send(now) {
+        while self.wire.sending.is_none() {
+            let Some(b) = self.egress.poll_send(now) else {
+                break;
+            };
             let wire = (b.bytes as f64 * link.framing) as u64 + link.per_transaction;
-            self.wire.clear_at = self.wire.clear_at.max(now)
-                + Duration::from_secs_f64(wire as f64 / link.bytes_per_sec);
+            let transfer = Duration::from_secs_f64(wire as f64 / link.bytes_per_sec);
             self.wire.bytes += wire;
             if now >= self.p.warm_up {
                 self.wire.counted += wire;
                 self.wire.batches += 1;
             }
-            let arrives = self.wire.clear_at + link.delay;
+            let arrives = match link.serial {
+                true => {
+                    let done = now + link.delay + transfer;
+                    self.wire.clear_at = done;
+                    self.wire.sending = Some(done);
+                    done
+                }
+                false => {
+                    self.wire.clear_at = self.wire.clear_at.max(now) + transfer;
+                    self.wire.clear_at + link.delay
+                }
+            };
             let mut confirms = arrives + link.confirm;
             if !link.confirm_every.is_zero() {
                 let every = link.confirm_every.as_nanos();
@@ -433,7 +462,9 @@ impl<'a> Relay<'a> {
                 confirms = Duration::from_nanos(u64::try_from(ticks * every).unwrap_or(u64::MAX));
             }
             self.wire.flight.push_back(Sent { arrives, confirms });
-            self.egress.handle_sent(now);
+            if !link.serial {
+                self.egress.handle_sent(now);
+            }
             sent = true;
         }
         sent
