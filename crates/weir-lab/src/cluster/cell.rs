@@ -20,7 +20,7 @@ use super::config::{config_text, split_amqp, MQTT_PORT};
 use super::fault::Fault;
 use super::node::{log_events, metric, metric_sum, scrape, Node};
 use super::offer::{read_offer, Offered};
-use super::row::{advert_rate, input_rows, late_ls, per_node_latency};
+use super::row::{advert_rate, input_rows, late_ls, ls_blame, per_node_latency};
 use super::sampler::sample_uplinks;
 use super::testbed::{lan_bytes, ns, uplink_bytes, wan_addrs, Testbed};
 use crate::janus::{self, nan0, Cell, Delivered, Summary};
@@ -451,6 +451,7 @@ impl<'a> CellRun<'a> {
         } = out;
         let per_node = per_node_latency(&st, n);
         let late_ls = late_ls(&st, start_us);
+        let ls_late_blame = ls_blame(&st);
         let records: Vec<Delivered> = st.seen.into_values().collect();
         let window = (
             start_us + (a.grid.warmup * 1e6) as u64,
@@ -532,6 +533,7 @@ impl<'a> CellRun<'a> {
             "drain_ms": round(out.drain_ms, 0),
             "queued_at_end": out.queued_at_end as u64,
             "late_ls": late_ls,
+            "ls_late_blame": ls_late_blame,
             "log_events": out.node_events,
             "durability": a.durability,
             "faults": out.faults,

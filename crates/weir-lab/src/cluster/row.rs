@@ -114,3 +114,105 @@ pub(super) fn advert_rate(input: &[Value]) -> f64 {
         .collect();
     rates.iter().sum::<f64>() / rates.len() as f64
 }
+
+/// Late records at most this far apart (consumed) belong to one moment.
+pub(super) const STALL_SPAN_US: u64 = 20_000;
+
+/// Distinct origins late within [`STALL_SPAN_US`] that make a moment a
+/// stall of the shared cloud side: every node has a link of its own, so
+/// only the one RabbitMQ, the delay line or the consumer (or the machine
+/// under all of them) holds several nodes' records at once.
+pub(super) const STALL_ORIGINS: usize = 3;
+
+/// A late record: when it was consumed, its origin and the part of its
+/// latency before weir published it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Late {
+    pub(super) at_us: u64,
+    pub(super) origin: u64,
+    pub(super) in_weir_ms: Option<f64>,
+}
+
+/// Where late records' time went, for the verdict on what weir controls.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Blame {
+    /// Late from weir's own time: its time in weir with the way at its
+    /// usual (median) time passes the bound.
+    pub(super) in_weir: u64,
+    /// Late on the way, alone: a node's own link held it (its `tbf` queue,
+    /// what weir committed to it).
+    pub(super) own_link: u64,
+    /// Late on the way at a moment when records of at least
+    /// [`STALL_ORIGINS`] origins were late together: the shared cloud side.
+    pub(super) cloud: u64,
+}
+
+impl Blame {
+    /// The late records weir answers for: its own time and its own link.
+    pub(super) fn weir(&self) -> u64 {
+        self.in_weir + self.own_link
+    }
+}
+
+/// Sorts out `late` records of a class with `bound_ms`, given the usual
+/// time on the way (`way_ms`, the median over the class's records). A
+/// record without a publish time counts as weir's.
+pub(super) fn blame(late: &[Late], bound_ms: f64, way_ms: f64) -> Blame {
+    let mut by_time: Vec<Late> = late.to_vec();
+    by_time.sort_by_key(|l| l.at_us);
+    let mut b = Blame::default();
+    for l in &by_time {
+        let Some(in_weir) = l.in_weir_ms else {
+            b.in_weir += 1;
+            continue;
+        };
+        if in_weir + way_ms > bound_ms {
+            b.in_weir += 1;
+            continue;
+        }
+        let lo = l.at_us.saturating_sub(STALL_SPAN_US);
+        let hi = l.at_us.saturating_add(STALL_SPAN_US);
+        let mut origins: Vec<u64> = by_time
+            .iter()
+            .filter(|o| (lo..=hi).contains(&o.at_us))
+            .map(|o| o.origin)
+            .collect();
+        origins.sort_unstable();
+        origins.dedup();
+        match origins.len() >= STALL_ORIGINS {
+            true => b.cloud += 1,
+            false => b.own_link += 1,
+        }
+    }
+    b
+}
+
+/// The late `ls` records of a cell sorted out ([`blame`]), as the row's
+/// `ls_late_blame`.
+pub(super) fn ls_blame(st: &Consumed) -> Value {
+    let ls = || st.seen.iter().filter(|(_, d)| d.class == 0);
+    let mut way: Vec<f64> = ls()
+        .filter_map(|(_, d)| d.in_weir_ms.map(|w| d.latency_ms - w))
+        .collect();
+    way.sort_by(f64::total_cmp);
+    let way_ms = way.get(way.len() / 2).copied().unwrap_or(0.0);
+    let bound = CLASSES[0].1 as f64;
+    let late: Vec<Late> = ls()
+        .filter(|(_, d)| d.latency_ms > bound)
+        .map(|(&(origin, _), d)| Late {
+            at_us: d.at_us,
+            origin,
+            in_weir_ms: d.in_weir_ms,
+        })
+        .collect();
+    let b = blame(&late, bound, way_ms);
+    let total = ls().count().max(1) as f64;
+    json!({
+        "way_ms_median": round(way_ms, 1),
+        "in_weir": b.in_weir,
+        "own_link": b.own_link,
+        "cloud": b.cloud,
+        "weir": b.weir(),
+        "weir_pct": round(100.0 * b.weir() as f64 / total, 2),
+    })
+}

@@ -179,3 +179,45 @@ fn metrics_are_read_by_exact_series() {
     let text = "weir_r_total{class=\"ls\"} 2\nweir_r_total{class=\"lt\"} 5\nweir_r_total_x 7\n";
     assert_eq!(metric_sum(text, "weir_r_total"), 7.0);
 }
+
+#[test]
+fn late_records_are_blamed_on_weir_its_link_or_a_shared_stall() {
+    use super::row::{blame, Blame, Late};
+    let late = |ms: u64, origin: u64, in_weir: f64| Late {
+        at_us: ms * 1000,
+        origin,
+        in_weir_ms: Some(in_weir),
+    };
+    // The way usually takes 60 ms of the 100 ms bound.
+    let records = [
+        // 45 ms in weir: with the way at its usual time, late anyway.
+        late(1_000, 1, 45.0),
+        // Three nodes late within 20 ms, each briefly in weir: a stall of
+        // what they share.
+        late(2_000, 1, 3.0),
+        late(2_010, 2, 2.0),
+        late(2_015, 3, 4.0),
+        // One node alone: its own link's queue.
+        late(3_000, 4, 5.0),
+        late(3_005, 4, 6.0),
+        // No publish time: counted as weir's.
+        Late {
+            at_us: 4_000_000,
+            origin: 2,
+            in_weir_ms: None,
+        },
+    ];
+    let b = blame(&records, 100.0, 60.0);
+    assert_eq!(
+        b,
+        Blame {
+            in_weir: 2,
+            own_link: 2,
+            cloud: 3
+        }
+    );
+    assert_eq!(b.weir(), 4);
+    // Two origins are not enough for a shared stall.
+    let b = blame(&records[1..3], 100.0, 60.0);
+    assert_eq!((b.own_link, b.cloud), (2, 0));
+}

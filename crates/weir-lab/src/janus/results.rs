@@ -185,6 +185,17 @@ pub(crate) fn table(runs: &[Value]) -> String {
             f(&r["classes"]["nm"]["violation_pct"]),
             f(&r["classes"]["lt"]["violation_pct"]),
         ));
+        let blame = &r["ls_late_blame"];
+        if blame.is_object() {
+            out.push_str(&format!(
+                "  ls late from what weir controls: {} records, {:.2}% (goal 0): {} from time in weir, {} on a node's own link; {} in stalls of the shared cloud side (RabbitMQ, delay line, consumer), not counted\n",
+                blame["weir"],
+                f(&blame["weir_pct"]),
+                blame["in_weir"],
+                blame["own_link"],
+                blame["cloud"],
+            ));
+        }
     }
     out
 }
