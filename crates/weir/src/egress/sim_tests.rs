@@ -238,3 +238,16 @@ fn an_emulated_link_carries_ls_and_nm_within_their_bounds() {
     let r = emulated(4.0, MS * 10, 12);
     assert_full(&r, 4.0, 0.6);
 }
+
+#[test]
+fn a_round_trip_past_the_urgent_bound_closes_the_urgent_lane() {
+    // 200 ms to the broker and back: no `ls` record can make 100 ms, and
+    // the lane's one-record batches held the 4 Mbit/s link to 58 %.
+    let r = cell(4.0, 200);
+    let cap = 4e6 / 8.0;
+    assert!(
+        r.link_bytes_per_sec >= 0.9 * cap,
+        "{:.0} of {cap:.0} B/s carried",
+        r.link_bytes_per_sec
+    );
+}
