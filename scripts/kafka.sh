@@ -2,9 +2,12 @@
 # Installs and starts a single-node Apache Kafka broker for weir's tests, on
 # loopback only: KRaft mode, one JVM as both broker and controller, PLAINTEXT
 # on 127.0.0.1:9092 (controller on 127.0.0.1:9093), and SASL over TLS on
-# 127.0.0.1:9094 (PLAIN and SCRAM-SHA-512, user `weir`, password
-# `weir-secret`; the broker's certificate is signed by the test CA in
-# $home/tls/ca.pem, made here with openssl). Idempotent: does nothing
+# 127.0.0.1:9094 (PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512, user `weir`,
+# password `weir-secret`), and TLS with client certificates on
+# 127.0.0.1:9095 (as Amazon MSK's TLS authentication). The test CA in
+# $home/tls/ca.pem, made here with openssl, signs the broker's certificate
+# and the client's (client.pem, client.key); other-client.pem and
+# other-client.key come from a CA the broker does not trust. Idempotent: does nothing
 # when a broker already answers on 9092. `kafka.sh stop` stops it (data is
 # kept); `kafka.sh run CLASS ARGS...` runs a Kafka tool main class, e.g.
 #   scripts/kafka.sh run org.apache.kafka.tools.TopicCommand --bootstrap-server 127.0.0.1:9092 --list
@@ -122,6 +125,25 @@ if [ ! -f "$tls/server.p12" ]; then
   )
 fi
 
+# Client certificates for the mutual-TLS listener, once: one from the test
+# CA, one from a CA of its own that the broker does not trust.
+if [ ! -f "$tls/other-client.pem" ]; then
+  (
+    cd "$tls"
+    printf 'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n' > client.ext
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=weir" -keyout client.key -out client.csr 2>/dev/null
+    openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile client.ext -out client.pem 2>/dev/null
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=another CA" \
+      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+      -keyout other-ca.key -out other-ca.pem 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=weir" -keyout other-client.key -out other-client.csr 2>/dev/null
+    openssl x509 -req -in other-client.csr -CA other-ca.pem -CAkey other-ca.key -CAcreateserial \
+      -days 3650 -extfile client.ext -out other-client.pem.tmp 2>/dev/null
+    mv other-client.pem.tmp other-client.pem
+  )
+fi
+
 # Minimal config, rewritten each start so an edit here takes effect. The
 # controller quorum is this node alone, found through bootstrap.servers (the
 # dynamic quorum that 4.x formats with --standalone).
@@ -130,19 +152,28 @@ cat > "$home/server.properties" <<EOF
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:9093
-listeners=PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093,SASL_SSL://127.0.0.1:9094
-advertised.listeners=PLAINTEXT://127.0.0.1:9092,SASL_SSL://127.0.0.1:9094
+listeners=PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093,SASL_SSL://127.0.0.1:9094,SSL://127.0.0.1:9095
+advertised.listeners=PLAINTEXT://127.0.0.1:9092,SASL_SSL://127.0.0.1:9094,SSL://127.0.0.1:9095
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL,SSL:SSL
 # SASL over TLS, as Event Hubs (PLAIN) and MSK or Confluent (SCRAM) take it.
-sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-512
+sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512
 listener.name.sasl_ssl.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_weir="weir-secret";
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
 listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
 listener.name.sasl_ssl.ssl.keystore.type=PKCS12
 listener.name.sasl_ssl.ssl.keystore.location=$tls/server.p12
 listener.name.sasl_ssl.ssl.keystore.password=weir-test
 listener.name.sasl_ssl.ssl.key.password=weir-test
+# TLS with client certificates from the test CA, as MSK's TLS authentication.
+listener.name.ssl.ssl.keystore.type=PKCS12
+listener.name.ssl.ssl.keystore.location=$tls/server.p12
+listener.name.ssl.ssl.keystore.password=weir-test
+listener.name.ssl.ssl.key.password=weir-test
+listener.name.ssl.ssl.client.auth=required
+listener.name.ssl.ssl.truststore.type=PEM
+listener.name.ssl.ssl.truststore.location=$tls/ca.pem
 log.dirs=$data
 num.partitions=1
 offsets.topic.replication.factor=1
@@ -193,10 +224,13 @@ for _ in $(seq 1 90); do
       --create --if-not-exists --topic weir-kafka-ready --partitions 1 --replication-factor 1 >/dev/null 2>&1; then
     # SCRAM credentials live in the cluster's metadata: set (again) here,
     # so a broker formatted before this listener existed has them too.
-    tool org.apache.kafka.tools.ConfigCommand --bootstrap-server 127.0.0.1:9092 --alter \
-      --add-config 'SCRAM-SHA-512=[iterations=4096,password=weir-secret]' \
-      --entity-type users --entity-name weir >/dev/null
-    echo "kafka: up on 127.0.0.1:9092 (SASL over TLS on 127.0.0.1:9094)"
+    # One mechanism per request (the broker refuses two for one user).
+    for scram in SCRAM-SHA-256 SCRAM-SHA-512; do
+      tool org.apache.kafka.tools.ConfigCommand --bootstrap-server 127.0.0.1:9092 --alter \
+        --add-config "$scram=[iterations=4096,password=weir-secret]" \
+        --entity-type users --entity-name weir >/dev/null
+    done
+    echo "kafka: up on 127.0.0.1:9092 (SASL over TLS on 127.0.0.1:9094, client certificates on 127.0.0.1:9095)"
     exit 0
   fi
   sleep 1

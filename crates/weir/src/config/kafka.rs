@@ -2,7 +2,6 @@
 //! Kafka, Redpanda, Amazon MSK, Confluent, Azure Event Hubs' Kafka
 //! endpoint). As written, its defaults, and its checks.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -10,6 +9,7 @@ use weir_core::NodeId;
 
 use super::named::named_enum;
 use super::problems::Problems;
+use super::tls::ClientFiles;
 use super::units::{Auto, Count, HumanDuration, Written};
 
 /// A broker on this machine, Kafka's own port.
@@ -54,6 +54,8 @@ pub(crate) struct RawKafka {
     pub topic: Option<String>,
     pub tls: Option<bool>,
     pub ca_file: Option<String>,
+    pub cert_file: Option<String>,
+    pub key_file: Option<String>,
     pub sasl_mechanism: Option<String>,
     pub username: Option<String>,
     pub password: Option<String>,
@@ -127,9 +129,10 @@ impl KafkaEgress {
 /// How the brokers' certificates are checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KafkaTls {
-    /// PEM file of the CA certificates to trust; `None`: the system's
-    /// (`/etc/ssl/certs`, read at start-up).
-    pub ca_file: Option<PathBuf>,
+    /// The CA file (`None`: the system's CAs, `/etc/ssl/certs`, read at
+    /// start-up) and the client certificate (mutual TLS, as Amazon MSK's
+    /// TLS authentication takes it).
+    pub files: ClientFiles,
 }
 
 named_enum! {
@@ -211,25 +214,17 @@ pub(crate) fn kafka_egress(
         raw.topic.unwrap_or_else(|| KAFKA_TOPIC.to_owned()),
         classes,
     );
-    let ca_file = raw.ca_file.filter(|f| !f.is_empty()).map(PathBuf::from);
-    if let Some(f) = &ca_file {
-        if !f.is_file() {
+    let files = super::tls::client_files(p, PATH, raw.ca_file, raw.cert_file, raw.key_file);
+    let tls = match (raw.tls, files.any()) {
+        (Some(false), true) => {
             p.push(
-                format!("{PATH}.ca_file"),
-                format!("{} is not a readable file", f.display()),
-            );
-        }
-    }
-    let tls = match (raw.tls, ca_file) {
-        (Some(false), Some(_)) => {
-            p.push(
-                format!("{PATH}.ca_file"),
-                "given, but tls = false; remove one of them",
+                format!("{PATH}.tls"),
+                "false, but ca_file, cert_file or key_file is given; remove one of them",
             );
             None
         }
-        (Some(true), ca_file) | (None, ca_file @ Some(_)) => Some(KafkaTls { ca_file }),
-        (_, None) => None,
+        (Some(true), _) | (None, true) => Some(KafkaTls { files }),
+        (_, false) => None,
     };
     let mechanism = p.choice(
         &format!("{PATH}.sasl_mechanism"),

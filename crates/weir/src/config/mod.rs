@@ -90,7 +90,7 @@ pub use scheduler::{
     BatchingSection, CompressionSection, PayloadKind, SchedulerConfig, SchemeName,
 };
 pub use spool::{ClassDurability, Durability, OnFull, SpoolConfig, SyncMode};
-pub use tls::TlsFiles;
+pub use tls::{ClientFiles, TlsFiles};
 pub use units::{HumanDuration, Rate, Size, UnitError};
 
 use admin::RawAdmin;

@@ -2,7 +2,6 @@
 //! EMQX, Azure IoT Hub's MQTT, a central Mosquitto). As written, its
 //! defaults, and its checks.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -11,6 +10,7 @@ use weir_core::NodeId;
 use super::ingress::{parse_broker, BrokerAddr};
 use super::named::named_enum;
 use super::problems::Problems;
+use super::tls::ClientFiles;
 use super::units::{HumanDuration, Size, Written};
 
 /// A broker on this machine.
@@ -78,11 +78,8 @@ pub struct MqttEgress {
     pub client_id: String,
     pub username: Option<String>,
     pub password: Option<String>,
-    /// PEM CA certificates the broker's must chain to; `None`: the
-    /// system's.
-    pub ca_file: Option<PathBuf>,
-    /// The client certificate chain and key (mutual TLS).
-    pub client_cert: Option<(PathBuf, PathBuf)>,
+    /// The CA file and the client certificate (mutual TLS).
+    pub files: ClientFiles,
     pub mode: MqttEgressMode,
     /// Records mode: put before each record's topic.
     pub topic_prefix: String,
@@ -191,38 +188,8 @@ pub(crate) fn mqtt_egress(
     if raw.password.is_some() && raw.username.is_none() {
         p.push(format!("{PATH}.password"), "given without a username");
     }
-    let mut file = |key: &str, given: Option<String>| -> Option<PathBuf> {
-        let f = PathBuf::from(given.filter(|f| !f.is_empty())?);
-        if !f.is_file() {
-            p.push(
-                format!("{PATH}.{key}"),
-                format!("{} is not a readable file", f.display()),
-            );
-        }
-        Some(f)
-    };
-    let ca_file = file("ca_file", raw.ca_file);
-    let cert_file = file("cert_file", raw.cert_file);
-    let key_file = file("key_file", raw.key_file);
-    let client_cert = match (cert_file, key_file) {
-        (Some(c), Some(k)) => Some((c, k)),
-        (None, None) => None,
-        (Some(_), None) => {
-            p.push(
-                format!("{PATH}.key_file"),
-                "missing: cert_file needs its private key (PEM)",
-            );
-            None
-        }
-        (None, Some(_)) => {
-            p.push(
-                format!("{PATH}.cert_file"),
-                "missing: key_file needs its certificate chain (PEM)",
-            );
-            None
-        }
-    };
-    if !tls && (ca_file.is_some() || client_cert.is_some()) {
+    let files = super::tls::client_files(p, PATH, raw.ca_file, raw.cert_file, raw.key_file);
+    if !tls && files.any() {
         p.push(
             format!("{PATH}.broker"),
             "ca_file, cert_file and key_file are for TLS: use an mqtts:// broker",
@@ -307,8 +274,7 @@ pub(crate) fn mqtt_egress(
         client_id,
         username: raw.username,
         password: raw.password,
-        ca_file,
-        client_cert,
+        files,
         mode: mode?,
         topic_prefix,
         topic,

@@ -164,3 +164,67 @@ pub(crate) fn check_exposed(
         ),
     );
 }
+
+/// The files a sink presents and checks its broker with (`ca_file`,
+/// `cert_file`, `key_file` of `[egress.mqtt]` and `[egress.kafka]`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientFiles {
+    /// PEM CA certificates the broker's must chain to; `None`: the
+    /// system's.
+    pub ca_file: Option<PathBuf>,
+    /// The client certificate chain and its key (mutual TLS).
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+impl ClientFiles {
+    /// Whether any file is given.
+    pub fn any(&self) -> bool {
+        self.ca_file.is_some() || self.client_cert.is_some()
+    }
+}
+
+/// A sink's `ca_file`, `cert_file` and `key_file` under `path`, checked:
+/// each a readable file, the certificate and its key given together.
+pub(crate) fn client_files(
+    p: &mut Problems,
+    path: &str,
+    ca_file: Option<String>,
+    cert_file: Option<String>,
+    key_file: Option<String>,
+) -> ClientFiles {
+    let mut file = |key: &str, given: Option<String>| -> Option<PathBuf> {
+        let f = PathBuf::from(given.filter(|f| !f.is_empty())?);
+        if !f.is_file() {
+            p.push(
+                format!("{path}.{key}"),
+                format!("{} is not a readable file", f.display()),
+            );
+        }
+        Some(f)
+    };
+    let ca_file = file("ca_file", ca_file);
+    let cert_file = file("cert_file", cert_file);
+    let key_file = file("key_file", key_file);
+    let client_cert = match (cert_file, key_file) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        (Some(_), None) => {
+            p.push(
+                format!("{path}.key_file"),
+                "missing: cert_file needs its private key (PEM)",
+            );
+            None
+        }
+        (None, Some(_)) => {
+            p.push(
+                format!("{path}.cert_file"),
+                "missing: key_file needs its certificate chain (PEM)",
+            );
+            None
+        }
+    };
+    ClientFiles {
+        ca_file,
+        client_cert,
+    }
+}

@@ -28,7 +28,7 @@ pub(super) async fn run(
     let mut c = Commits::restore(opts)?;
     let brokers = kafka.brokers.join(",");
     let client = crate::egress::kafka::client_builder(kafka, "weir-consume".into())
-        .map_err(anyhow::Error::msg)?
+        .map_err(|e| anyhow::anyhow!("{}: {}", e.key, e.message))?
         .build()
         .await
         .with_context(|| format!("connecting to Kafka at {brokers}"))?;

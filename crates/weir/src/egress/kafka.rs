@@ -163,14 +163,16 @@ impl KafkaSink {
         if self.cfg.tls.is_none() && self.cfg.sasl.is_none() {
             return None;
         }
-        let builder = client_builder(&self.cfg, format!("weir-{}", self.node))
-            .ok()?
-            .backoff_config(BackoffConfig {
-                init_backoff: Duration::from_millis(50),
-                max_backoff: Duration::from_millis(200),
-                base: 2.0,
-                deadline: Some(Duration::from_millis(500)),
-            });
+        let builder = match client_builder(&self.cfg, format!("weir-{}", self.node)) {
+            Ok(b) => b,
+            Err(refused) => return Some(refused),
+        }
+        .backoff_config(BackoffConfig {
+            init_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_millis(200),
+            base: 2.0,
+            deadline: Some(Duration::from_millis(500)),
+        });
         let error = match tokio::time::timeout(self.cfg.connect_timeout, builder.build()).await {
             Ok(Err(e)) => e,
             _ => return None,
@@ -186,7 +188,7 @@ impl KafkaSink {
     async fn connect(&mut self) -> Result<(), ConnectError> {
         let cfg = &self.cfg;
         let builder = client_builder(cfg, format!("weir-{}", self.node))
-            .map_err(ConnectError::Unavailable)?;
+            .map_err(|e| ConnectError::Unavailable(format!("{}: {}", e.key, e.message)))?;
         let limit = cfg.connect_timeout;
         let client = match tokio::time::timeout(limit, builder.build()).await {
             Ok(Ok(client)) => client,
@@ -341,7 +343,7 @@ impl Sink for KafkaSink {
 pub(crate) fn client_builder(
     cfg: &KafkaEgress,
     client_id: String,
-) -> Result<ClientBuilder, String> {
+) -> Result<ClientBuilder, RefusedError> {
     let mut builder = ClientBuilder::new(cfg.brokers.clone())
         .client_id(client_id)
         .backoff_config(BackoffConfig {
@@ -351,7 +353,14 @@ pub(crate) fn client_builder(
             deadline: Some(cfg.request_timeout),
         });
     if let Some(tls) = &cfg.tls {
-        builder = builder.tls_config(Arc::new(tls_config(tls.ca_file.as_deref())?));
+        const KEYS: crate::security::tls::SinkKeys = [
+            "egress.kafka.ca_file",
+            "egress.kafka.cert_file",
+            "egress.kafka.key_file",
+        ];
+        let config = crate::security::tls::sink_client_config(KEYS, &tls.files)
+            .map_err(|(key, message)| RefusedError { key, message })?;
+        builder = builder.tls_config(Arc::new(config));
     }
     if let Some(sasl) = &cfg.sasl {
         let c = Credentials::new(sasl.username.clone(), sasl.password.clone());
@@ -360,7 +369,12 @@ pub(crate) fn client_builder(
             SaslMechanism::ScramSha256 => SaslConfig::ScramSha256(c),
             SaslMechanism::ScramSha512 => SaslConfig::ScramSha512(c),
             // The config keeps no credentials without a mechanism.
-            SaslMechanism::None => return Err("SASL credentials without a mechanism".into()),
+            SaslMechanism::None => {
+                return Err(RefusedError {
+                    key: "egress.kafka.sasl_mechanism",
+                    message: "SASL credentials without a mechanism".into(),
+                })
+            }
         });
     }
     Ok(builder)
@@ -384,6 +398,20 @@ fn refused(
         return Some(RefusedError {
             key: "egress.kafka.username",
             message: format!("{brokers} refused weir's SASL {mechanism} login as `{user}` (check username, password and sasl_mechanism): {e}"),
+        });
+    }
+    if shown.contains("AlertReceived") {
+        let why = match cfg
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.files.client_cert.is_some())
+        {
+            true => "is cert_file signed by a CA the brokers trust?",
+            false => "the brokers may want a client certificate: set cert_file and key_file",
+        };
+        return Some(RefusedError {
+            key: "egress.kafka.cert_file",
+            message: format!("{brokers} refused weir's TLS connection ({why}): {e}"),
         });
     }
     if shown.contains("InvalidCertificate") {
@@ -508,20 +536,6 @@ fn topic_error(topic: &str, e: KafkaError) -> ConnectError {
         }),
         other => ConnectError::Unavailable(format!("topic {topic}: {other}")),
     }
-}
-
-/// The TLS client config: the CA file's certificates, or the system's.
-fn tls_config(ca_file: Option<&std::path::Path>) -> Result<rustls::ClientConfig, String> {
-    const KEY: &str = "egress.kafka.ca_file";
-    let roots =
-        crate::security::tls::service_roots(KEY, ca_file).map_err(|e| format!("{KEY}: {e}"))?;
-    Ok(
-        rustls::ClientConfig::builder_with_provider(crate::security::tls::provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
-            .with_root_certificates(roots)
-            .with_no_client_auth(),
-    )
 }
 
 #[cfg(test)]

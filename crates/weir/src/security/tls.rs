@@ -43,6 +43,41 @@ pub fn certificates(
     Ok(certs)
 }
 
+/// The keys of a sink's TLS files, in the order `ca_file`, `cert_file`,
+/// `key_file` (`["egress.kafka.ca_file", ...]`).
+pub type SinkKeys = [&'static str; 3];
+
+/// The TLS client configuration a sink connects to its broker with (the
+/// Kafka and MQTT sinks): the broker checked against `files.ca_file` or
+/// the system's CAs, the client certificate presented when given. An
+/// error names the key of `keys` to change, with what is wrong.
+pub fn sink_client_config(
+    keys: SinkKeys,
+    files: &crate::config::ClientFiles,
+) -> Result<rustls::ClientConfig, (&'static str, String)> {
+    let [ca_key, cert_key, key_key] = keys;
+    let roots = service_roots(ca_key, files.ca_file.as_deref()).map_err(|m| (ca_key, m))?;
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| (ca_key, e.to_string()))?
+        .with_root_certificates(roots);
+    let Some((cert, key)) = &files.client_cert else {
+        return Ok(builder.with_no_client_auth());
+    };
+    let chain = certificates(cert_key, cert).map_err(|p| {
+        let message = p.into_iter().map(|p| p.message).collect::<Vec<_>>();
+        (cert_key, message.join("; "))
+    })?;
+    let key_der = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| (key_key, format!("{}: {e}", key.display())))?;
+    builder.with_client_auth_cert(chain, key_der).map_err(|e| {
+        (
+            key_key,
+            format!("{} does not go with {}: {e}", key.display(), cert.display()),
+        )
+    })
+}
+
 /// The CAs a cloud service's certificate is checked against (the Kafka
 /// and MQTT sinks): the certificates in `ca_file`, or without one the
 /// system's. `key` names the setting in errors.

@@ -17,14 +17,20 @@ use super::PATIENCE;
 pub const BROKER: &str = "127.0.0.1:9092";
 
 /// The test broker's SASL over TLS listener (user `weir`, password
-/// `weir-secret`; PLAIN and SCRAM-SHA-512).
+/// `weir-secret`; PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512).
 pub const SASL_BROKER: &str = "127.0.0.1:9094";
 
-/// The CA that signed the SASL listener's certificate (made by
-/// scripts/kafka.sh).
-pub fn tls_ca() -> std::path::PathBuf {
+/// The test broker's TLS listener that asks for a client certificate from
+/// the test CA ([`tls_file`] `client.pem` and `client.key`).
+pub const TLS_BROKER: &str = "127.0.0.1:9095";
+
+/// A file of the test TLS material made by scripts/kafka.sh: `ca.pem`
+/// (the CA of the broker's certificate and of `client.pem`),
+/// `client.pem`, `client.key`, and `other-client.pem` / `.key` from a CA
+/// the broker does not trust.
+pub fn tls_file(name: &str) -> PathBuf {
     let home = std::env::var("WEIR_KAFKA_HOME").unwrap_or_else(|_| "/opt/weir-kafka".into());
-    std::path::Path::new(&home).join("tls/ca.pem")
+    std::path::Path::new(&home).join("tls").join(name)
 }
 
 /// The `[egress]` section producing to `topic` on the test broker;

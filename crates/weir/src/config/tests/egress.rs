@@ -223,7 +223,12 @@ max_in_flight = 8
     };
     assert_eq!(k.brokers.len(), 2);
     assert_eq!(k.topic_for(7, "ls"), "site7.ls");
-    assert_eq!(k.tls, Some(KafkaTls { ca_file: None }));
+    assert_eq!(
+        k.tls,
+        Some(KafkaTls {
+            files: ClientFiles::default()
+        })
+    );
     let sasl = k.sasl.as_ref().unwrap();
     assert_eq!(sasl.mechanism, SaslMechanism::ScramSha512);
     assert!(
@@ -276,6 +281,34 @@ username = "u"
         &ps,
         "egress.kafka.password",
         "needs a username and a password",
+    );
+
+    // A client certificate: with its key, never with tls = false.
+    let ps = problems(
+        r#"
+[egress]
+kind = "kafka"
+[egress.kafka]
+tls = false
+cert_file = "/nonexistent/client.pem"
+key_file = "/nonexistent/client.key"
+"#,
+    );
+    assert_problem(&ps, "egress.kafka.cert_file", "is not a readable file");
+    assert_problem(&ps, "egress.kafka.key_file", "is not a readable file");
+    assert_problem(&ps, "egress.kafka.tls", "false, but ca_file, cert_file");
+    let ps = problems(
+        r#"
+[egress]
+kind = "kafka"
+[egress.kafka]
+cert_file = "/nonexistent/client.pem"
+"#,
+    );
+    assert_problem(
+        &ps,
+        "egress.kafka.key_file",
+        "cert_file needs its private key",
     );
 
     // Sizes the file sets itself that a Kafka message cannot carry.

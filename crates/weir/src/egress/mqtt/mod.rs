@@ -480,29 +480,11 @@ fn tls_error(e: &std::io::Error) -> Option<&rustls::Error> {
 /// The TLS client config: the broker checked against `ca_file` or the
 /// system's CAs; the client certificate presented when configured.
 fn tls_config(cfg: &MqttEgress) -> Result<rustls::ClientConfig, RefusedError> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-    let bad = |key: &'static str, message: String| RefusedError { key, message };
-    let roots = crate::security::tls::service_roots("egress.mqtt.ca_file", cfg.ca_file.as_deref())
-        .map_err(|m| bad("egress.mqtt.ca_file", m))?;
-    let builder = rustls::ClientConfig::builder_with_provider(crate::security::tls::provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| bad("egress.mqtt.broker", e.to_string()))?
-        .with_root_certificates(roots);
-    match &cfg.client_cert {
-        None => Ok(builder.with_no_client_auth()),
-        Some((cert, key)) => {
-            let chain = CertificateDer::pem_file_iter(cert)
-                .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| bad("egress.mqtt.cert_file", format!("{}: {e}", cert.display())))?;
-            let key_der = PrivateKeyDer::from_pem_file(key)
-                .map_err(|e| bad("egress.mqtt.key_file", format!("{}: {e}", key.display())))?;
-            builder.with_client_auth_cert(chain, key_der).map_err(|e| {
-                bad(
-                    "egress.mqtt.key_file",
-                    format!("{} does not go with {}: {e}", key.display(), cert.display()),
-                )
-            })
-        }
-    }
+    const KEYS: crate::security::tls::SinkKeys = [
+        "egress.mqtt.ca_file",
+        "egress.mqtt.cert_file",
+        "egress.mqtt.key_file",
+    ];
+    crate::security::tls::sink_client_config(KEYS, &cfg.files)
+        .map_err(|(key, message)| RefusedError { key, message })
 }
