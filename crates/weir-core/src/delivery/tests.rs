@@ -241,3 +241,46 @@ fn batches_that_cross_faster_than_the_estimate_lift_it_above_the_prior() {
     assert!(last >= 3.9e6, "acted on {last:.0} B/s");
     assert!(d.link().bytes_per_sec >= 3.9e6);
 }
+
+/// The offers at `now` until none comes (at most 4), each taken with a
+/// batch that is sent at once.
+fn offers(d: &mut Delivery<u64>, now: Duration, next: &mut u64) -> Vec<Offer> {
+    let mut out = Vec::new();
+    while let Some(o) = d.poll_permit(now) {
+        out.push(o);
+        if out.len() == 4 {
+            break;
+        }
+        d.handle_batch(now, *next, 1000);
+        *next += 1;
+        if d.poll_send(now).is_some() {
+            d.handle_sent(now);
+        }
+    }
+    out
+}
+
+#[test]
+fn the_urgent_lane_closes_where_every_round_trip_is_twice_the_bound() {
+    // A 100 ms class: the lane stays open under 200 ms round trips.
+    for (round_trip, open) in [(MS * 150, true), (MS * 250, false)] {
+        let mut d = Delivery::new(params(2, true), Duration::ZERO);
+        d.set_horizon(crate::admission::horizon(MS * 100));
+        let mut next = 1;
+        assert_eq!(d.poll_permit(Duration::ZERO), Some(Offer::Any));
+        d.handle_batch(Duration::ZERO, next, 1000);
+        next += 1;
+        assert!(d.poll_send(Duration::ZERO).is_some());
+        d.handle_sent(Duration::ZERO);
+        d.handle_confirm(round_trip);
+        let got = offers(&mut d, round_trip, &mut next);
+        assert_eq!(
+            got.contains(&Offer::Urgent),
+            open,
+            "round trip {round_trip:?}: offers {got:?}"
+        );
+        if !open {
+            assert_eq!(got, vec![Offer::Any, Offer::Any], "the window alone");
+        }
+    }
+}
