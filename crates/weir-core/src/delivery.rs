@@ -541,7 +541,9 @@ impl<T> Delivery<T> {
         let prior = self.params.link_prior;
         let seen = Seen {
             saturated: self.timer.saturated(),
-            queued: self.queue.queued(),
+            // An emulated link's send is timed exactly: its fits are the
+            // link's, as with a queue on a real one.
+            queued: self.queue.queued() || self.params.carried_on_send,
             carried: self.carried.bound(),
         };
         if let Some(acted) = self.climb.observe(now, fit, full, prior, seen) {

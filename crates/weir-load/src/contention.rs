@@ -246,16 +246,14 @@ async fn scenario(
     })
 }
 
-/// Starts weir for a scenario, its link and scheduler set to `--uplink`
-/// (under `--blkio-cgroup`, if given).
+/// Starts weir for a scenario behind the emulated `--uplink` (under
+/// `--blkio-cgroup`, if given). Its scheduler is left at weir's defaults:
+/// it starts from the default 18 Mbit/s prior and finds the link itself.
 async fn start_weir(env: &Env, a: &ContentionArgs, name: &str) -> anyhow::Result<Weir> {
     let mut weir_args = a.weir_config.clone();
     let mut set = vec![
         format!("egress.link.bandwidth=\"{}\"", a.uplink),
         format!("egress.link.delay=\"{}\"", a.delay),
-        format!("scheduler.uplink=\"{}\"", a.uplink),
-        // The burst stays a token bucket's, not the whole batch cap.
-        "scheduler.burst=\"64KiB\"".to_owned(),
     ];
     set.append(&mut weir_args.set);
     weir_args.set = set;
