@@ -158,10 +158,8 @@ impl Blame {
 /// time on the way (`way_ms`, the median over the class's records). A
 /// record without a publish time counts as weir's.
 pub(super) fn blame(late: &[Late], bound_ms: f64, way_ms: f64) -> Blame {
-    let mut by_time: Vec<Late> = late.to_vec();
-    by_time.sort_by_key(|l| l.at_us);
     let mut b = Blame::default();
-    for l in &by_time {
+    for l in late {
         let Some(in_weir) = l.in_weir_ms else {
             b.in_weir += 1;
             continue;
@@ -172,7 +170,7 @@ pub(super) fn blame(late: &[Late], bound_ms: f64, way_ms: f64) -> Blame {
         }
         let lo = l.at_us.saturating_sub(STALL_SPAN_US);
         let hi = l.at_us.saturating_add(STALL_SPAN_US);
-        let mut origins: Vec<u64> = by_time
+        let mut origins: Vec<u64> = late
             .iter()
             .filter(|o| (lo..=hi).contains(&o.at_us))
             .map(|o| o.origin)
@@ -195,7 +193,7 @@ pub(super) fn ls_blame(st: &Consumed) -> Value {
         .filter_map(|(_, d)| d.in_weir_ms.map(|w| d.latency_ms - w))
         .collect();
     way.sort_by(f64::total_cmp);
-    let way_ms = way.get(way.len() / 2).copied().unwrap_or(0.0);
+    let way_ms = crate::report::percentile(&way, 0.5).unwrap_or(0.0);
     let bound = CLASSES[0].1 as f64;
     let late: Vec<Late> = ls()
         .filter(|(_, d)| d.latency_ms > bound)
