@@ -32,6 +32,7 @@
 //! Time is a [`Duration`] since an epoch of the caller's choosing.
 
 pub mod pipe;
+pub mod probe;
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -42,9 +43,10 @@ use crate::admission::{
 use crate::backoff::Backoff;
 use crate::link_estimate::{
     CarriedBound, Climb, Extreme, FitKind, LinkEstimate, LinkEstimateError, LinkEstimator,
-    LinkTimer, QueueWatch, Seen, WindowedExtreme,
+    LinkTimer, QueueWatch, Seen, WindowedExtreme, CLIMB_STEP,
 };
 use pipe::Pipe;
+use probe::Probe;
 
 /// Lowest round trip, in tightest bounds, at which the urgent lane closes
 /// ([`Delivery`]'s `lane`).
@@ -138,6 +140,8 @@ pub enum Event<T> {
     BatchBytes(u64),
     /// The uplink estimator could not start: the prior stands.
     NoEstimator(LinkEstimateError),
+    /// A bandwidth probe's verdict ([`probe`]).
+    Probe(probe::Verdict),
     /// What a confirmation left the machine measuring (for metrics).
     Measures(Measures),
 }
@@ -162,6 +166,12 @@ pub struct Measures {
     pub delivery_rate: f64,
     /// The lowest round trip of the pipe's window.
     pub round_trip: Duration,
+    /// The highest rate the bandwidth probe proved ([`probe`]), bytes per
+    /// second (0 without one).
+    pub proven: f64,
+    /// Whether round trips show no queue on the link
+    /// ([`QueueWatch::quiet`]).
+    pub quiet: bool,
 }
 
 /// A batch handed over and not yet sent (or to send again).
@@ -184,6 +194,8 @@ struct InFlight<T> {
     sent: Option<Duration>,
     link_time: Option<Duration>,
     pipe: pipe::Sent,
+    /// The bandwidth probe's pulse it was sent in.
+    probe: Option<u32>,
 }
 
 /// The delivery state machine (see the module docs).
@@ -212,6 +224,7 @@ pub struct Delivery<T> {
     /// seconds.
     reach: WindowedExtreme,
     climb: Climb,
+    probe: Probe,
     estimator: Option<LinkEstimator>,
     link: LinkEstimate,
     horizon: Duration,
@@ -252,6 +265,7 @@ impl<T> Delivery<T> {
             carried: CarriedBound::default(),
             reach: WindowedExtreme::default(),
             climb: Climb::new(params.link_prior, now),
+            probe: Probe::new(now),
             estimator,
             link: params.link_prior,
             horizon: Duration::MAX,
@@ -430,6 +444,7 @@ impl<T> Delivery<T> {
         let pending = self.todo.pop_front().expect("not empty");
         self.clock.sent(now, pending.bytes, &self.link);
         let pipe = self.pipe.sent(now, self.flight.is_empty());
+        let probe = self.probe.sent(now, pending.bytes);
         self.sending = true;
         self.flight.push_back(InFlight {
             pending,
@@ -437,6 +452,7 @@ impl<T> Delivery<T> {
             sent: None,
             link_time: None,
             pipe,
+            probe,
         });
         self.flight.back().map(|f| &f.pending.batch)
     }
@@ -493,12 +509,19 @@ impl<T> Delivery<T> {
             self.pacer.confirmed(confirm);
         }
         self.backoff.reset();
-        self.queue
-            .confirmed(now, confirm, bytes, self.params.link_prior.bytes_per_sec);
+        // Transfer times at the prior's bandwidth, or at what a probe
+        // proved the link carries (at the prior's, a large batch on a
+        // faster link reads far below the floor, and every smaller one
+        // then as a queue).
+        let nominal = self.params.link_prior.bytes_per_sec.max(self.probe.bound());
+        self.queue.confirmed(now, confirm, bytes, nominal);
         let round_trip = now.saturating_sub(done.started);
         self.carried.confirmed(now, bytes, round_trip);
         self.reach
             .push(now, round_trip.as_secs_f64(), LANE_WINDOW, Extreme::Lowest);
+        if let Some(pulse) = done.probe {
+            self.probe.confirmed(now, bytes, pulse);
+        }
         self.learn(now, bytes, link_time);
         if let Some(b) =
             self.pipe
@@ -515,6 +538,8 @@ impl<T> Delivery<T> {
             batch_bytes: self.pipe.batch_bytes(),
             delivery_rate: self.pipe.delivery_rate().unwrap_or(0.0),
             round_trip: self.pipe.round_trip().unwrap_or_default(),
+            proven: self.probe.bound(),
+            quiet: self.queue.quiet(),
         }));
         self.events.push_back(Event::Confirmed(Confirmed {
             batch: done.pending.batch,
@@ -544,11 +569,36 @@ impl<T> Delivery<T> {
             // An emulated link's send is timed exactly: its fits are the
             // link's, as with a queue on a real one.
             queued: self.queue.queued() || self.params.carried_on_send,
-            carried: self.carried.bound(),
+            carried: self.carried.bound().max(self.probe.bound()),
         };
-        if let Some(acted) = self.climb.observe(now, fit, full, prior, seen) {
-            self.link = acted;
-            self.events.push_back(Event::Link(acted));
+        let climbed = self.climb.observe(now, fit, full, prior, seen);
+        // The bandwidth probe paces around the estimate (an emulated
+        // link's sends are timed exactly, and never probed).
+        let acted = self.climb.value();
+        if !self.params.carried_on_send {
+            let verdict = self.probe.step(
+                now,
+                probe::Seen {
+                    acted: acted.bytes_per_sec,
+                    prior: prior.bytes_per_sec,
+                    shown: self.carried.bound(),
+                    using: self.pipe.mean_rate(),
+                    queued: !self.queue.quiet(),
+                },
+            );
+            if let Some(v) = verdict {
+                self.events.push_back(Event::Probe(v));
+            }
+        }
+        let paced = LinkEstimate {
+            bytes_per_sec: self.probe.pace(acted.bytes_per_sec),
+            ..acted
+        };
+        let moved = (paced.bytes_per_sec - self.link.bytes_per_sec).abs()
+            > CLIMB_STEP * self.link.bytes_per_sec;
+        if climbed.is_some() || moved {
+            self.link = paced;
+            self.events.push_back(Event::Link(paced));
         }
     }
 
@@ -576,6 +626,7 @@ impl<T> Delivery<T> {
             attempt,
         });
         self.pipe.restart();
+        self.probe.abort(now);
         self.retry_at = Some(now.saturating_add(self.backoff.failed()));
     }
 

@@ -727,6 +727,11 @@ pub struct QueueWatch {
     /// Their median, kept as each confirmation comes (read twice a
     /// confirmation: the gauge and [`QueueWatch::queued`]).
     queue: Duration,
+    /// The lowest round trip of each size class (batches of
+    /// `2^(k-1)..2^k` bytes) within [`FLOOR_WINDOW`], in seconds.
+    floors: Vec<WindowedExtreme>,
+    /// The last [`QUEUE_SPAN`] round trips above their size class's floor.
+    alike: VecDeque<f64>,
 }
 
 impl QueueWatch {
@@ -751,12 +756,34 @@ impl QueueWatch {
         if self.recent.len() > QUEUE_SPAN {
             self.recent.pop_front();
         }
-        let mut v = [0.0f64; QUEUE_SPAN + 1];
-        let n = self.recent.len();
-        for (slot, r) in v.iter_mut().zip(&self.recent) {
-            *slot = *r;
+        self.queue = secs_to_duration(span_median(&self.recent));
+        // Against batches of about the same size, with nothing
+        // subtracted: no rate to be wrong about.
+        let class = (u64::BITS - bytes.leading_zeros()) as usize;
+        if self.floors.len() <= class {
+            self.floors.resize_with(class + 1, WindowedExtreme::default);
         }
-        self.queue = secs_to_duration(median(&mut v[..n]));
+        let raw = round_trip.as_secs_f64();
+        let floor = &mut self.floors[class];
+        floor.push(now, raw, FLOOR_WINDOW, Extreme::Lowest);
+        self.alike
+            .push_back((raw - floor.best().unwrap_or(raw)).max(0.0));
+        if self.alike.len() > QUEUE_SPAN {
+            self.alike.pop_front();
+        }
+    }
+
+    /// Whether the link is quiet: on a full span, the median round trip
+    /// over the lowest of batches of about the same size (within a factor
+    /// of two) is under [`QUEUE_EVIDENCE`]. Unlike [`QueueWatch::queued`]
+    /// this needs no rate: where the link is much faster than the prior,
+    /// a large batch's transfer at the prior's rate is far more than its
+    /// own, the floor it sets far too low, and every smaller batch reads
+    /// as queued (tens of milliseconds on a 100 Mbit/s link with an idle
+    /// queue). It is the bandwidth probe's test ([`crate::delivery::probe`]).
+    pub fn quiet(&self) -> bool {
+        self.alike.len() >= QUEUE_SPAN
+            && secs_to_duration(span_median(&self.alike)) <= QUEUE_EVIDENCE
     }
 
     /// The median round trip above the floor over the last [`QUEUE_SPAN`]
@@ -770,6 +797,16 @@ impl QueueWatch {
     pub fn queued(&self) -> bool {
         self.recent.len() >= QUEUE_SPAN && self.queue() > QUEUE_EVIDENCE
     }
+}
+
+/// The median of up to [`QUEUE_SPAN`] values.
+fn span_median(values: &VecDeque<f64>) -> f64 {
+    let mut v = [0.0f64; QUEUE_SPAN + 1];
+    let n = values.len().min(QUEUE_SPAN + 1);
+    for (slot, r) in v.iter_mut().zip(values) {
+        *slot = *r;
+    }
+    median(&mut v[..n])
 }
 
 /// How fast the bandwidth acted on climbs back towards the prior while the

@@ -116,6 +116,9 @@ pub struct ClassReport {
     pub latencies: Vec<Duration>,
     /// When the records over their class's bound entered, in order.
     pub late_at: Vec<Duration>,
+    /// Batches sent after the warm-up whose most urgent class this is,
+    /// and their bytes.
+    pub batches: (u64, u64),
 }
 
 impl ClassReport {
@@ -442,6 +445,9 @@ impl<'a> Relay<'a> {
             if now >= self.p.warm_up {
                 self.wire.counted += wire;
                 self.wire.batches += 1;
+                let c = &mut self.report.classes[b.batch.class.index()].batches;
+                c.0 += 1;
+                c.1 += b.bytes;
             }
             let arrives = match link.serial {
                 true => {

@@ -107,6 +107,11 @@ fn uplink_sample(
     json!({
         "t": round(t, 2),
         "estimate_bps": round(nan0(m("weir_link_bandwidth_bytes_per_second")), 0),
+        "acted_bps": round(nan0(m("weir_link_acted_bytes_per_second")), 0),
+        "proven_bps": round(nan0(m("weir_link_proven_bytes_per_second")), 0),
+        "quiet": m("weir_link_quiet"),
+        "probes_kept_up": m("weir_link_probes_kept_up_total"),
+        "probes_full": m("weir_link_probes_full_total"),
         "t_sc_ms": round(nan0(m("weir_link_transaction_seconds") * 1e3), 2),
         "queue_ms": round(nan0(m("weir_link_queue_seconds") * 1e3), 2),
         "c_out_bps": round(nan0(rates.iter().sum()), 0),

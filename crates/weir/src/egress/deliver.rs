@@ -14,6 +14,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use weir_core::delivery::probe::Verdict;
 use weir_core::delivery::{Delivery, DeliveryParams, Event, Offer};
 use weir_core::link_estimate::LinkEstimate;
 use weir_core::scheduler::{Delivered, OutBatch};
@@ -266,6 +267,13 @@ impl Io {
                 self.ctx.batch_bytes.send_replace(b);
             }
             Event::Measures(measures) => m.set_delivery(&measures),
+            Event::Probe(Verdict::KeptUp { .. }) => {
+                m.link_probes_kept_up.inc();
+            }
+            Event::Probe(Verdict::Full { .. }) => {
+                m.link_probes_full.inc();
+            }
+            Event::Probe(Verdict::NoVerdict) => {}
             Event::NoEstimator(e) => {
                 // The config validator requires a positive uplink; without
                 // a prior the link is not estimated and the prior stands.

@@ -108,20 +108,22 @@ fn show(name: &str, r: &Report, mbit: f64) {
                 s.link_queue,
                 s.link_rate,
                 s.measures.map_or(String::new(), |m| format!(
-                    "| queued {} {:?} sat {} delivering {:.0} rtt {:?}",
-                    m.queued, m.queue, m.saturated, m.delivery_rate, m.round_trip
+                    "| queued {} {:?} sat {} delivering {:.0} rtt {:?} proven {:.0}",
+                    m.queued, m.queue, m.saturated, m.delivery_rate, m.round_trip, m.proven
                 ))
             );
         }
     }
     for (i, c) in r.classes.iter().enumerate() {
         eprintln!(
-            "  class {i}: offered {} refused {} delivered {} p99 {:?} late(100ms) {}",
+            "  class {i}: offered {} refused {} delivered {} p99 {:?} late(100ms) {} batches {} of {} B",
             c.offered,
             c.refused,
             c.delivered,
             c.quantile(0.99),
-            c.late(MS * 100)
+            c.late(MS * 100),
+            c.batches.0,
+            c.batches.1.checked_div(c.batches.0).unwrap_or(0)
         );
         if std::env::var("WEIR_SIM_SAMPLES").is_ok() && !c.late_at.is_empty() {
             let secs: Vec<String> = c
@@ -254,4 +256,23 @@ fn a_round_trip_past_the_urgent_bound_closes_the_urgent_lane() {
         "{:.0} of {cap:.0} B/s carried",
         r.link_bytes_per_sec
     );
+}
+
+#[test]
+fn a_link_faster_than_the_prior_is_found_by_probing() {
+    // 100 Mbit/s, 50 ms from the broker: paced at the 18 Mbit/s prior,
+    // every confirmation came at the rate it was sent at and the estimate
+    // stayed there (17 % of the link); the bandwidth probe finds more.
+    let r = cell(100.0, 50);
+    let cap = 100e6 / 8.0;
+    assert!(
+        r.link_bytes_per_sec >= 0.5 * cap,
+        "{:.0} of {cap:.0} B/s carried",
+        r.link_bytes_per_sec
+    );
+    assert_eq!(r.classes[0].late(MS * 100), 0, "ls records late");
+    // A link as fast as the prior: the probes find it full and cost the
+    // urgent class nothing.
+    let r = cell(18.0, 5);
+    assert_full(&r, 18.0, 0.95);
 }

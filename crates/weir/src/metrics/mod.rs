@@ -72,6 +72,12 @@ pub struct Metrics {
     pipe_batch_bytes: Gauge,
     delivery_rate: Gauge<f64, AtomicU64>,
     round_trip: Gauge<f64, AtomicU64>,
+    link_proven: Gauge<f64, AtomicU64>,
+    link_quiet: Gauge,
+    /// Bandwidth probes the uplink kept up with.
+    pub link_probes_kept_up: Counter,
+    /// Bandwidth probes the uplink did not keep up with.
+    pub link_probes_full: Counter,
     /// Peering (`weir_peer_*`).
     pub peer: PeerMetrics,
     /// The spool (`weir_spool_*`).
@@ -148,6 +154,10 @@ impl Metrics {
             pipe_bytes: Gauge::default(),
             pipe_batch_bytes: Gauge::default(),
             delivery_rate: Gauge::default(),
+            link_proven: Gauge::default(),
+            link_quiet: Gauge::default(),
+            link_probes_kept_up: Counter::default(),
+            link_probes_full: Counter::default(),
             round_trip: Gauge::default(),
             peer: PeerMetrics::new(classes),
             spool: SpoolMetrics::new(classes),
@@ -314,6 +324,26 @@ impl Metrics {
             "Lowest send-to-confirm round trip of the last 10 s",
             self.round_trip.clone(),
         );
+        self.registry.register(
+            "link_proven_bytes_per_second",
+            "Highest rate a bandwidth probe proved the uplink carries within the last 60 s (a floor of the bandwidth acted on)",
+            self.link_proven.clone(),
+        );
+        self.registry.register(
+            "link_quiet",
+            "1 while round trips sit within 8 ms of the lowest of batches of about the same size (no queue on the uplink; a bandwidth probe may start)",
+            self.link_quiet.clone(),
+        );
+        self.registry.register(
+            "link_probes_kept_up",
+            "Bandwidth probes (a pulse above the estimate) the uplink carried",
+            self.link_probes_kept_up.clone(),
+        );
+        self.registry.register(
+            "link_probes_full",
+            "Bandwidth probes the uplink did not carry (a drain followed)",
+            self.link_probes_full.clone(),
+        );
     }
 
     fn label(&self, class: ClassId) -> &ClassLabel {
@@ -452,6 +482,8 @@ impl Metrics {
             .set(i64::try_from(d.batch_bytes).unwrap_or(i64::MAX));
         self.delivery_rate.set(d.delivery_rate);
         self.round_trip.set(d.round_trip.as_secs_f64());
+        self.link_proven.set(d.proven);
+        self.link_quiet.set(i64::from(d.quiet));
         self.set_link_queue(d.queue);
     }
 

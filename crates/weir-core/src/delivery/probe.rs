@@ -1,0 +1,518 @@
+//! The bandwidth probe: how the estimate acted on (`C_out`) finds a link
+//! faster than the configured prior.
+//!
+//! A sender paced at `C_out` sends `C_out` and no faster, so nothing it
+//! measures can say that the link carries more: every confirmation comes
+//! at the rate it was sent at. [`crate::link_estimate::CarriedBound`]
+//! (bytes over one transaction's round trip) lifts `C_out` where round
+//! trips are short, but once the round trip is longer than a batch's time
+//! on the link it reads at most `C_out` itself: on a 100 Mbit/s link 50 ms
+//! from the broker, weir's default config sat at its 18 Mbit/s prior and
+//! delivered a fifth of what hand-tuned 4 MiB batches did.
+//!
+//! So, as BBR's `ProbeBW` does, the egress now and then paces above
+//! `C_out` on purpose and looks at what came back:
+//! - a *pulse*: [`PULSE`] at [`PROBE_GAIN`] times the estimate acted on;
+//! - a *drain*: the same time at `2 - PROBE_GAIN` times it, which empties
+//!   whatever queue the pulse left on a link that had no room for it;
+//! - the *verdict*, once every batch sent during the pulse is confirmed:
+//!   the pulse's bytes over the span of their confirmations (the link's
+//!   delivery rate while it was offered more) against the rate they were
+//!   sent at. Where the link kept up ([`KEPT_UP`]), it carries at least
+//!   what was sent, and that rate becomes a floor of `C_out` for [`HOLD`]
+//!   ([`Probe::bound`]); the next probe follows [`FIRST_INTERVAL`] later,
+//!   from the new rate. Where it did not, the delivery rate (what the link
+//!   carried while offered more, never more than it carries) is the
+//!   floor, and the probes back off, doubling their interval up to
+//!   [`MAX_INTERVAL`].
+//!
+//! A probe starts only where it can teach something and cost little:
+//! - the sender used what it was given (the mean delivery rate at least
+//!   [`USING`] of `C_out`): an idle sender sends no faster in a pulse;
+//! - `C_out` has not been below the prior's bandwidth ([`BELOW_PRIOR`]) in
+//!   the last [`QUIET`]: a link that showed itself slower than the prior
+//!   (a 4G uplink, a shaped 1 Mbit/s) is not probed above it. There the
+//!   estimator's fits and the climb back towards the prior already find
+//!   the link, and a pulse would only queue ahead of the urgent class.
+
+use std::time::Duration;
+
+use crate::link_estimate::{Extreme, WindowedExtreme};
+
+/// How much faster than the estimate a pulse paces (BBR's `ProbeBW`
+/// gain): the queue a pulse leaves on a link with no room is
+/// `(PROBE_GAIN - 1) * PULSE`, 75 ms at most, emptied by the drain.
+pub const PROBE_GAIN: f64 = 1.25;
+
+/// The gain of a pulse that follows one the link kept up with and that
+/// proved more than its base ([`GREW`]): while a fast link is being
+/// found, each probe steps further (BBR's startup doubles; a failed
+/// pulse at this gain leaves half again the queue of one at
+/// [`PROBE_GAIN`], once, before the gain falls back).
+pub const STARTUP_GAIN: f64 = 1.5;
+
+/// A probe grew the floor when it proved at least this multiple of its
+/// base.
+pub const GREW: f64 = 1.05;
+
+/// How long a pulse (and the drain after it) lasts: three of the
+/// scheduler's default 100 ms windows, since a new `C_out` takes effect
+/// from the next window on.
+pub const PULSE: Duration = Duration::from_millis(300);
+
+/// Fewest batches a pulse must have sent for a verdict: the rates are
+/// taken over the gaps between them.
+pub const MIN_PULSE_BATCHES: usize = 4;
+
+/// The link kept up with a pulse when it delivered at least this share of
+/// the rate the pulse's batches were sent at.
+pub const KEPT_UP: f64 = 0.95;
+
+/// How long a rate a probe proved stays a floor of `C_out`.
+pub const HOLD: Duration = Duration::from_secs(60);
+
+/// Time from one verdict to the next probe after a probe the link kept
+/// up with.
+pub const FIRST_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Longest time between probes, after probes the link did not keep up
+/// with (well within [`HOLD`], so that a proven floor is renewed before
+/// it lapses).
+pub const MAX_INTERVAL: Duration = Duration::from_secs(30);
+
+/// A sender uses what it is given when its mean delivery rate is at least
+/// this share of `C_out`.
+pub const USING: f64 = 0.8;
+
+/// A pulse starts only from an estimate at most this multiple of the
+/// higher of the prior and the rate probes proved.
+pub const AHEAD: f64 = 1.02;
+
+/// `C_out` counts as below the prior under this share of its bandwidth.
+pub const BELOW_PRIOR: f64 = 0.95;
+
+/// How long a link that showed itself slower than the prior is not probed
+/// above it.
+pub const QUIET: Duration = Duration::from_secs(60);
+
+/// What the egress measured of the link after a confirmation, as
+/// [`Probe::step`] takes it (bandwidths in bytes per second).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Seen {
+    /// The bandwidth `C_out` would be without the probe.
+    pub acted: f64,
+    /// The configured prior's.
+    pub prior: f64,
+    /// What single transactions showed the link carries
+    /// ([`crate::link_estimate::CarriedBound`]).
+    pub shown: f64,
+    /// The sender's mean delivery rate.
+    pub using: f64,
+    /// Whether the link holds a queue.
+    pub queued: bool,
+}
+
+/// Where the probe is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Phase {
+    /// No probe until then.
+    Waiting { at: Duration },
+    /// Pacing at `gain * base` until `until`.
+    Pulse {
+        base: f64,
+        gain: f64,
+        until: Duration,
+    },
+    /// Pacing at `(2 - PROBE_GAIN) * base` until `until`.
+    Drain { base: f64, until: Duration },
+    /// Waiting for the pulse's batches to be confirmed.
+    Verdict { base: f64 },
+}
+
+/// What a verdict found, for metrics and tests.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Verdict {
+    /// The link carried the pulse: it carries at least `rate` bytes/s.
+    KeptUp {
+        /// The pulse's rate, as sent and delivered (the lower).
+        rate: f64,
+    },
+    /// The link delivered `rate` bytes/s of a pulse sent faster.
+    Full {
+        /// What the link delivered.
+        rate: f64,
+    },
+    /// The pulse sent too little to tell.
+    NoVerdict,
+}
+
+/// The probe's state (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Probe {
+    phase: Phase,
+    interval: Duration,
+    /// Rates the probes proved, highest first within [`HOLD`].
+    proven: WindowedExtreme,
+    /// When `C_out` was last below the prior ([`BELOW_PRIOR`]).
+    below_prior_at: Option<Duration>,
+    /// The pulse's batches: (sent at, bytes), in sending order.
+    sent: Vec<(Duration, u64)>,
+    /// Their confirmations so far: (confirmed at, bytes).
+    confirmed: Vec<(Duration, u64)>,
+    last: Option<Verdict>,
+    /// The pulse under way (or last), numbered from 1.
+    pulse: u32,
+}
+
+impl Probe {
+    /// A probe that starts no earlier than [`FIRST_INTERVAL`] after `now`.
+    pub fn new(now: Duration) -> Self {
+        Self {
+            phase: Phase::Waiting {
+                at: now + FIRST_INTERVAL,
+            },
+            interval: FIRST_INTERVAL,
+            proven: WindowedExtreme::default(),
+            below_prior_at: None,
+            sent: Vec::new(),
+            confirmed: Vec::new(),
+            last: None,
+            pulse: 0,
+        }
+    }
+
+    /// The highest rate a probe proved within [`HOLD`], bytes per second
+    /// (0 without one): a floor of `C_out`.
+    pub fn bound(&self) -> f64 {
+        self.proven.best().unwrap_or(0.0)
+    }
+
+    /// The last verdict.
+    pub fn last_verdict(&self) -> Option<Verdict> {
+        self.last
+    }
+
+    /// Whether a pulse is under way.
+    pub fn pulsing(&self) -> bool {
+        matches!(self.phase, Phase::Pulse { .. })
+    }
+
+    /// The rate to pace at now, given `acted`, the estimate acted on: its
+    /// bandwidth, or the pulse's or the drain's.
+    pub fn pace(&self, acted: f64) -> f64 {
+        match self.phase {
+            Phase::Pulse { base, gain, .. } => (base * gain).max(acted),
+            Phase::Drain { base, .. } => (base * (2.0 - PROBE_GAIN)).min(acted),
+            _ => acted,
+        }
+    }
+
+    /// A batch of `bytes` goes at `now`: returns the pulse it is part
+    /// of, if any, to be reported to [`Probe::confirmed`].
+    pub fn sent(&mut self, now: Duration, bytes: u64) -> Option<u32> {
+        self.pulsing().then(|| {
+            self.sent.push((now, bytes));
+            self.pulse
+        })
+    }
+
+    /// A batch of `bytes` sent in `pulse` was confirmed at `now`.
+    pub fn confirmed(&mut self, now: Duration, bytes: u64, pulse: u32) {
+        if pulse == self.pulse && self.confirmed.len() < self.sent.len() {
+            self.confirmed.push((now, bytes));
+        }
+    }
+
+    /// Everything unconfirmed goes again (a failure): the pulse under way,
+    /// if any, teaches nothing.
+    pub fn abort(&mut self, now: Duration) {
+        self.sent.clear();
+        self.confirmed.clear();
+        self.pulse += 1;
+        if !matches!(self.phase, Phase::Waiting { .. }) {
+            self.phase = Phase::Waiting {
+                at: now + self.interval,
+            };
+        }
+    }
+
+    /// After a confirmation at `now`: `acted` is the bandwidth `C_out`
+    /// would be without the probe, `prior` the configured one, `shown`
+    /// what single transactions showed the link carries
+    /// ([`crate::link_estimate::CarriedBound`]), `using` the sender's mean
+    /// delivery rate, `queued` whether the link holds a queue. Moves the
+    /// probe on; returns the verdict if one was reached.
+    pub fn step(&mut self, now: Duration, link: Seen) -> Option<Verdict> {
+        let Seen {
+            acted,
+            prior,
+            shown,
+            using,
+            queued,
+        } = link;
+        if acted < BELOW_PRIOR * prior {
+            self.below_prior_at = Some(now);
+        }
+        match self.phase {
+            Phase::Waiting { at } => {
+                let quiet = self
+                    .below_prior_at
+                    .is_none_or(|t| now.saturating_sub(t) >= QUIET);
+                // An estimate above both the prior and what probes proved
+                // runs ahead of the evidence already (fits of a busy
+                // link): a pulse from it would start over the link.
+                let evidenced = acted <= AHEAD * prior.max(shown).max(self.bound());
+                if now >= at && quiet && evidenced && !queued && using >= USING * acted {
+                    self.sent.clear();
+                    self.confirmed.clear();
+                    self.pulse += 1;
+                    let gain = match self.last {
+                        Some(Verdict::KeptUp { rate }) if rate >= GREW * acted.min(rate) => {
+                            STARTUP_GAIN
+                        }
+                        _ => PROBE_GAIN,
+                    };
+                    self.phase = Phase::Pulse {
+                        base: acted,
+                        gain,
+                        until: now + PULSE,
+                    };
+                }
+                None
+            }
+            Phase::Pulse { base, until, .. } => {
+                // A link that falls behind the pulse ends it at once.
+                let judged = self.confirmed.len();
+                let long_enough = judged >= MIN_PULSE_BATCHES
+                    && self.sent[judged - 1].0.saturating_sub(self.sent[0].0) >= PULSE / 3;
+                if long_enough {
+                    if let Verdict::Full { .. } = self.verdict(judged, base) {
+                        if self.sent_rate(judged) >= base {
+                            self.phase = Phase::Verdict { base };
+                            return self.judge(now, true);
+                        }
+                    }
+                }
+                if now >= until {
+                    self.phase = Phase::Verdict { base };
+                }
+                None
+            }
+            Phase::Verdict { .. } => self.judge(now, false),
+            Phase::Drain { until, .. } => {
+                if now >= until {
+                    self.phase = Phase::Waiting {
+                        at: now + self.interval,
+                    };
+                }
+                None
+            }
+        }
+    }
+
+    /// Once every pulse batch is confirmed: the verdict; then a drain
+    /// where the link did not keep up, and the next probe's time.
+    fn judge(&mut self, now: Duration, behind: bool) -> Option<Verdict> {
+        let Phase::Verdict { base } = self.phase else {
+            return None;
+        };
+        // All of the pulse's batches, or (where the round trip is shorter
+        // than the pulse) those of its first half or more: a link that
+        // could not keep up starts its drain a round trip sooner.
+        let judged = self.confirmed.len();
+        let early = judged >= MIN_PULSE_BATCHES
+            && self.sent[judged - 1].0.saturating_sub(self.sent[0].0) >= PULSE / 2;
+        if judged < self.sent.len() && !early && !behind {
+            return None;
+        }
+        let verdict = self.verdict(judged, base);
+        self.phase = Phase::Waiting {
+            at: now + self.interval,
+        };
+        match verdict {
+            Verdict::KeptUp { rate } => {
+                self.proven.push(now, rate, HOLD, Extreme::Highest);
+                self.interval = FIRST_INTERVAL;
+                self.phase = Phase::Waiting {
+                    at: now + self.interval,
+                };
+            }
+            Verdict::Full { rate } => {
+                // What the link delivered of more than it could take; a
+                // broker's bunched confirms can make that read a little
+                // over what it carries, so never above the rate the pulse
+                // started from.
+                self.proven
+                    .push(now, rate.min(base), HOLD, Extreme::Highest);
+                self.interval = (self.interval * 2).min(MAX_INTERVAL);
+                self.phase = Phase::Drain {
+                    base,
+                    until: now + PULSE,
+                };
+            }
+            Verdict::NoVerdict => {}
+        }
+        self.sent.clear();
+        self.confirmed.clear();
+        self.pulse += 1;
+        self.last = Some(verdict);
+        Some(verdict)
+    }
+
+    /// The rate the pulse's first `judged` batches were sent at (0 for
+    /// fewer than two).
+    fn sent_rate(&self, judged: usize) -> f64 {
+        rate(&self.sent[..judged]).unwrap_or(0.0)
+    }
+
+    /// The pulse's first `judged` batches against what came back, for a
+    /// pulse from `base`.
+    fn verdict(&self, judged: usize, base: f64) -> Verdict {
+        if judged < MIN_PULSE_BATCHES {
+            return Verdict::NoVerdict;
+        }
+        let (Some(sent), Some(delivered)) = (rate(&self.sent[..judged]), rate(&self.confirmed))
+        else {
+            return Verdict::NoVerdict;
+        };
+        // Kept up with what was sent, or (a burst sent faster than the
+        // pulse's pace) with the pulse's pace at least.
+        let kept_up = delivered >= KEPT_UP * sent || delivered >= KEPT_UP * PROBE_GAIN * base;
+        match kept_up {
+            true => Verdict::KeptUp {
+                rate: sent.min(delivered),
+            },
+            false => Verdict::Full { rate: delivered },
+        }
+    }
+}
+
+/// Bytes per second over `(time, bytes)` events: a batch's bytes gathered
+/// before it was sent and crossed the link before its confirmation, so
+/// the bytes after the first over the span from the first to the last.
+fn rate(v: &[(Duration, u64)]) -> Option<f64> {
+    let (first, last) = (v.first()?, v.last()?);
+    let span = last.0.saturating_sub(first.0).as_secs_f64();
+    let bytes: u64 = v[1..].iter().map(|b| b.1).sum();
+    (span > 0.0).then(|| bytes as f64 / span)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn seen(acted: f64, prior: f64, using: f64, queued: bool) -> Seen {
+        Seen {
+            acted,
+            prior,
+            shown: 0.0,
+            using,
+            queued,
+        }
+    }
+
+    /// Runs one probe against a link of `link` bytes/s with a round trip
+    /// of `rtt`, the sender always having more than the pace to send, in
+    /// batches of `batch` bytes; returns the verdict, the probe and the
+    /// longest queue the link held, in time.
+    fn probe_once(acted: f64, link: f64, rtt: Duration, batch: u64) -> (Verdict, Probe, Duration) {
+        let mut p = Probe::new(Duration::ZERO);
+        let mut now = FIRST_INTERVAL;
+        let mut link_free = now;
+        let mut flight: VecDeque<(Duration, u64, Option<u32>)> = VecDeque::new();
+        let mut next_send = now;
+        let mut longest = Duration::ZERO;
+        loop {
+            // Send at the pace in force.
+            while next_send <= now {
+                let pulse = p.sent(next_send, batch);
+                let start = link_free.max(next_send);
+                longest = longest.max(start - next_send);
+                link_free = start + Duration::from_secs_f64(batch as f64 / link);
+                flight.push_back((link_free + rtt, batch, pulse));
+                next_send += Duration::from_secs_f64(batch as f64 / p.pace(acted));
+            }
+            while flight.front().is_some_and(|f| f.0 <= now) {
+                let (at, bytes, pulse) = flight.pop_front().unwrap();
+                if let Some(id) = pulse {
+                    p.confirmed(at, bytes, id);
+                }
+            }
+            if let Some(v) = p.step(now, seen(acted, 2e6, acted, false)) {
+                return (v, p, longest);
+            }
+            now += MS;
+            assert!(now < Duration::from_secs(10), "no verdict");
+        }
+    }
+
+    #[test]
+    fn a_link_with_room_keeps_up_and_its_rate_becomes_a_floor() {
+        let (v, p, _) = probe_once(2e6, 12.5e6, MS * 50, 16 << 10);
+        let Verdict::KeptUp { rate } = v else {
+            panic!("{v:?}")
+        };
+        assert!(rate > 2e6 * 1.2 && rate < 2e6 * 1.3, "{rate}");
+        assert_eq!(p.bound(), rate);
+        assert!(!matches!(p.phase, Phase::Drain { .. }), "no drain");
+    }
+
+    #[test]
+    fn a_full_link_is_found_full_drained_and_proves_only_what_it_carried() {
+        let (v, p, longest) = probe_once(2e6, 2.05e6, MS * 50, 16 << 10);
+        let Verdict::Full { rate } = v else {
+            panic!("{v:?}")
+        };
+        assert!(rate <= 2.05e6 * 1.01, "{rate}");
+        assert!(p.bound() <= 2e6, "never above the pulse's base");
+        assert_eq!(p.interval, FIRST_INTERVAL * 2, "backs off");
+        assert!(matches!(p.phase, Phase::Drain { .. }));
+        assert!(p.pace(2e6) < 2e6);
+        // Judged on the pulse's first half: the queue it left is under
+        // what the whole pulse and a round trip would have.
+        assert!(longest < PULSE.mul_f64(PROBE_GAIN - 1.0), "{longest:?}");
+    }
+
+    #[test]
+    fn no_probe_on_a_link_below_the_prior_or_queued_or_for_an_idle_sender() {
+        let mut p = Probe::new(Duration::ZERO);
+        p.step(MS, seen(1e6, 2e6, 1e6, false));
+        p.step(FIRST_INTERVAL * 2, seen(2e6, 2e6, 2e6, false));
+        assert!(!p.pulsing(), "below the prior within QUIET");
+        p.step(QUIET + MS * 2, seen(2e6, 2e6, 2e6, true));
+        assert!(!p.pulsing(), "a queue on the link");
+        p.step(QUIET + MS * 3, seen(2e6, 2e6, 2e6, false));
+        assert!(p.pulsing(), "QUIET later, no queue");
+
+        let mut idle = Probe::new(Duration::ZERO);
+        idle.step(FIRST_INTERVAL, seen(2e6, 2e6, 0.5e6, false));
+        assert!(!idle.pulsing(), "a sender using a quarter of C_out");
+    }
+
+    #[test]
+    fn a_pulse_paces_above_the_base_and_teaches_nothing_without_batches() {
+        let mut p = Probe::new(Duration::ZERO);
+        p.step(FIRST_INTERVAL, seen(2e6, 2e6, 2e6, false));
+        assert_eq!(p.pace(2e6), 2e6 * PROBE_GAIN);
+        let v = p.step(FIRST_INTERVAL + PULSE, seen(2e6, 2e6, 2e6, false));
+        assert_eq!(v, None, "the pulse just ended");
+        let v = p.step(FIRST_INTERVAL + PULSE + MS, seen(2e6, 2e6, 2e6, false));
+        assert_eq!(v, Some(Verdict::NoVerdict));
+        assert_eq!(p.pace(2e6), 2e6);
+        assert_eq!(p.bound(), 0.0);
+    }
+
+    #[test]
+    fn confirmations_of_an_aborted_pulse_are_ignored() {
+        let mut p = Probe::new(Duration::ZERO);
+        p.step(FIRST_INTERVAL, seen(2e6, 2e6, 2e6, false));
+        let id = p.sent(FIRST_INTERVAL, 1000).expect("in the pulse");
+        p.abort(FIRST_INTERVAL + MS);
+        p.confirmed(FIRST_INTERVAL + MS * 2, 1000, id);
+        assert!(p.confirmed.is_empty());
+        assert!(!p.pulsing());
+    }
+}
