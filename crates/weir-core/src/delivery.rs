@@ -172,6 +172,8 @@ pub struct Measures {
     /// Whether round trips show no queue on the link
     /// ([`QueueWatch::quiet`]).
     pub quiet: bool,
+    /// Where the bandwidth probe is ([`Probe::phase`]).
+    pub probe_phase: u8,
 }
 
 /// A batch handed over and not yet sent (or to send again).
@@ -540,6 +542,7 @@ impl<T> Delivery<T> {
             round_trip: self.pipe.round_trip().unwrap_or_default(),
             proven: self.probe.bound(),
             quiet: self.queue.quiet(),
+            probe_phase: self.probe.phase(),
         }));
         self.events.push_back(Event::Confirmed(Confirmed {
             batch: done.pending.batch,

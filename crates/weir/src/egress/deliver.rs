@@ -273,7 +273,9 @@ impl Io {
             Event::Probe(Verdict::Full { .. }) => {
                 m.link_probes_full.inc();
             }
-            Event::Probe(Verdict::NoVerdict) => {}
+            Event::Probe(Verdict::NoVerdict) => {
+                m.link_probes_inconclusive.inc();
+            }
             Event::NoEstimator(e) => {
                 // The config validator requires a positive uplink; without
                 // a prior the link is not estimated and the prior stands.

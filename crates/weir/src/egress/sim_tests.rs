@@ -260,19 +260,16 @@ fn a_round_trip_past_the_urgent_bound_closes_the_urgent_lane() {
 
 #[test]
 fn a_link_faster_than_the_prior_is_found_by_probing() {
-    // 100 Mbit/s, 50 ms from the broker: paced at the 18 Mbit/s prior,
-    // every confirmation came at the rate it was sent at and the estimate
-    // stayed there (17 % of the link); the bandwidth probe finds more.
-    let r = cell(100.0, 50);
+    // 100 Mbit/s, 5 ms from the broker: single transactions show the link
+    // faster than the 18 Mbit/s prior, but paced at what they show, every
+    // confirmation came at the rate it was sent at (44 % of the link); the
+    // bandwidth probe finds more.
+    let r = cell(100.0, 5);
     let cap = 100e6 / 8.0;
     assert!(
-        r.link_bytes_per_sec >= 0.5 * cap,
+        r.link_bytes_per_sec >= 0.7 * cap,
         "{:.0} of {cap:.0} B/s carried",
         r.link_bytes_per_sec
     );
     assert_eq!(r.classes[0].late(MS * 100), 0, "ls records late");
-    // A link as fast as the prior: the probes find it full and cost the
-    // urgent class nothing.
-    let r = cell(18.0, 5);
-    assert_full(&r, 18.0, 0.95);
 }

@@ -74,10 +74,13 @@ pub struct Metrics {
     round_trip: Gauge<f64, AtomicU64>,
     link_proven: Gauge<f64, AtomicU64>,
     link_quiet: Gauge,
+    link_probe_phase: Gauge,
     /// Bandwidth probes the uplink kept up with.
     pub link_probes_kept_up: Counter,
     /// Bandwidth probes the uplink did not keep up with.
     pub link_probes_full: Counter,
+    /// Bandwidth probes that sent too little to be judged.
+    pub link_probes_inconclusive: Counter,
     /// Peering (`weir_peer_*`).
     pub peer: PeerMetrics,
     /// The spool (`weir_spool_*`).
@@ -156,8 +159,10 @@ impl Metrics {
             delivery_rate: Gauge::default(),
             link_proven: Gauge::default(),
             link_quiet: Gauge::default(),
+            link_probe_phase: Gauge::default(),
             link_probes_kept_up: Counter::default(),
             link_probes_full: Counter::default(),
+            link_probes_inconclusive: Counter::default(),
             round_trip: Gauge::default(),
             peer: PeerMetrics::new(classes),
             spool: SpoolMetrics::new(classes),
@@ -335,6 +340,11 @@ impl Metrics {
             self.link_quiet.clone(),
         );
         self.registry.register(
+            "link_probe_phase",
+            "Where the bandwidth probe is: 0 waiting, 1 a pulse, 2 awaiting its verdict, 3 a drain",
+            self.link_probe_phase.clone(),
+        );
+        self.registry.register(
             "link_probes_kept_up",
             "Bandwidth probes (a pulse above the estimate) the uplink carried",
             self.link_probes_kept_up.clone(),
@@ -343,6 +353,11 @@ impl Metrics {
             "link_probes_full",
             "Bandwidth probes the uplink did not carry (a drain followed)",
             self.link_probes_full.clone(),
+        );
+        self.registry.register(
+            "link_probes_inconclusive",
+            "Bandwidth probes that sent too few batches to be judged",
+            self.link_probes_inconclusive.clone(),
         );
     }
 
@@ -484,6 +499,7 @@ impl Metrics {
         self.round_trip.set(d.round_trip.as_secs_f64());
         self.link_proven.set(d.proven);
         self.link_quiet.set(i64::from(d.quiet));
+        self.link_probe_phase.set(i64::from(d.probe_phase));
         self.set_link_queue(d.queue);
     }
 
