@@ -732,6 +732,8 @@ pub struct QueueWatch {
     floors: Vec<WindowedExtreme>,
     /// The last [`QUEUE_SPAN`] round trips above their size class's floor.
     alike: VecDeque<f64>,
+    /// Their median, kept as each confirmation comes.
+    alike_queue: Duration,
 }
 
 impl QueueWatch {
@@ -771,6 +773,7 @@ impl QueueWatch {
         if self.alike.len() > QUEUE_SPAN {
             self.alike.pop_front();
         }
+        self.alike_queue = secs_to_duration(span_median(&self.alike));
     }
 
     /// Whether the link is quiet: on a full span, the median round trip
@@ -782,8 +785,7 @@ impl QueueWatch {
     /// as queued (tens of milliseconds on a 100 Mbit/s link with an idle
     /// queue). It is the bandwidth probe's test ([`crate::delivery::probe`]).
     pub fn quiet(&self) -> bool {
-        self.alike.len() >= QUEUE_SPAN
-            && secs_to_duration(span_median(&self.alike)) <= QUEUE_EVIDENCE
+        self.alike.len() >= QUEUE_SPAN && self.alike_queue <= QUEUE_EVIDENCE
     }
 
     /// The median round trip above the floor over the last [`QUEUE_SPAN`]

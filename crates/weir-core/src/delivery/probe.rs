@@ -180,7 +180,6 @@ pub struct Probe {
     sent: Vec<(Duration, u64)>,
     /// Their confirmations so far: (confirmed at, bytes).
     confirmed: Vec<(Duration, u64)>,
-    last: Option<Verdict>,
     /// The pulse under way (or last), numbered from 1.
     pulse: u32,
     /// The next pulse's gain, an index into [`GAINS`].
@@ -199,7 +198,6 @@ impl Probe {
             below_prior_at: None,
             sent: Vec::new(),
             confirmed: Vec::new(),
-            last: None,
             pulse: 0,
             rung: 0,
         }
@@ -209,11 +207,6 @@ impl Probe {
     /// (0 without one): a floor of `C_out`.
     pub fn bound(&self) -> f64 {
         self.proven.best().unwrap_or(0.0)
-    }
-
-    /// The last verdict.
-    pub fn last_verdict(&self) -> Option<Verdict> {
-        self.last
     }
 
     /// Where the probe is: 0 waiting, 1 pulsing, 2 awaiting its verdict,
@@ -366,9 +359,6 @@ impl Probe {
             return None;
         }
         let verdict = self.verdict(judged, base, gain);
-        self.phase = Phase::Waiting {
-            at: now + self.interval,
-        };
         match verdict {
             Verdict::KeptUp { rate } => {
                 self.proven.push(now, rate, HOLD, Extreme::Highest);
@@ -400,12 +390,15 @@ impl Probe {
                     until: now + PULSE,
                 };
             }
-            Verdict::NoVerdict => {}
+            Verdict::NoVerdict => {
+                self.phase = Phase::Waiting {
+                    at: now + self.interval,
+                };
+            }
         }
         self.sent.clear();
         self.confirmed.clear();
         self.pulse += 1;
-        self.last = Some(verdict);
         Some(verdict)
     }
 
