@@ -44,16 +44,21 @@ pub fn kafka_egress(topic: &str) -> String {
 /// A client of the test's own; panics saying how to start the broker if
 /// it is not there.
 pub async fn client() -> Client {
-    tokio::time::timeout(
-        PATIENCE,
-        ClientBuilder::new(vec![BROKER.to_owned()]).build(),
-    )
-    .await
-    .ok()
-    .and_then(Result::ok)
-    .unwrap_or_else(|| {
-        panic!("Kafka is not reachable at {BROKER}; start it with `bash scripts/services.sh`")
-    })
+    client_at(&[BROKER]).await
+}
+
+/// A client bootstrapped from `brokers`.
+pub async fn client_at(brokers: &[&str]) -> Client {
+    let list: Vec<String> = brokers.iter().map(|b| (*b).to_owned()).collect();
+    tokio::time::timeout(PATIENCE, ClientBuilder::new(list).build())
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_else(|| {
+            panic!(
+                "Kafka is not reachable at {brokers:?}; start it with `bash scripts/services.sh`"
+            )
+        })
 }
 
 /// A topic name for `test` unique to this run: the broker keeps its topics
@@ -74,8 +79,17 @@ pub async fn create_topic(topic: &str, partitions: i32) {
 
 /// Every weir record in `topic` (all partitions), once `done` says the
 /// records read so far are enough, or after [`PATIENCE`].
-pub async fn read_until(topic: &str, mut done: impl FnMut(&[Seen]) -> bool) -> Vec<Seen> {
-    let c = client().await;
+pub async fn read_until(topic: &str, done: impl FnMut(&[Seen]) -> bool) -> Vec<Seen> {
+    read_until_at(&[BROKER], topic, done).await
+}
+
+/// [`read_until`] from the cluster that `brokers` bootstrap.
+pub async fn read_until_at(
+    brokers: &[&str],
+    topic: &str,
+    mut done: impl FnMut(&[Seen]) -> bool,
+) -> Vec<Seen> {
+    let c = client_at(brokers).await;
     let partitions = c
         .list_topics()
         .await
