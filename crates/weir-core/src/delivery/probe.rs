@@ -99,7 +99,7 @@ pub const USING: f64 = 0.8;
 /// A probe starts only on a link where some transaction showed at least
 /// this multiple of the prior's bandwidth
 /// ([`crate::link_estimate::CarriedBound`]).
-pub const FASTER: f64 = 1.1;
+pub const FASTER: f64 = 1.03;
 
 /// A pulse starts only from an estimate at most this multiple of the
 /// higher of the prior and the rate probes proved.
@@ -525,10 +525,11 @@ mod tests {
     fn no_probe_on_a_link_no_transaction_showed_faster_than_the_prior() {
         let mut p = Probe::new(Duration::ZERO);
         let mut s = seen(2e6, 2e6, 2e6, false);
-        s.shown = 2.1e6;
+        // Over the prior, but by less than the gate.
+        s.shown = 2e6 * (1.0 + (FASTER - 1.0) / 2.0);
         p.step(FIRST_INTERVAL, s);
         assert!(!p.pulsing());
-        s.shown = 2.5e6;
+        s.shown = 2e6 * FASTER * 1.05;
         p.step(FIRST_INTERVAL + MS, s);
         assert!(p.pulsing());
     }
