@@ -511,12 +511,7 @@ impl<T> Delivery<T> {
             self.pacer.confirmed(confirm);
         }
         self.backoff.reset();
-        // Transfer times at the prior's bandwidth, or at what a probe
-        // proved the link carries (at the prior's, a large batch on a
-        // faster link reads far below the floor, and every smaller one
-        // then as a queue).
-        let nominal = self.params.link_prior.bytes_per_sec.max(self.probe.bound());
-        self.queue.confirmed(now, confirm, bytes, nominal);
+        self.queue.confirmed(now, confirm, bytes);
         let round_trip = now.saturating_sub(done.started);
         self.carried.confirmed(now, bytes, round_trip);
         self.reach

@@ -709,58 +709,41 @@ impl WindowedExtreme {
 }
 
 /// Whether the link holds a queue, from the round trips of confirmed
-/// transactions (send to confirmation, less the transaction's bytes at the
-/// link's nominal rate): the recent median against the lowest seen within
-/// [`FLOOR_WINDOW`], the round trip of an empty link.
+/// transactions (send to confirmation): the recent median against the
+/// lowest round trip of transactions of about the same size within
+/// [`FLOOR_WINDOW`], the round trip of an empty link for that size.
 ///
 /// A sender paced below its link (`C_out` under what the link carries)
 /// never fills it, and every measure of the link's rate taken from its
 /// confirmations then reads the sender's rate: the estimate follows
 /// `C_out` and `C_out` the estimate ([`Climb`]). A queue is what shows the
 /// link, not the sender, set the pace.
+///
+/// Round trips are compared within size classes (batches of
+/// `2^(k-1)..2^k` bytes), with nothing subtracted: no rate to be wrong
+/// about. Subtracting each transaction's bytes at a nominal rate instead
+/// reads false queues wherever the link is faster than that rate: a large
+/// batch's transfer at the nominal rate is far more than its own, the
+/// floor it sets far too low, and every smaller batch reads as queued
+/// (tens of milliseconds on an idle 100 Mbit/s link under the 18 Mbit/s
+/// prior, which kept the climb back towards the prior from ever starting
+/// there: docs/lab/link-sweep.md).
 #[derive(Debug, Clone, Default)]
 pub struct QueueWatch {
-    /// The lowest excess-free round trip, in seconds.
-    floor: WindowedExtreme,
-    /// The last [`QUEUE_SPAN`] round trips above the floor, in seconds.
+    /// The lowest round trip of each size class within [`FLOOR_WINDOW`],
+    /// in seconds.
+    floors: Vec<WindowedExtreme>,
+    /// The last [`QUEUE_SPAN`] round trips above their size class's floor.
     recent: VecDeque<f64>,
     /// Their median, kept as each confirmation comes (read twice a
     /// confirmation: the gauge and [`QueueWatch::queued`]).
     queue: Duration,
-    /// The lowest round trip of each size class (batches of
-    /// `2^(k-1)..2^k` bytes) within [`FLOOR_WINDOW`], in seconds.
-    floors: Vec<WindowedExtreme>,
-    /// The last [`QUEUE_SPAN`] round trips above their size class's floor.
-    alike: VecDeque<f64>,
-    /// Their median, kept as each confirmation comes.
-    alike_queue: Duration,
 }
 
 impl QueueWatch {
     /// A transaction of `bytes` confirmed at `now`, `round_trip` after it
-    /// was sent, on a link of nominal `bytes_per_sec`.
-    pub fn confirmed(
-        &mut self,
-        now: Duration,
-        round_trip: Duration,
-        bytes: u64,
-        bytes_per_sec: f64,
-    ) {
-        let transfer = if bytes_per_sec > 0.0 && bytes_per_sec.is_finite() {
-            bytes as f64 / bytes_per_sec
-        } else {
-            0.0
-        };
-        let rtt = round_trip.as_secs_f64() - transfer;
-        self.floor.push(now, rtt, FLOOR_WINDOW, Extreme::Lowest);
-        let floor = self.floor.best().unwrap_or(rtt);
-        self.recent.push_back((rtt - floor).max(0.0));
-        if self.recent.len() > QUEUE_SPAN {
-            self.recent.pop_front();
-        }
-        self.queue = secs_to_duration(span_median(&self.recent));
-        // Against batches of about the same size, with nothing
-        // subtracted: no rate to be wrong about.
+    /// was sent.
+    pub fn confirmed(&mut self, now: Duration, round_trip: Duration, bytes: u64) {
         let class = (u64::BITS - bytes.leading_zeros()) as usize;
         if self.floors.len() <= class {
             self.floors.resize_with(class + 1, WindowedExtreme::default);
@@ -768,28 +751,23 @@ impl QueueWatch {
         let raw = round_trip.as_secs_f64();
         let floor = &mut self.floors[class];
         floor.push(now, raw, FLOOR_WINDOW, Extreme::Lowest);
-        self.alike
+        self.recent
             .push_back((raw - floor.best().unwrap_or(raw)).max(0.0));
-        if self.alike.len() > QUEUE_SPAN {
-            self.alike.pop_front();
+        if self.recent.len() > QUEUE_SPAN {
+            self.recent.pop_front();
         }
-        self.alike_queue = secs_to_duration(span_median(&self.alike));
+        self.queue = secs_to_duration(span_median(&self.recent));
     }
 
-    /// Whether the link is quiet: on a full span, the median round trip
-    /// over the lowest of batches of about the same size (within a factor
-    /// of two) is under [`QUEUE_EVIDENCE`]. Unlike [`QueueWatch::queued`]
-    /// this needs no rate: where the link is much faster than the prior,
-    /// a large batch's transfer at the prior's rate is far more than its
-    /// own, the floor it sets far too low, and every smaller batch reads
-    /// as queued (tens of milliseconds on a 100 Mbit/s link with an idle
-    /// queue). It is the bandwidth probe's test ([`crate::delivery::probe`]).
+    /// Whether the link is quiet: on a full span, the queue is at most
+    /// [`QUEUE_EVIDENCE`]. The bandwidth probe's test
+    /// ([`crate::delivery::probe`]).
     pub fn quiet(&self) -> bool {
-        self.alike.len() >= QUEUE_SPAN && self.alike_queue <= QUEUE_EVIDENCE
+        self.recent.len() >= QUEUE_SPAN && self.queue <= QUEUE_EVIDENCE
     }
 
-    /// The median round trip above the floor over the last [`QUEUE_SPAN`]
-    /// confirmations: the link's queue, in time.
+    /// The median round trip above its size class's floor over the last
+    /// [`QUEUE_SPAN`] confirmations: the link's queue, in time.
     pub fn queue(&self) -> Duration {
         self.queue
     }

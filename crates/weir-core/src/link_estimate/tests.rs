@@ -298,29 +298,45 @@ fn slope_error_is_zero_on_the_line_and_grows_with_noise() {
 }
 
 #[test]
-fn a_queue_is_round_trips_above_the_floor() {
+fn a_queue_is_round_trips_above_the_floor_of_alike_sizes() {
     let ms = Duration::from_millis;
     let mut q = QueueWatch::default();
-    // 50 ms round trips, the larger transactions longer by their
-    // bytes at the nominal 1 MB/s: no queue.
+    // 50 ms round trips, the larger transactions longer by their bytes at
+    // 1 MB/s: each size against its own floor, no queue.
     for i in 0..40u64 {
         let bytes = (i % 4) * 10_000;
-        q.confirmed(ms(10 * i), ms(50 + bytes / 1_000), bytes, 1e6);
+        q.confirmed(ms(10 * i), ms(50 + bytes / 1_000), bytes);
     }
     assert!(q.queue() < ms(1), "{:?}", q.queue());
-    assert!(!q.queued());
+    assert!(!q.queued() && q.quiet());
     // 20 ms more for a while: a queue, once most of the span shows it.
     for i in 40..50u64 {
-        q.confirmed(ms(10 * i), ms(70), 0, 1e6);
+        q.confirmed(ms(10 * i), ms(70), 0);
     }
-    assert!(q.queued(), "{:?}", q.queue());
+    assert!(q.queued() && !q.quiet(), "{:?}", q.queue());
     assert!(q.queue().abs_diff(ms(20)) < ms(1), "{:?}", q.queue());
     // A floor is forgotten after FLOOR_WINDOW: a route now 70 ms long
     // is no queue.
     for i in 0..20u64 {
-        q.confirmed(ms(500) + FLOOR_WINDOW + ms(10 * i), ms(70), 0, 1e6);
+        q.confirmed(ms(500) + FLOOR_WINDOW + ms(10 * i), ms(70), 0);
     }
     assert!(!q.queued(), "{:?}", q.queue());
+}
+
+#[test]
+fn a_link_faster_than_any_nominal_rate_shows_no_queue() {
+    // An idle 100 Mbit/s link 200 ms away: batches of 10-160 kB, each
+    // 200 ms plus its own transfer. Measured against the 18 Mbit/s prior,
+    // the 160 kB batch would read 57 ms below the floor and every smaller
+    // one as queued.
+    let ms = Duration::from_millis;
+    let mut q = QueueWatch::default();
+    for i in 0..64u64 {
+        let bytes = 10_000 << (i % 5);
+        let transfer = Duration::from_secs_f64(bytes as f64 / 12.5e6);
+        q.confirmed(ms(20 * i), ms(200) + transfer, bytes);
+    }
+    assert!(!q.queued() && q.quiet(), "{:?}", q.queue());
 }
 
 #[test]
