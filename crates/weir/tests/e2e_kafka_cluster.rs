@@ -64,6 +64,24 @@ async fn the_partition_leader_killed_mid_stream_loses_no_acknowledged_record() {
         .create_topic(&name, 1, 3, 10_000)
         .await
         .unwrap_or_else(|e| panic!("creating topic {name}: {e}"));
+    // The controller answers before every broker has the topic in its
+    // metadata; weir asks one of them at start-up and refuses a topic it
+    // does not know. Wait until each broker lists it.
+    for broker in CLUSTER {
+        let deadline = Instant::now() + common::PATIENCE;
+        loop {
+            let known = client_at(&[broker])
+                .await
+                .list_topics()
+                .await
+                .is_ok_and(|topics| topics.iter().any(|t| t.name == name));
+            if known {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{broker} never listed {name}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     let brokers = CLUSTER.map(|b| format!("\"{b}\"")).join(", ");
     let text = format!(
         "[node]\nid = 12\n[scheduler]\nmax_batch_records = 50\n[ingress.mqtt]\nlisten = \"127.0.0.1:0\"\n[ingress.grpc]\nenabled = false\n\
