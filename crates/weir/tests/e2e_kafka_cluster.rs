@@ -11,32 +11,18 @@
 mod common;
 
 use std::collections::HashSet;
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::kafka::*;
 use common::mqtt::MqttClient;
-use common::process::parse_config;
+use common::process::{parse_config, run_script};
 use rumqttc::QoS;
 use weir::app::App;
 
 const CLUSTER: [&str; 3] = ["127.0.0.1:9191", "127.0.0.1:9291", "127.0.0.1:9391"];
 
 fn cluster(args: &[&str]) -> String {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/kafka-cluster.sh");
-    let out = Command::new("bash")
-        .arg(script)
-        .args(args)
-        .output()
-        .expect("run scripts/kafka-cluster.sh");
-    assert!(
-        out.status.success(),
-        "kafka-cluster.sh {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    run_script("kafka-cluster.sh", args)
 }
 
 /// Stops the cluster (and deletes its data) even when the test fails: three

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use weir::app::App;
 
 use common::mqtt::MqttClient;
-use common::process::{metric, parse_config, scrape, WEIR};
+use common::process::{metric, parse_config, run_script, scrape, WEIR};
 use common::{logs, tmp, unique, PATIENCE};
 
 const SCRIPT: &str = concat!(
@@ -42,17 +42,7 @@ fn url(port: u16) -> String {
 }
 
 fn cluster(args: &[&str]) {
-    let out = Command::new("bash")
-        .arg(SCRIPT)
-        .args(args)
-        .output()
-        .expect("run scripts/rabbitmq-cluster.sh");
-    assert!(
-        out.status.success(),
-        "rabbitmq-cluster.sh {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_script("rabbitmq-cluster.sh", args);
 }
 
 /// Clears the alarm and stops the cluster, even when the test fails.

@@ -143,6 +143,26 @@ pub async fn scrape(addr: SocketAddr) -> std::io::Result<String> {
     }
 }
 
+/// Runs `scripts/<name>` with `args` (a broker cluster's control script)
+/// and returns its standard output; panics with its output if it fails.
+pub fn run_script(name: &str, args: &[&str]) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scripts")
+        .join(name);
+    let out = Command::new("bash")
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run scripts/{name}: {e}"));
+    assert!(
+        out.status.success(),
+        "{name} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
 /// The sum of every series of `name` (all label sets) in Prometheus text;
 /// 0 when there is none.
 pub fn metric(text: &str, name: &str) -> f64 {
