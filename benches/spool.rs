@@ -53,12 +53,12 @@ fn frames(c: &mut Criterion) {
         b.iter(|| {
             out.clear();
             let key = keys.field(black_box(KEY), 4096);
-            frame::encode(&h, black_box(&f), key, &mut out);
+            frame::encode(&h, black_box(&f.borrowed()), key, &mut out);
             black_box(out.len())
         })
     });
     out.clear();
-    frame::encode(&h, &f, keys.field(KEY, 4096), &mut out);
+    frame::encode(&h, &f.borrowed(), keys.field(KEY, 4096), &mut out);
     let bytes = Bytes::from(out.clone());
     g.bench_function("decode_frame_256B", |b| {
         b.iter(|| black_box(frame::decode(&h, black_box(&bytes)).unwrap()))

@@ -371,22 +371,26 @@ async fn a_failed_write_or_sync_is_never_acknowledged() {
     } = on_faultfs("spool-eio");
     // The cloud is unreachable while the disk fails (`cfg_down`): every
     // acknowledged record is in the spool alone when the power goes.
+    // The fast rounds fail syncs while the next group is being encoded
+    // (the writer encodes a group while the one before is synced).
     let cases = [
-        (Op::Fsync, libc::EIO, 1),
-        (Op::Fsync, libc::EIO, 3),
-        (Op::Write, libc::EIO, 1),
-        (Op::Write, libc::ENOSPC, 2),
-        (Op::Fsync, libc::ENOSPC, 1),
+        (Op::Fsync, libc::EIO, 1, 2_000.0),
+        (Op::Fsync, libc::EIO, 3, 2_000.0),
+        (Op::Write, libc::EIO, 1, 2_000.0),
+        (Op::Write, libc::ENOSPC, 2, 2_000.0),
+        (Op::Fsync, libc::ENOSPC, 1, 2_000.0),
+        (Op::Fsync, libc::EIO, 1, 20_000.0),
+        (Op::Fsync, libc::EIO, 4, 20_000.0),
     ];
     let mut acked: Vec<Vec<u8>> = Vec::new();
     let mut abandoned = 0.0;
-    for (round, (op, errno, count)) in cases.into_iter().enumerate() {
+    for (round, (op, errno, count, rate)) in cases.into_iter().enumerate() {
         let log = std::fs::File::create(dir.join(format!("weir-{round}.log"))).unwrap();
         let mut child = spawn_weir(&cfg_down, log);
         wait_port(SocketAddr::from(([127, 0, 0, 1], mqtt))).await;
         let injected = fs.stats().injected;
         let acks = Arc::new(AtomicU64::new(0));
-        let publishing = publish_counting(mqtt, round, 2_000.0, Some(Arc::clone(&acks)));
+        let publishing = publish_counting(mqtt, round, rate, Some(Arc::clone(&acks)));
         let admin = SocketAddr::from(([127, 0, 0, 1], admin));
         let injector = async {
             // The disk fails under records already acknowledged from it.
@@ -420,7 +424,7 @@ async fn a_failed_write_or_sync_is_never_acknowledged() {
         let (mine, m) = tokio::join!(publishing, injector);
         let n = metric(&m, "weir_spool_abandoned_segments_total");
         eprintln!(
-            "{op:?} failing with errno {errno} x{count}: {} acknowledged, {n} segments abandoned",
+            "{op:?} failing with errno {errno} x{count} at {rate} records/s: {} acknowledged, {n} segments abandoned",
             mine.len()
         );
         assert!(n >= 1.0, "the failure abandoned a segment: {m}");

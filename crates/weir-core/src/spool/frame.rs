@@ -186,6 +186,31 @@ pub struct Frame {
     pub payload: Bytes,
 }
 
+/// A record to encode: [`Frame`] with its key and payload borrowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameRef<'a> {
+    pub index: u64,
+    pub origin: NodeId,
+    pub seq: u64,
+    pub ingress_us: u64,
+    pub key: &'a [u8],
+    pub payload: &'a [u8],
+}
+
+impl Frame {
+    /// The frame with its bytes borrowed, to encode.
+    pub fn borrowed(&self) -> FrameRef<'_> {
+        FrameRef {
+            index: self.index,
+            origin: self.origin,
+            seq: self.seq,
+            ingress_us: self.ingress_us,
+            key: &self.key,
+            payload: &self.payload,
+        }
+    }
+}
+
 /// Why the bytes at an offset are not a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
@@ -216,7 +241,7 @@ pub fn max_frame_len(key: usize, payload: usize) -> usize {
 /// Appends the frame of `frame` to `out`, relative to `header`, carrying
 /// its key as `key` says ([`super::keys::SegmentKeys::field`]; always
 /// [`KeyField::Inline`] in a version 1 segment).
-pub fn encode(header: &SegmentHeader, frame: &Frame, key: KeyField, out: &mut Vec<u8>) {
+pub fn encode(header: &SegmentHeader, frame: &FrameRef<'_>, key: KeyField, out: &mut Vec<u8>) {
     let start = out.len();
     out.extend_from_slice(&[0u8; FRAME_PREFIX]);
     let foreign = frame.origin != header.origin;
@@ -246,9 +271,9 @@ pub fn encode(header: &SegmentHeader, frame: &Frame, key: KeyField, out: &mut Ve
     }
     if !matches!(key, KeyField::Use(_)) {
         put_varint(out, frame.key.len() as u64);
-        out.extend_from_slice(&frame.key);
+        out.extend_from_slice(frame.key);
     }
-    out.extend_from_slice(&frame.payload);
+    out.extend_from_slice(frame.payload);
     let body_len = (out.len() - start - FRAME_PREFIX) as u32;
     let crc = crc32c::crc32c(&out[start + FRAME_PREFIX..]);
     out[start..start + 4].copy_from_slice(&body_len.to_le_bytes());
@@ -417,7 +442,7 @@ mod tests {
         ] {
             for key in [KeyField::Inline, KeyField::Define(3), KeyField::Use(300)] {
                 let mut buf = Vec::new();
-                encode(&h, &f, key, &mut buf);
+                encode(&h, &f.borrowed(), key, &mut buf);
                 let bytes = Bytes::from(buf);
                 let mut want = f.clone();
                 if matches!(key, KeyField::Use(_)) {
@@ -439,7 +464,7 @@ mod tests {
         assert_eq!(SegmentHeader::decode(&buf), Ok((h.clone(), buf.len())));
         let f = frame(1000, h.base_seq, 7);
         let mut buf = Vec::new();
-        encode(&h, &f, KeyField::Use(1), &mut buf);
+        encode(&h, &f.borrowed(), KeyField::Use(1), &mut buf);
         let bytes = Bytes::from(buf);
         assert_eq!(
             decode(&h, &bytes),
@@ -447,7 +472,7 @@ mod tests {
         );
         // Key flags in a version 1 segment are damage.
         let mut buf = Vec::new();
-        encode(&header(), &f, KeyField::Define(0), &mut buf);
+        encode(&header(), &f.borrowed(), KeyField::Define(0), &mut buf);
         assert_eq!(decode(&h, &Bytes::from(buf)), Err(FrameError::Malformed));
     }
 
@@ -460,12 +485,12 @@ mod tests {
             ..frame(101_000, h.base_seq + 100_000, 7)
         };
         let mut buf = Vec::new();
-        encode(&h, &f, KeyField::Inline, &mut buf);
+        encode(&h, &f.borrowed(), KeyField::Inline, &mut buf);
         let overhead = buf.len() - f.payload.len() - f.key.len();
         assert!(overhead <= 24, "{overhead} bytes of framing");
         // With the key an id, everything besides the payload.
         let mut buf = Vec::new();
-        encode(&h, &f, KeyField::Use(40), &mut buf);
+        encode(&h, &f.borrowed(), KeyField::Use(40), &mut buf);
         let overhead = buf.len() - f.payload.len();
         assert!(overhead <= 22, "{overhead} bytes besides the payload");
     }
@@ -476,7 +501,7 @@ mod tests {
         let mut buf = Vec::new();
         encode(
             &h,
-            &frame(1000, h.base_seq, 7),
+            &frame(1000, h.base_seq, 7).borrowed(),
             KeyField::Define(2),
             &mut buf,
         );

@@ -29,7 +29,7 @@ pub mod scan;
 mod tests;
 
 pub use commit::GroupCommit;
-pub use frame::{Frame, FrameError, HeaderError, SegmentHeader};
+pub use frame::{Frame, FrameError, FrameRef, HeaderError, SegmentHeader};
 pub use keys::{KeyField, SegmentKeys};
 pub use log::{
     Admit, ClassLog, Damage, Eviction, FullPolicy, Limit, LogPosition, ReadPlan, SegmentMeta,

@@ -176,7 +176,7 @@ mod tests {
             offsets.push(buf.len());
             let f = frame(i);
             let field = keys.field(&f.key, buf.len() as u64);
-            encode(&h, &f, field, &mut buf);
+            encode(&h, &f.borrowed(), field, &mut buf);
         }
         (buf, offsets)
     }

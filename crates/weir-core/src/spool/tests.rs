@@ -110,7 +110,7 @@ impl Sim {
         let file = &mut self.files.last_mut().unwrap().0;
         let before = file.len();
         let key = self.log.key_field(&f.key, before as u64);
-        frame::encode(&header, &f, key, file);
+        frame::encode(&header, &f.borrowed(), key, file);
         assert_eq!(self.log.append((file.len() - before) as u64), index);
         self.written.push((index, payload));
     }

@@ -370,6 +370,11 @@ impl Metrics {
         self.accepted_by_class[class.index()].inc();
     }
 
+    /// `n` records accepted.
+    pub fn accepted_n(&self, class: ClassId, n: u64) {
+        self.accepted_by_class[class.index()].inc_by(n);
+    }
+
     /// One record refused.
     pub fn refused(&self, class: ClassId) {
         self.refused.get_or_create(self.label(class)).inc();

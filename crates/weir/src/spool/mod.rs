@@ -29,6 +29,7 @@ mod reader;
 mod recover;
 mod sequence;
 mod shared;
+mod sync;
 mod writer;
 
 #[cfg(test)]
@@ -42,7 +43,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use weir_core::queueing::queue::MultiLevelQueue;
-use weir_core::spool::{frame, Admit};
+use weir_core::spool::Admit;
 use weir_core::{ClassId, ClassSet, Receipt, Record};
 
 use crate::config::{ClassDurability, SpoolConfig};
@@ -336,7 +337,7 @@ impl Spool {
         let Some(slot) = shared.slot(record.class) else {
             return Err(AppendError::Closed);
         };
-        let len = frame::max_frame_len(record.key.len(), record.payload.len()) as u64;
+        let len = shared::frame_bound(&record);
         {
             let mut st = lock(&slot.state);
             let room = shared.room();

@@ -36,6 +36,12 @@ pub(super) const CHECKPOINT_EVERY: Duration = Duration::from_millis(20);
 /// to a power cut costs duplicates, never a record.
 pub(super) const CHECKPOINT_SYNC_EVERY: Duration = Duration::from_secs(1);
 
+/// The most bytes a record's frame takes: what an append is admitted
+/// with.
+pub(super) fn frame_bound(record: &Record) -> u64 {
+    weir_core::spool::frame::max_frame_len(record.key.len(), record.payload.len()) as u64
+}
+
 /// A position in a class's log: a segment and a byte offset in it.
 pub(super) use weir_core::spool::LogPosition as Cursor;
 

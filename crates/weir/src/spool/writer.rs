@@ -1,28 +1,39 @@
 //! The writer thread: group commit. It takes every append queued since
-//! its last sync, writes each class's frames with one write, syncs each
-//! touched segment once, then completes the tickets in order and hands the
-//! records to their class queues. Between groups it deletes released
-//! segments, writes checkpoints and measures free space.
+//! its last group, encodes each class's frames and writes them with one
+//! write per class. With `sync = "group"` the sync thread (`sync.rs`)
+//! syncs each touched segment while the writer encodes the next group
+//! (one group in flight) and completes the group; otherwise the writer
+//! completes it (the tickets in order, the records to their class
+//! queues). Between groups it deletes released segments, writes
+//! checkpoints and measures free space.
+//!
+//! The sync thread syncs through a file description of its own, and never
+//! while the writer syncs the same segment: a segment is sealed (written
+//! and synced by the writer) only once the sync in flight has settled. A
+//! failed sync abandons the segment at what its last good sync covered;
+//! the records after that, of the group in flight and of the group being
+//! encoded, are appended again with the same indices to a new segment.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use weir_core::queueing::queue::PushError;
 use weir_core::spool::{
-    frame, Admit, Checkpoint, Eviction, Frame, GroupCommit, SegmentHeader, SegmentMeta,
+    frame, Admit, Checkpoint, Eviction, FrameRef, GroupCommit, SegmentHeader, SegmentMeta,
 };
-use weir_core::{ClassId, Record};
+use weir_core::Record;
 
 use super::files;
 use super::shared::{
-    lock, ClassSlot, ClassState, Cursor, Msg, Shared, CHECKPOINT_EVERY, CHECKPOINT_SYNC_EVERY,
-    HOUSEKEEPING, MAX_GROUP_RECORDS,
+    frame_bound, lock, ClassSlot, ClassState, Cursor, Msg, Shared, CHECKPOINT_EVERY,
+    CHECKPOINT_SYNC_EVERY, HOUSEKEEPING, MAX_GROUP_RECORDS,
 };
+use super::sync::{complete, Group, Part, SyncJob, Synced, Syncer, LOCK_BATCH};
 use crate::config::SyncMode;
 use crate::metrics::DropReason;
 
@@ -38,18 +49,49 @@ const ATTEMPTS_WHEN_STOPPING: u32 = 20;
 struct Active {
     first_index: u64,
     file: File,
+    /// The same file opened again, for the sync thread: a file
+    /// description of its own reports a writeback error to it whatever
+    /// the writer's description saw.
+    sync_file: Arc<File>,
     header: SegmentHeader,
     /// Bytes in the file.
     len: u64,
+    /// Bytes known synced (with `sync = "group"`, the durable end).
+    synced: u64,
     /// Bytes written since the last sync.
     unsynced: bool,
     /// Frames encoded and not yet written.
     buf: Vec<u8>,
 }
 
+/// A record appended and then cut from the log (its write or sync
+/// failed), to append again: its index is given anew, and its frame
+/// length bound is the one ingress admitted it with.
+fn unappended(mut record: Record) -> (Record, u64) {
+    record.spool = None;
+    let len = frame_bound(&record);
+    (record, len)
+}
+
+/// What `append_class` does with the frames it encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flush {
+    /// Writes and syncs them.
+    Sync,
+    /// Writes them.
+    Write,
+    /// Leaves them in the segment's buffer (written by the caller).
+    Keep,
+}
+
 struct Writer {
     shared: Arc<Shared>,
     active: Vec<Option<Active>>,
+    /// With `sync = "group"`: the thread that syncs a group while the next
+    /// is encoded (`None`: it could not start; groups sync inline).
+    syncer: Option<Syncer>,
+    /// The classes of the group whose sync is in flight.
+    inflight: Option<Vec<usize>>,
     last_sync: Instant,
     last_checkpoint: Instant,
     /// When checkpoints were last written durably (file and directory
@@ -63,9 +105,17 @@ struct Writer {
 
 pub(super) fn run(shared: Arc<Shared>, rx: Receiver<Msg>) {
     let n = shared.classes.len();
+    let syncer = match shared.config.sync {
+        SyncMode::Group => Syncer::start(shared.clone())
+            .map_err(|e| tracing::warn!(error = %e, "cannot start the spool's sync thread; groups are synced by the writer"))
+            .ok(),
+        SyncMode::Interval | SyncMode::None => None,
+    };
     let mut w = Writer {
         shared,
         active: (0..n).map(|_| None).collect(),
+        syncer,
+        inflight: None,
         last_sync: Instant::now(),
         last_checkpoint: Instant::now() - CHECKPOINT_EVERY,
         last_durable_checkpoint: Instant::now() - CHECKPOINT_SYNC_EVERY,
@@ -83,10 +133,23 @@ pub(super) fn run(shared: Arc<Shared>, rx: Receiver<Msg>) {
     while !stop {
         let mut group = Vec::new();
         let mut bytes = 0u64;
-        let first = match rx.recv_timeout(HOUSEKEEPING) {
-            Ok(m) => Some(m),
-            Err(RecvTimeoutError::Timeout) => None,
-            Err(RecvTimeoutError::Disconnected) => break,
+        let first = if w.inflight.is_some() {
+            // A group is being synced: the next one is encoded meanwhile if
+            // appends are waiting; if none is, the sync is settled first.
+            match rx.try_recv() {
+                Ok(m) => Some(m),
+                Err(TryRecvError::Empty) => {
+                    w.settle(None);
+                    continue;
+                }
+                Err(TryRecvError::Disconnected) => break,
+            }
+        } else {
+            match rx.recv_timeout(HOUSEKEEPING) {
+                Ok(m) => Some(m),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
         };
         let first_at = epoch.elapsed();
         let take = |m: Msg, group: &mut Vec<(u64, Record, u64)>, stop: &mut bool| match m {
@@ -115,6 +178,10 @@ pub(super) fn run(shared: Arc<Shared>, rx: Receiver<Msg>) {
             if stop || group.is_empty() || group.len() >= MAX_GROUP_RECORDS {
                 break;
             }
+            // The sync in flight is this group's gathering time.
+            if w.inflight.is_some() {
+                break;
+            }
             // Wait a little for more, when that saves page rewrites.
             let Some(wait) = timing.wait(bytes, first_at, epoch.elapsed()) else {
                 break;
@@ -138,101 +205,251 @@ impl Writer {
         self.shared.stopping.load(Ordering::Acquire)
     }
 
-    /// Appends, syncs and completes one group.
+    /// Appends one group: encodes and writes it, then syncs and completes
+    /// it, or (with the sync thread) hands its sync over and completes the
+    /// group before it once that group's sync settled.
     fn commit(&mut self, group: Vec<(u64, Record, u64)>) {
         let shared = self.shared.clone();
         let last = group.last().map_or(0, |g| g.0);
+        let pipelined = self.syncer.is_some();
         let sync = match shared.config.sync {
             SyncMode::Group => true,
             SyncMode::Interval => self.last_sync.elapsed() >= shared.config.sync_interval,
             SyncMode::None => false,
         };
+        let flush = match (pipelined, sync) {
+            (true, _) => Flush::Keep,
+            (false, true) => Flush::Sync,
+            (false, false) => Flush::Write,
+        };
         // Each class's records in arrival order: classes have segments of
         // their own.
         let mut by_class: Vec<Vec<(Record, u64)>> =
             (0..self.active.len()).map(|_| Vec::new()).collect();
+        let mut settled = vec![0u64; self.active.len()];
         for (_, record, len) in group {
-            let slot = shared
-                .slot(record.class)
-                .expect("only spooled classes are appended");
-            lock(&slot.state).log.settled(len);
-            shared.pending.fetch_sub(len, Ordering::Relaxed);
+            settled[record.class.index()] += len;
             by_class[record.class.index()].push((record, len));
         }
-        let mut done: Vec<(Record, Cursor)> = Vec::new();
-        let mut touched = vec![false; self.active.len()];
-        let mut failed = false;
+        for (c, len) in settled.into_iter().enumerate() {
+            if len > 0 {
+                let slot = shared.classes[c]
+                    .as_ref()
+                    .expect("only spooled classes are appended");
+                lock(&slot.state).log.settled(len);
+                shared.pending.fetch_sub(len, Ordering::Relaxed);
+            }
+        }
+        let mut g = Group {
+            last,
+            parts: Vec::new(),
+            failed: false,
+        };
         for (c, records) in by_class.into_iter().enumerate() {
             if records.is_empty() {
                 continue;
             }
-            touched[c] = true;
-            match self.append_class(c, &records, sync) {
-                Some(out) => done.extend(out),
+            // A segment is sealed, and space made by eviction, only with
+            // nothing of the class in flight.
+            if self.in_flight(c) && !self.fits_without_sealing(c, &records) {
+                self.settle(Some(&mut g));
+            }
+            match self.append_class(c, records, flush) {
+                Some(out) => g.parts.push(Part {
+                    c,
+                    end: self.end_of(c),
+                    out,
+                }),
                 // Not on disk, so never acknowledged.
-                None => failed = true,
+                None => g.failed = true,
             }
         }
-        if sync {
-            self.last_sync = Instant::now();
-        }
-        // Complete in order: the durable end first, so that a class that
-        // falls behind here is read back from the right place.
-        for (c, t) in touched.iter().enumerate() {
-            if !*t {
-                continue;
+        if !pipelined {
+            if sync {
+                self.last_sync = Instant::now();
             }
-            let slot = shared.classes[c]
-                .as_ref()
-                .expect("touched classes are spooled");
-            let mut st = lock(&slot.state);
-            st.durable_end = self.active[c].as_ref().map(|a| Cursor {
+            complete(&self.shared, g);
+            return;
+        }
+        // The group before was synced while this one was encoded.
+        self.settle(Some(&mut g));
+        self.dispatch(g);
+    }
+
+    /// Whether class `c` has records in the group being synced.
+    fn in_flight(&self, c: usize) -> bool {
+        self.inflight.as_ref().is_some_and(|cs| cs.contains(&c))
+    }
+
+    /// Whether `records` can be appended to class `c` without sealing its
+    /// segment or evicting one (each frame is at most its `len`).
+    fn fits_without_sealing(&self, c: usize, records: &[(Record, u64)]) -> bool {
+        let slot = self.shared.classes[c].as_ref().expect("spooled");
+        let total: u64 = records.iter().map(|(_, len)| len).sum();
+        let st = lock(&slot.state);
+        !st.log.needs_segment(total)
+            && st.log.admit(total, &self.shared.room()) != Admit::EvictOldest
+    }
+
+    /// Where class `c`'s log ends: its active segment's end, written or
+    /// encoded.
+    fn end_of(&self, c: usize) -> Cursor {
+        self.active[c].as_ref().map_or(
+            Cursor {
+                segment: 0,
+                offset: 0,
+            },
+            |a| Cursor {
                 segment: a.first_index,
-                offset: a.len,
-            });
-        }
-        let mut pushed = false;
-        let mut fell_behind = false;
-        let mut counts = vec![0u64; self.active.len()];
-        for (record, cursor) in done {
-            let class = record.class;
-            let slot = shared.slot(class).expect("spooled");
-            counts[class.index()] += 1;
-            shared.metrics.accepted(class);
-            let mut st = lock(&slot.state);
-            if st.behind.is_some() {
-                continue;
-            }
-            match shared.queues.push(record) {
-                Ok(()) => pushed = true,
-                Err(PushError::Full(_)) | Err(PushError::Oversized(_)) => {
-                    st.behind = Some(cursor);
-                    fell_behind = true;
+                offset: a.len + a.buf.len() as u64,
+            },
+        )
+    }
+
+    /// Writes an encoded group and hands its sync to the sync thread.
+    fn dispatch(&mut self, mut g: Group) {
+        let mut jobs = Vec::with_capacity(g.parts.len());
+        for i in 0..g.parts.len() {
+            let c = g.parts[i].c;
+            match self.flush_once(c, false) {
+                Ok(()) => {
+                    if let Some(a) = self.active[c].as_ref() {
+                        jobs.push(SyncJob {
+                            c,
+                            segment: a.first_index,
+                            upto: a.len,
+                            file: a.sync_file.clone(),
+                        });
+                    }
+                }
+                Err(e) => {
+                    // Nothing of the class is in flight: its last group
+                    // settled, so what it wrote before is synced.
+                    let part = &mut g.parts[i];
+                    self.reappend(c, &e, part, None, &mut g.failed);
                 }
             }
         }
-        for (c, n) in counts.iter().enumerate() {
-            if *n > 0 {
-                let slot = shared.classes[c].as_ref().expect("spooled");
-                shared.metrics.spool.appended(slot.id, *n);
-                shared.publish(slot, &lock(&slot.state));
-            }
+        if jobs.is_empty() {
+            complete(&self.shared, g);
+            return;
         }
-        if pushed {
-            for (c, n) in counts.iter().enumerate() {
-                if *n > 0 {
-                    shared.arrivals.ring(ClassId(c as u8));
+        let classes = g.parts.iter().map(|p| p.c).collect();
+        let syncer = self
+            .syncer
+            .as_ref()
+            .expect("dispatch runs with a sync thread");
+        if let Err(mpsc::SendError((jobs, mut g))) = syncer.jobs.send((jobs, g)) {
+            // The sync thread is gone (it never stops before the writer):
+            // sync here.
+            for j in jobs {
+                if let Err(e) = j.file.sync_data() {
+                    self.sync_failed(&mut g, None, j.c, &e);
+                } else {
+                    self.synced(&j);
                 }
             }
+            complete(&self.shared, g);
+            return;
         }
-        if fell_behind {
-            shared.wake_reader();
+        self.inflight = Some(classes);
+    }
+
+    /// Waits for the sync in flight, mends what failed, and completes its
+    /// group. `next` is the group being encoded, whose records of a class
+    /// whose sync failed are appended again after the in-flight group's.
+    fn settle(&mut self, mut next: Option<&mut Group>) {
+        if self.inflight.take().is_none() {
+            return;
         }
-        // A group that failed at shutdown is never acknowledged (some of it
-        // may be on disk, and is replayed: a duplicate, never a loss).
-        if !failed {
-            shared.durable.fetch_max(last + 1, Ordering::AcqRel);
-            shared.durable_notify.notify_waiters();
+        let Synced { results, failed } = match self.syncer.as_ref().map(|s| s.done.recv()) {
+            Some(Ok(r)) => r,
+            _ => unreachable!("a group is in flight only on a running sync thread"),
+        };
+        let mut failed = failed;
+        for (job, result) in results {
+            match (result, failed.as_mut()) {
+                (Ok(()), _) => self.synced(&job),
+                (Err(e), Some(g)) => self.sync_failed(g, next.as_deref_mut(), job.c, &e),
+                (Err(_), None) => unreachable!("a group with a failed sync comes back"),
+            }
+        }
+        if let Some(g) = failed {
+            complete(&self.shared, g);
+        }
+    }
+
+    /// The sync thread synced class `job.c`'s segment as far as `job.upto`.
+    fn synced(&mut self, job: &SyncJob) {
+        self.shared.metrics.spool.syncs.inc();
+        if let Some(a) = self.active[job.c].as_mut() {
+            if a.first_index == job.segment {
+                a.synced = a.synced.max(job.upto);
+                a.unsynced = a.len > a.synced;
+            }
+        }
+    }
+
+    /// Class `c`'s sync in group `g` failed: its segment is abandoned at
+    /// the last good sync, and its records from there on (in `g`, then in
+    /// `next`) go to a new segment, synced before anything is
+    /// acknowledged.
+    fn sync_failed(&mut self, g: &mut Group, next: Option<&mut Group>, c: usize, e: &io::Error) {
+        self.shared.metrics.spool.write_errors.inc();
+        let Some(i) = g.parts.iter().position(|p| p.c == c) else {
+            return;
+        };
+        let mut failed = g.failed;
+        self.reappend(c, e, &mut g.parts[i], next, &mut failed);
+        g.failed = failed;
+    }
+
+    /// The active segment of class `c` failed under `part` (written, or
+    /// synced): abandons it at its last good sync and appends the records
+    /// of `part` that were in it, then those of the same class in `next`,
+    /// again, synced. Sets `failed` if they were given up (shutdown).
+    fn reappend(
+        &mut self,
+        c: usize,
+        e: &io::Error,
+        part: &mut Part,
+        next: Option<&mut Group>,
+        failed: &mut bool,
+    ) {
+        let shared = self.shared.clone();
+        let slot = shared.classes[c].as_ref().expect("spooled");
+        let Some(segment) = self.active[c].as_ref().map(|a| a.first_index) else {
+            return;
+        };
+        // Records before the active segment were synced when it was sealed.
+        let k = part
+            .out
+            .iter()
+            .position(|(_, at)| at.segment == segment)
+            .unwrap_or(part.out.len());
+        let kept_end = part.out.get(k).and_then(|(r, _)| r.spool);
+        let mut again: Vec<(Record, u64)> =
+            part.out.drain(k..).map(|(r, _)| unappended(r)).collect();
+        let mine = again.len();
+        let mut later = next.and_then(|n| {
+            let j = n.parts.iter().position(|p| p.c == c)?;
+            Some(&mut n.parts[j])
+        });
+        if let Some(p) = later.as_deref_mut() {
+            again.extend(p.out.drain(..).map(|(r, _)| unappended(r)));
+        }
+        self.abandon(slot, e, kept_end, true);
+        match self.append_class(c, again, Flush::Sync) {
+            Some(mut out) => {
+                let rest = out.split_off(mine);
+                part.end = rest.first().map_or_else(|| self.end_of(c), |(_, at)| *at);
+                part.out.extend(out);
+                if let Some(p) = later {
+                    p.out = rest;
+                    p.end = self.end_of(c);
+                }
+            }
+            None => *failed = true,
         }
     }
 
@@ -256,11 +473,14 @@ impl Writer {
             }
             // After a restart: append to the last segment found on disk.
             let (file, header) = files::open_segment(&slot.dir, first)?;
+            let sync_file = Arc::new(File::open(files::segment_path(&slot.dir, first))?);
             self.active[c] = Some(Active {
                 first_index: first,
                 file,
+                sync_file,
                 header,
                 len: bytes,
+                synced: bytes,
                 unsynced: false,
                 buf: Vec::new(),
             });
@@ -277,24 +497,33 @@ impl Writer {
             class: slot.name.clone(),
         };
         let (file, hlen) = files::create_segment(&slot.dir, &header)?;
+        let sync_file = match File::open(files::segment_path(&slot.dir, header.first_index)) {
+            Ok(f) => Arc::new(f),
+            Err(e) => {
+                let _ = files::delete_segment(&slot.dir, header.first_index);
+                return Err(e);
+            }
+        };
         st.log.start_segment(hlen);
         self.shared.total_bytes.fetch_add(hlen, Ordering::Relaxed);
         self.shared.metrics.spool.written_bytes.inc_by(hlen);
         self.active[c] = Some(Active {
             first_index: header.first_index,
             file,
+            sync_file,
             header,
             len: hlen,
+            synced: hlen,
             unsynced: false,
             buf: Vec::new(),
         });
         Ok(())
     }
 
-    /// Appends `records` of class `c` to its segment, writes them and, if
-    /// `sync`, syncs them; returns each record (with its index) and where
-    /// it is, or `None` if it gave up (only when stopping: those records
-    /// were never acknowledged).
+    /// Appends `records` of class `c` to its segment and writes them and
+    /// syncs them as `flush` says; returns each record (with its index) and
+    /// where it is, or `None` if it gave up (only when stopping: those
+    /// records were never acknowledged).
     ///
     /// A failed write or sync is never retried on the same file: the
     /// segment is abandoned at what was synced before ([`Self::abandon`])
@@ -304,32 +533,47 @@ impl Writer {
     fn append_class(
         &mut self,
         c: usize,
-        records: &[(Record, u64)],
-        sync: bool,
+        records: Vec<(Record, u64)>,
+        flush: Flush,
     ) -> Option<Vec<(Record, Cursor)>> {
         let shared = self.shared.clone();
         let slot = shared.classes[c].as_ref().expect("spooled");
         let mut out: Vec<(Record, Cursor)> = Vec::with_capacity(records.len());
+        let mut todo: VecDeque<(Record, u64)> = records.into();
         // `out[unwritten..]` are in the active segment's buffer, not yet on
         // disk.
         let mut unwritten = 0;
         let mut failures = 0u32;
         loop {
             let failure = 'pass: {
-                for (record, len) in &records[out.len()..] {
-                    let mut st = lock(&slot.state);
+                let mut st = lock(&slot.state);
+                let mut held = 0;
+                while let Some((mut record, len)) = todo.pop_front() {
+                    // The class's lock is let go now and then: ingress takes
+                    // it to admit appends.
+                    held += 1;
+                    if held == LOCK_BATCH {
+                        held = 0;
+                        drop(st);
+                        st = lock(&slot.state);
+                    }
                     // drop-oldest: make room before appending.
-                    while st.log.admit(*len, &shared.room()) == Admit::EvictOldest {
+                    while st.log.admit(len, &shared.room()) == Admit::EvictOldest {
                         let Some(ev) = st.log.evict_oldest() else {
                             break;
                         };
                         self.evicted(slot, &mut st, ev);
                     }
-                    if st.log.needs_segment(*len) && self.active[c].is_some() {
+                    if st.log.needs_segment(len) && self.active[c].is_some() {
                         // Seal the active segment: its frames reach the
                         // disk before any frame of the next.
+                        debug_assert!(
+                            !self.in_flight(c),
+                            "a segment is sealed only with nothing in flight"
+                        );
                         drop(st);
                         if let Err(e) = self.flush_once(c, true) {
+                            todo.push_front((record, len));
                             break 'pass Some(e);
                         }
                         self.active[c] = None;
@@ -337,9 +581,8 @@ impl Writer {
                         st = lock(&slot.state);
                     }
                     let mut attempts = 0u32;
-                    while let Err(e) = self.ensure_segment(slot, &mut st, record, *len) {
-                        // Never sleep holding the class's lock: ingress
-                        // takes it to admit appends.
+                    while let Err(e) = self.ensure_segment(slot, &mut st, &record, len) {
+                        // Never sleep holding the class's lock.
                         drop(st);
                         self.error(&e, "cannot create a spool segment; retrying");
                         attempts += 1;
@@ -357,13 +600,13 @@ impl Writer {
                     let key = st.log.key_field(&record.key, offset);
                     frame::encode(
                         &active.header,
-                        &Frame {
+                        &FrameRef {
                             index,
                             origin: record.origin,
                             seq: record.seq,
                             ingress_us: record.ingress_us,
-                            key: record.key.clone(),
-                            payload: record.payload.clone(),
+                            key: &record.key,
+                            payload: &record.payload,
                         },
                         key,
                         &mut active.buf,
@@ -372,7 +615,6 @@ impl Writer {
                     let appended = st.log.append(flen);
                     debug_assert_eq!(appended, index);
                     shared.total_bytes.fetch_add(flen, Ordering::Relaxed);
-                    let mut record = record.clone();
                     record.spool = Some(index);
                     out.push((
                         record,
@@ -382,17 +624,25 @@ impl Writer {
                         },
                     ));
                 }
-                self.flush_once(c, sync).err()
+                drop(st);
+                match flush {
+                    Flush::Sync => self.flush_once(c, true).err(),
+                    Flush::Write => self.flush_once(c, false).err(),
+                    Flush::Keep => None,
+                }
             };
             let Some(e) = failure else {
                 return Some(out);
             };
             failures += 1;
             let kept_end = out.get(unwritten).and_then(|(r, _)| r.spool);
-            self.abandon(slot, &e, kept_end);
-            out.truncate(unwritten);
+            self.abandon(slot, &e, kept_end, false);
+            // What was not on disk is appended again, first.
+            for (record, _) in out.drain(unwritten..).rev() {
+                todo.push_front(unappended(record));
+            }
             if self.stopping() && failures >= ATTEMPTS_WHEN_STOPPING {
-                tracing::error!(class = %slot.name, records = records.len() - out.len(), "giving up a spool write at shutdown; those records were never acknowledged");
+                tracing::error!(class = %slot.name, records = todo.len(), "giving up a spool write at shutdown; those records were never acknowledged");
                 return None;
             }
             if e.raw_os_error() == Some(libc::ENOSPC) {
@@ -410,14 +660,16 @@ impl Writer {
     /// failure (`kept_end`: the first record not on disk; `None`: every
     /// record appended is kept, as after a failed sync of writes already
     /// acknowledged with `sync = "interval"` or `"none"`), the file is cut
-    /// back to it where it can be, and the next append starts a new
-    /// segment.
-    fn abandon(&mut self, slot: &ClassSlot, e: &io::Error, kept_end: Option<u64>) {
+    /// back to it where it can be (to what the last good sync covered if
+    /// `to_synced`, else to what was written), and the next append starts
+    /// a new segment.
+    fn abandon(&mut self, slot: &ClassSlot, e: &io::Error, kept_end: Option<u64>, to_synced: bool) {
         let c = slot.id.index();
         let Some(a) = self.active[c].take() else {
             return;
         };
-        let (first, kept_bytes) = (a.first_index, a.len);
+        let kept_bytes = if to_synced { a.synced } else { a.len };
+        let first = a.first_index;
         drop(a);
         let mut st = lock(&slot.state);
         let kept_end = kept_end.unwrap_or_else(|| st.log.next_index());
@@ -472,6 +724,9 @@ impl Writer {
             return Err(e);
         }
         a.len += a.buf.len() as u64;
+        if sync {
+            a.synced = a.len;
+        }
         self.shared
             .metrics
             .spool
@@ -496,7 +751,7 @@ impl Writer {
             let shared = self.shared.clone();
             let slot = shared.classes[c].as_ref().expect("spooled");
             tracing::error!(class = %slot.name, error = %e, "spool sync failed: records acknowledged since the last sync (spool.sync is not \"group\") may not be on disk");
-            self.abandon(slot, &e, None);
+            self.abandon(slot, &e, None, false);
         }
     }
 
@@ -663,6 +918,11 @@ impl Writer {
 
     /// At close: everything written is synced, checkpoints are current.
     fn finish(&mut self) {
+        self.settle(None);
+        if let Some(s) = self.syncer.take() {
+            drop(s.jobs);
+            let _ = s.thread.join();
+        }
         for c in 0..self.active.len() {
             self.sync_written(c);
         }
