@@ -247,6 +247,12 @@ impl Io {
                 m.latency.stage(Stage::Send, send);
             }
             Event::Confirmed(c) => {
+                tracing::trace!(
+                    bytes = c.bytes,
+                    link_ms = c.link_time.as_secs_f64() * 1e3,
+                    confirm_ms = c.confirm.as_secs_f64() * 1e3,
+                    "batch confirmed"
+                );
                 m.latency.stage(Stage::Confirm, c.confirm);
                 self.confirmed(&c.batch, c.link_time);
             }
@@ -259,8 +265,20 @@ impl Io {
                 let error = self.error.take().unwrap_or_default();
                 tracing::warn!(batches, attempt, error, "delivery failed; retrying");
             }
-            Event::Fit(fit) => m.set_link(&fit),
+            Event::Fit(fit) => {
+                tracing::trace!(
+                    bytes_per_sec = fit.bytes_per_sec,
+                    t_sc_ms = fit.per_transaction.as_secs_f64() * 1e3,
+                    "uplink fit"
+                );
+                m.set_link(&fit)
+            }
             Event::Link(acted) => {
+                tracing::debug!(
+                    bytes_per_sec = acted.bytes_per_sec,
+                    t_sc_ms = acted.per_transaction.as_secs_f64() * 1e3,
+                    "uplink estimate acted on"
+                );
                 self.ctx.link.send_replace(acted);
             }
             Event::BatchBytes(b) => {
