@@ -408,6 +408,13 @@ impl ClassLog {
         }
     }
 
+    /// Whether frames of `frame_len` bytes in all go to the active segment
+    /// as it is: no new segment first, and no segment evicted to make room
+    /// (what the writer checks before appending beside a sync in flight).
+    pub fn fits_active(&self, frame_len: u64, room: &SpoolRoom) -> bool {
+        !self.needs_segment(frame_len) && self.admit(frame_len, room) != Admit::EvictOldest
+    }
+
     /// A new active segment of `header_len` bytes starts at
     /// [`Self::next_index`]; the previous one is sealed.
     pub fn start_segment(&mut self, header_len: u64) -> SegmentMeta {
@@ -590,6 +597,19 @@ mod tests {
                 log.append(100)
             })
             .collect()
+    }
+
+    #[test]
+    fn what_fits_the_active_segment_needs_no_seal_and_no_eviction() {
+        let mut l = log(FullPolicy::DropOldest);
+        assert!(!l.fits_active(100, &room(0)), "no active segment yet");
+        fill(&mut l, 2);
+        // 50 + 2 x 100 of the segment's 1000 bytes.
+        assert!(l.fits_active(750, &room(l.bytes())));
+        assert!(!l.fits_active(751, &room(l.bytes())), "it would seal");
+        // Over the class's 3000-byte quota a drop-oldest class evicts.
+        fill(&mut l, 25);
+        assert!(!l.fits_active(100, &room(l.bytes())));
     }
 
     #[test]

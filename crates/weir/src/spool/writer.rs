@@ -281,14 +281,15 @@ impl Writer {
         self.inflight.as_ref().is_some_and(|cs| cs.contains(&c))
     }
 
-    /// Whether `records` can be appended to class `c` without sealing its
-    /// segment or evicting one (each frame is at most its `len`).
+    /// Whether `records` go to class `c`'s active segment as it is
+    /// ([`weir_core::spool::ClassLog::fits_active`]; each frame is at most
+    /// its `len`).
     fn fits_without_sealing(&self, c: usize, records: &[(Record, u64)]) -> bool {
         let slot = self.shared.classes[c].as_ref().expect("spooled");
         let total: u64 = records.iter().map(|(_, len)| len).sum();
-        let st = lock(&slot.state);
-        !st.log.needs_segment(total)
-            && st.log.admit(total, &self.shared.room()) != Admit::EvictOldest
+        lock(&slot.state)
+            .log
+            .fits_active(total, &self.shared.room())
     }
 
     /// Where class `c`'s log ends: its active segment's end, written or
@@ -399,9 +400,7 @@ impl Writer {
         let Some(i) = g.parts.iter().position(|p| p.c == c) else {
             return;
         };
-        let mut failed = g.failed;
-        self.reappend(c, e, &mut g.parts[i], next, &mut failed);
-        g.failed = failed;
+        self.reappend(c, e, &mut g.parts[i], next, &mut g.failed);
     }
 
     /// The active segment of class `c` failed under `part` (written, or
