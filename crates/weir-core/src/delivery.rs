@@ -174,6 +174,12 @@ pub struct Measures {
     pub quiet: bool,
     /// Where the bandwidth probe is ([`Probe::phase`]).
     pub probe_phase: u8,
+    /// What single transactions showed the link carries
+    /// ([`CarriedBound::bound`]), bytes per second.
+    pub shown: f64,
+    /// The sender's mean delivery rate ([`Pipe::mean_rate`]), bytes per
+    /// second.
+    pub mean_rate: f64,
 }
 
 /// A batch handed over and not yet sent (or to send again).
@@ -538,6 +544,8 @@ impl<T> Delivery<T> {
             proven: self.probe.bound(),
             quiet: self.queue.quiet(),
             probe_phase: self.probe.phase(),
+            shown: self.carried.bound(),
+            mean_rate: self.pipe.mean_rate(),
         }));
         self.events.push_back(Event::Confirmed(Confirmed {
             batch: done.pending.batch,
@@ -568,6 +576,7 @@ impl<T> Delivery<T> {
             // link's, as with a queue on a real one.
             queued: self.queue.queued() || self.params.carried_on_send,
             carried: self.carried.bound().max(self.probe.bound()),
+            delivered: self.pipe.mean_rate(),
         };
         let climbed = self.climb.observe(now, fit, full, prior, seen);
         // The bandwidth probe paces around the estimate (an emulated
@@ -582,6 +591,7 @@ impl<T> Delivery<T> {
                     shown: self.carried.bound(),
                     using: self.pipe.mean_rate(),
                     queued: !self.queue.quiet(),
+                    backlog: self.queue.queued(),
                 },
             );
             if let Some(v) = verdict {

@@ -39,11 +39,11 @@
 //! - the estimate does not run ahead of the evidence ([`AHEAD`]);
 //! - the sender used what it was given (the mean delivery rate at least
 //!   [`USING`] of `C_out`): an idle sender sends no faster in a pulse;
-//! - `C_out` has not been below the prior's bandwidth ([`BELOW_PRIOR`]) in
-//!   the last [`QUIET`]: a link that showed itself slower than the prior
-//!   (a 4G uplink, a shaped 1 Mbit/s) is not probed above it. There the
-//!   estimator's fits and the climb back towards the prior already find
-//!   the link.
+//! - `C_out` has not been below the prior's bandwidth ([`BELOW_PRIOR`])
+//!   with a queue on the link in the last [`QUIET`]: a link that showed
+//!   itself slower than the prior (a 4G uplink, a shaped 1 Mbit/s) is not
+//!   probed above it. There the estimator's fits and the climb back
+//!   towards the prior already find the link.
 //!
 //! The gate on [`FASTER`] is why a link far from the broker is still not
 //! found: at 100 Mbit/s 50 ms away no single transaction reads more than
@@ -125,8 +125,13 @@ pub struct Seen {
     pub shown: f64,
     /// The sender's mean delivery rate.
     pub using: f64,
-    /// Whether the link holds a queue.
+    /// Whether the link is not shown quiet
+    /// ([`crate::link_estimate::QueueWatch::quiet`]).
     pub queued: bool,
+    /// Whether round trips show a queue on the link
+    /// ([`crate::link_estimate::QueueWatch::queued`]): `acted` under the
+    /// prior shows the link slower than the prior only with one.
+    pub backlog: bool,
 }
 
 /// Where the probe is.
@@ -174,7 +179,8 @@ pub struct Probe {
     interval: Duration,
     /// Rates the probes proved, highest first within [`HOLD`].
     proven: WindowedExtreme,
-    /// When `C_out` was last below the prior ([`BELOW_PRIOR`]).
+    /// When `C_out` was last below the prior ([`BELOW_PRIOR`]) with a
+    /// queue on the link.
     below_prior_at: Option<Duration>,
     /// The pulse's batches: (sent at, bytes), in sending order.
     sent: Vec<(Duration, u64)>,
@@ -277,8 +283,14 @@ impl Probe {
             shown,
             using,
             queued,
+            backlog,
         } = link;
-        if acted < BELOW_PRIOR * prior {
+        // Without a queue on the link, an estimate under the prior is the
+        // sender's own pace read back (a sender paced at `C_out` is
+        // confirmed at `C_out`, with its jitter), not a slow link: on a
+        // 100 Mbit/s link, 5 ms away, under the 18 Mbit/s prior, fits
+        // dipped under it and kept the probe off in two of five runs.
+        if acted < BELOW_PRIOR * prior && backlog {
             self.below_prior_at = Some(now);
         }
         match self.phase {
@@ -455,6 +467,7 @@ mod tests {
             shown: 2.0 * prior,
             using,
             queued,
+            backlog: queued,
         }
     }
 
@@ -535,9 +548,17 @@ mod tests {
     }
 
     #[test]
-    fn no_probe_on_a_link_below_the_prior_or_queued_or_for_an_idle_sender() {
+    fn an_estimate_under_the_prior_without_a_queue_does_not_stop_probes() {
         let mut p = Probe::new(Duration::ZERO);
         p.step(MS, seen(1e6, 2e6, 1e6, false));
+        p.step(FIRST_INTERVAL * 2, seen(2e6, 2e6, 2e6, false));
+        assert!(p.pulsing(), "no queue: the sender's own pace read back");
+    }
+
+    #[test]
+    fn no_probe_on_a_link_below_the_prior_or_queued_or_for_an_idle_sender() {
+        let mut p = Probe::new(Duration::ZERO);
+        p.step(MS, seen(1e6, 2e6, 1e6, true));
         p.step(FIRST_INTERVAL * 2, seen(2e6, 2e6, 2e6, false));
         assert!(!p.pulsing(), "below the prior within QUIET");
         p.step(QUIET + MS * 2, seen(2e6, 2e6, 2e6, true));

@@ -284,7 +284,22 @@ impl Io {
             Event::BatchBytes(b) => {
                 self.ctx.batch_bytes.send_replace(b);
             }
-            Event::Measures(measures) => m.set_delivery(&measures),
+            Event::Measures(measures) => {
+                tracing::trace!(
+                    acted = measures.acted.bytes_per_sec,
+                    shown = measures.shown,
+                    proven = measures.proven,
+                    mean_rate = measures.mean_rate,
+                    delivery_rate = measures.delivery_rate,
+                    queue_ms = measures.queue.as_secs_f64() * 1e3,
+                    saturated = measures.saturated,
+                    pipe_bytes = measures.pipe_bytes,
+                    batch_bytes = measures.batch_bytes,
+                    probe = measures.probe_phase,
+                    "link measures"
+                );
+                m.set_delivery(&measures)
+            }
             Event::Probe(Verdict::KeptUp { .. }) => {
                 m.link_probes_kept_up.inc();
             }
