@@ -823,7 +823,8 @@ pub const CLIMB_PER_SEC: f64 = 0.2;
 /// queue, [`QueueWatch::queued`]; under the prior, never more than
 /// [`DELIVERED_AHEAD`] of the rate delivered, [`Climb::observe`]), and,
 /// while it holds none, never less than a climb back towards the prior at
-/// [`CLIMB_PER_SEC`].
+/// [`CLIMB_PER_SEC`], nor than the highest delivery rate of the last
+/// seconds (up to the prior).
 ///
 /// Once a low fit is acted on, the node sends at that rate and its link
 /// never fills: every later transaction is timed at the rate it was sent
@@ -938,8 +939,19 @@ impl Climb {
             }
             acted
         });
-        let next =
+        let mut next =
             self.update_at_least(now, acted, prior, seen.saturated, seen.queued, seen.carried);
+        // With no queue, never under what the link delivered lately: a
+        // fit acted on in a moment's queue (or read from the sender's own
+        // pace) is no reason to climb back over seconds. At 100 Mbit/s,
+        // 5 ms from the broker, one such fit put the estimate at a quarter
+        // of the prior, and the climb took the rest of the run, with a
+        // quarter of `ls` late.
+        let delivered = seen.peak.min(prior.bytes_per_sec);
+        if !seen.queued && next.bytes_per_sec < delivered {
+            next.bytes_per_sec = delivered;
+            self.value = next;
+        }
         let risen = next.bytes_per_sec > self.published.bytes_per_sec * (1.0 + CLIMB_STEP);
         (acted.is_some() || risen).then(|| {
             self.published = next;
@@ -962,6 +974,9 @@ pub struct Seen {
     /// The sender's mean delivery rate over the last seconds, bytes per
     /// second (0 unknown): with a queue on the link, what the link carries.
     pub delivered: f64,
+    /// The highest delivery rate of the last seconds, bytes per second (0
+    /// unknown; [`crate::delivery::pipe::Pipe::delivery_rate`]).
+    pub peak: f64,
 }
 
 /// How far above the sender's mean delivery rate (or the estimate acted
