@@ -577,7 +577,6 @@ impl<T> Delivery<T> {
             queued: self.queue.queued() || self.params.carried_on_send,
             carried: self.carried.bound().max(self.probe.bound()),
             delivered: self.pipe.mean_rate(),
-            peak: self.pipe.delivery_rate().unwrap_or(0.0),
         };
         let climbed = self.climb.observe(now, fit, full, prior, seen);
         // The bandwidth probe paces around the estimate (an emulated

@@ -577,7 +577,6 @@ fn under_the_prior_a_fit_lifts_the_estimate_no_further_than_above_what_was_deliv
         queued,
         carried: 0.0,
         delivered,
-        peak: 0.0,
     };
     let mut c = Climb::new(prior, Duration::ZERO);
     // A fit under what the queued link delivered stands.
@@ -594,14 +593,13 @@ fn under_the_prior_a_fit_lifts_the_estimate_no_further_than_above_what_was_deliv
         (acted.unwrap().bytes_per_sec - climbed).abs() < 1.0,
         "{acted:?}"
     );
-    // With no queue, never under the highest rate delivered lately.
-    let fast = Seen {
-        peak: 1.5e6,
-        ..seen(false, 4e5)
-    };
-    let acted = c.observe(s(1.2), fit(3e5), true, prior, fast);
-    assert_eq!(acted.map(|a| a.bytes_per_sec), Some(1.5e6));
-    let acted = c.observe(s(1.3), fit(3e5), true, prior, Seen { peak: 9e6, ..fast });
+    // With no queue, never under the rate delivered lately.
+    let acted = c.observe(s(1.2), fit(3e5), true, prior, seen(false, 1.5e6));
+    assert_eq!(
+        acted.map(|a| a.bytes_per_sec),
+        Some(DELIVERED_FLOOR * 1.5e6)
+    );
+    let acted = c.observe(s(1.3), fit(3e5), true, prior, seen(false, 9e6));
     assert_eq!(acted.map(|a| a.bytes_per_sec), Some(2e6), "up to the prior");
     // From the prior, the rules over it alone.
     let mut c = Climb::new(prior, Duration::ZERO);
