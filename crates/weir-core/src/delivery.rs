@@ -570,13 +570,14 @@ impl<T> Delivery<T> {
         self.events.push_back(Event::Fit(fit));
         let full = est.fit_kind() == FitKind::Full;
         let prior = self.params.link_prior;
+        let delivered = self.pipe.mean_rate();
         let seen = Seen {
             saturated: self.timer.saturated(),
             // An emulated link's send is timed exactly: its fits are the
             // link's, as with a queue on a real one.
             queued: self.queue.queued() || self.params.carried_on_send,
             carried: self.carried.bound().max(self.probe.bound()),
-            delivered: self.pipe.mean_rate(),
+            delivered,
         };
         let climbed = self.climb.observe(now, fit, full, prior, seen);
         // The bandwidth probe paces around the estimate (an emulated
@@ -589,7 +590,7 @@ impl<T> Delivery<T> {
                     acted: acted.bytes_per_sec,
                     prior: prior.bytes_per_sec,
                     shown: self.carried.bound(),
-                    using: self.pipe.mean_rate(),
+                    using: delivered,
                     queued: !self.queue.quiet(),
                     backlog: self.queue.queued(),
                 },

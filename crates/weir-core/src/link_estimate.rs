@@ -871,32 +871,48 @@ impl Climb {
         saturated: u32,
         queued: bool,
     ) -> LinkEstimate {
-        self.update_at_least(now, fit, prior, saturated, queued, 0.0)
+        let seen = Seen {
+            saturated,
+            queued,
+            carried: 0.0,
+            delivered: 0.0,
+        };
+        self.update_at_least(now, fit, prior, seen)
     }
 
-    /// [`Climb::update`], never under `at_least` bytes per second where
-    /// that is above the prior: what the link has shown it carries
-    /// ([`CarriedBound`], and rates the bandwidth probe proved).
+    /// [`Climb::update`] with what else was `seen`: never under what the
+    /// link has shown it carries where that is above the prior
+    /// ([`Seen::carried`]: [`CarriedBound`], and rates the bandwidth probe
+    /// proved), and with no queue never under [`DELIVERED_FLOOR`] of the
+    /// rate delivered ([`Seen::delivered`]), up to the prior.
     pub fn update_at_least(
         &mut self,
         now: Duration,
         fit: Option<LinkEstimate>,
         prior: LinkEstimate,
-        saturated: u32,
-        queued: bool,
-        at_least: f64,
+        seen: Seen,
     ) -> LinkEstimate {
-        let mut next = fit.map_or(self.value, |f| to_act_on(f, prior, saturated));
-        if !queued && next.bytes_per_sec < prior.bytes_per_sec {
+        let mut next = fit.map_or(self.value, |f| to_act_on(f, prior, seen.saturated));
+        if !seen.queued && next.bytes_per_sec < prior.bytes_per_sec {
             let dt = now.saturating_sub(self.at).as_secs_f64();
-            let climbed =
-                (self.value.bytes_per_sec * (1.0 + CLIMB_PER_SEC * dt)).min(prior.bytes_per_sec);
+            // Never under what the link delivered lately either: a fit
+            // acted on in a moment's queue (or read from the sender's own
+            // pace) is no reason to climb back over seconds. At 100 Mbit/s,
+            // 5 ms from the broker, one such fit put the estimate at a
+            // quarter of the prior, and the climb took the rest of the run,
+            // with a quarter of `ls` late. The mean over seconds, not the
+            // highest bin: on a 1 Mbit/s link a bunch of confirmations made
+            // one bin read 744 kB/s, and lifted to that the link queued a
+            // second.
+            let climbed = (self.value.bytes_per_sec * (1.0 + CLIMB_PER_SEC * dt))
+                .max(DELIVERED_FLOOR * seen.delivered)
+                .min(prior.bytes_per_sec);
             next.bytes_per_sec = next.bytes_per_sec.max(climbed);
         }
         // Only above the prior: below it, the fits and the climb find the
         // link ([`CarriedBound`] says why a sample there is no floor).
-        if at_least.is_finite() && at_least > prior.bytes_per_sec {
-            next.bytes_per_sec = next.bytes_per_sec.max(at_least);
+        if seen.carried.is_finite() && seen.carried > prior.bytes_per_sec {
+            next.bytes_per_sec = next.bytes_per_sec.max(seen.carried);
         }
         self.value = next;
         self.at = now;
@@ -939,21 +955,7 @@ impl Climb {
             }
             acted
         });
-        let mut next =
-            self.update_at_least(now, acted, prior, seen.saturated, seen.queued, seen.carried);
-        // With no queue, never under what the link delivered lately: a
-        // fit acted on in a moment's queue (or read from the sender's own
-        // pace) is no reason to climb back over seconds. At 100 Mbit/s,
-        // 5 ms from the broker, one such fit put the estimate at a quarter
-        // of the prior, and the climb took the rest of the run, with a
-        // quarter of `ls` late. The mean over seconds, not the highest
-        // bin: on a 1 Mbit/s link a bunch of confirmations made one bin
-        // read 744 kB/s, and lifted to that the link queued a second.
-        let delivered = (DELIVERED_FLOOR * seen.delivered).min(prior.bytes_per_sec);
-        if !seen.queued && next.bytes_per_sec < delivered {
-            next.bytes_per_sec = delivered;
-            self.value = next;
-        }
+        let next = self.update_at_least(now, acted, prior, seen);
         let risen = next.bytes_per_sec > self.published.bytes_per_sec * (1.0 + CLIMB_STEP);
         (acted.is_some() || risen).then(|| {
             self.published = next;

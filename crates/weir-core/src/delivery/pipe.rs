@@ -88,6 +88,9 @@ pub struct Pipe {
     bin_end: Duration,
     /// The bins of the last [`RATE_WINDOW`]: (end, bytes, span).
     bins: VecDeque<(Duration, u64, Duration)>,
+    /// Their bytes and spans added up ([`Pipe::mean_rate`], read a few
+    /// times a confirmation).
+    binned: (u64, Duration),
     rate: WindowedExtreme,
     rtt: WindowedExtreme,
     floor: u64,
@@ -117,6 +120,7 @@ impl Pipe {
             bin: (Duration::ZERO, 0),
             bin_end: Duration::ZERO,
             bins: VecDeque::new(),
+            binned: (0, Duration::ZERO),
             rate: WindowedExtreme::default(),
             rtt: WindowedExtreme::default(),
             floor,
@@ -172,12 +176,7 @@ impl Pipe {
     /// Bytes confirmed per second over the bins of the last
     /// [`RATE_WINDOW`] (0 before the first bin).
     pub fn mean_rate(&self) -> f64 {
-        let (bytes, span) = self
-            .bins
-            .iter()
-            .fold((0u64, Duration::ZERO), |(b, s), (_, bytes, span)| {
-                (b + bytes, s + *span)
-            });
+        let (bytes, span) = self.binned;
         match span.is_zero() {
             true => 0.0,
             false => bytes as f64 / span.as_secs_f64(),
@@ -225,12 +224,13 @@ impl Pipe {
             let rate = self.bin.1 as f64 / span.as_secs_f64();
             self.rate.push(now, rate, RATE_WINDOW, Extreme::Highest);
             self.bins.push_back((now, self.bin.1, span));
-            while self
-                .bins
-                .front()
-                .is_some_and(|(t, _, _)| now.saturating_sub(*t) > RATE_WINDOW)
-            {
+            self.binned = (self.binned.0 + self.bin.1, self.binned.1 + span);
+            while let Some(&(t, bytes, span)) = self.bins.front() {
+                if now.saturating_sub(t) <= RATE_WINDOW {
+                    break;
+                }
                 self.bins.pop_front();
+                self.binned = (self.binned.0 - bytes, self.binned.1 - span);
             }
             self.bin = (now, 0);
             self.bin_end = now;

@@ -1,6 +1,14 @@
 use super::*;
 use proptest::prelude::*;
 
+/// An estimate of `bytes_per_sec` with the default 50 ms `T_sc`.
+fn with_50ms_t_sc(bytes_per_sec: f64) -> LinkEstimate {
+    LinkEstimate {
+        bytes_per_sec,
+        per_transaction: Duration::from_millis(50),
+    }
+}
+
 /// Deterministic pseudo-random numbers (splitmix64) for synthetic noise.
 pub(crate) struct Mix(pub u64);
 
@@ -348,18 +356,18 @@ fn what_a_transaction_carried_bounds_the_link_from_below_for_a_while() {
     assert_eq!(c.bound(), 4e6, "the highest of the window");
     c.confirmed(Duration::from_secs(12), 100, Duration::from_millis(1));
     assert_eq!(c.bound(), 1e6, "the 4 MB/s sample left the window");
-    let prior = LinkEstimate {
-        bytes_per_sec: 2e6,
-        per_transaction: Duration::from_millis(50),
-    };
+    let prior = with_50ms_t_sc(2e6);
     let mut climb = Climb::new(prior, Duration::ZERO);
-    let acted = climb.update_at_least(Duration::from_secs(1), None, prior, 0, true, 5e6);
-    assert_eq!(acted.bytes_per_sec, 5e6, "above the prior, queue or not");
-    let low = LinkEstimate {
-        bytes_per_sec: 1e5,
-        per_transaction: Duration::from_millis(50),
+    let floor = |saturated, carried| Seen {
+        saturated,
+        queued: true,
+        carried,
+        delivered: 0.0,
     };
-    let acted = climb.update_at_least(Duration::from_secs(2), Some(low), prior, 64, true, 3e5);
+    let acted = climb.update_at_least(Duration::from_secs(1), None, prior, floor(0, 5e6));
+    assert_eq!(acted.bytes_per_sec, 5e6, "above the prior, queue or not");
+    let low = with_50ms_t_sc(1e5);
+    let acted = climb.update_at_least(Duration::from_secs(2), Some(low), prior, floor(64, 3e5));
     assert_eq!(
         acted.bytes_per_sec, 1e5,
         "below the prior a sample is no floor (a shaper's bucket)"
@@ -369,10 +377,7 @@ fn what_a_transaction_carried_bounds_the_link_from_below_for_a_while() {
 #[test]
 fn without_a_queue_the_estimate_climbs_back_to_the_prior() {
     let s = Duration::from_secs_f64;
-    let prior = LinkEstimate {
-        bytes_per_sec: 1e6,
-        per_transaction: Duration::from_millis(50),
-    };
+    let prior = with_50ms_t_sc(1e6);
     let low = LinkEstimate {
         bytes_per_sec: 5e5,
         ..prior
@@ -454,10 +459,7 @@ proptest! {
 
 #[test]
 fn a_fit_goes_below_the_prior_only_once_the_link_was_seen_saturated() {
-    let prior = LinkEstimate {
-        bytes_per_sec: 2.25e6,
-        per_transaction: Duration::from_millis(50),
-    };
+    let prior = with_50ms_t_sc(2.25e6);
     let slow = LinkEstimate {
         bytes_per_sec: 0.5e6,
         per_transaction: Duration::from_millis(52),
@@ -564,10 +566,7 @@ fn a_bunch_of_confirmations_is_timed_over_the_bunch_before_it() {
 #[test]
 fn under_the_prior_a_fit_lifts_the_estimate_no_further_than_above_what_was_delivered() {
     let s = Duration::from_secs_f64;
-    let prior = LinkEstimate {
-        bytes_per_sec: 2e6,
-        per_transaction: Duration::from_millis(50),
-    };
+    let prior = with_50ms_t_sc(2e6);
     let fit = |bytes_per_sec| LinkEstimate {
         bytes_per_sec,
         ..prior
